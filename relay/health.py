@@ -1,0 +1,51 @@
+"""``/healthz`` (the process answers) and ``/readyz`` (PostgreSQL and Redis answer)."""
+from __future__ import annotations
+
+import redis
+from flask import Blueprint, current_app, jsonify
+from sqlalchemy import text
+
+from relay.extensions import db
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz():
+    """Answer 200 while the process serves requests."""
+    return {"status": "ok"}
+
+
+def _check_database() -> str | None:
+    try:
+        db.session.execute(text("SELECT 1"))
+        return None
+    except Exception as exc:  # any driver error means "not ready"
+        db.session.rollback()
+        return type(exc).__name__
+
+
+def _check_redis() -> str | None:
+    try:
+        client = redis.Redis.from_url(
+            current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1
+        )
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return None
+    except Exception as exc:
+        return type(exc).__name__
+
+
+@bp.get("/readyz")
+def readyz():
+    """Answer 200 when both servers answer, else 503 naming the one that failed."""
+    checks = {"database": _check_database(), "redis": _check_redis()}
+    failed = {name: err for name, err in checks.items() if err}
+    body = {
+        "status": "ok" if not failed else "unavailable",
+        "checks": {name: ("ok" if err is None else f"failed: {err}") for name, err in checks.items()},
+    }
+    return jsonify(body), (503 if failed else 200)

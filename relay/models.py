@@ -1,0 +1,213 @@
+"""Typed SQLAlchemy 2.0 models; the schema itself lives in Alembic revisions."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Optional
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from relay.extensions import db
+
+THREAD_STATES = ("pending", "accepted", "completed", "cancelled")
+TERMINAL_STATES = ("completed", "cancelled")
+INTENTS = ("inform", "ask_question", "propose_action")
+
+TZ = DateTime(timezone=True)
+
+
+class Agent(db.Model):
+    """An agent identity ``local@org``; teammates share an org."""
+
+    __tablename__ = "agents"
+    __table_args__ = (
+        CheckConstraint("handle = lower(handle)", name="handle_lower"),
+        CheckConstraint(r"handle ~ '^[a-z0-9._-]+@[a-z0-9.-]+$'", name="handle_format"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    handle: Mapped[str] = mapped_column(String(320), unique=True)
+    org: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    disabled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class ApiKey(db.Model):
+    """An API key; only the SHA-256 digest of the secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary(32), unique=True)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    hint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    last_used_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    revoked_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+
+    agent: Mapped[Agent] = relationship()
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class Thread(db.Model):
+    """A handoff thread (A2A task); ``id`` is a ULID stored as a UUID."""
+
+    __tablename__ = "threads"
+    __table_args__ = (
+        CheckConstraint("state in ('pending','accepted','completed','cancelled')", name="state_valid"),
+        CheckConstraint("intent in ('inform','ask_question','propose_action')", name="intent_valid"),
+        Index("ix_threads_recipient_activity", "recipient_id", text("updated_at DESC"), text("id DESC")),
+        Index("ix_threads_sender_activity", "sender_id", text("updated_at DESC"), text("id DESC")),
+        Index("ix_threads_context", "context_id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    context_id: Mapped[uuid.UUID]
+    sender_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    recipient_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    intent: Mapped[str] = mapped_column(String(32), default="inform")
+    summary: Mapped[str] = mapped_column(Text)
+    proposed_action: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    result_summary: Mapped[Optional[str]] = mapped_column(Text)
+    last_sequence_no: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    accepted_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    completed_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    cancelled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+
+    sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined")
+    recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined")
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class Message(db.Model):
+    """One message of a thread; ``sequence_no`` is gapless per thread."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("thread_id", "sequence_no", name="uq_messages_thread_seq"),
+        CheckConstraint("role in ('caller','agent')", name="role_valid"),
+        # Feed by participant, newest first: caller_id/target_id are copied from the
+        # thread so the feed never has to join before it can use an index.
+        Index("ix_messages_caller_feed", "caller_id", text("created_at DESC"), text("id DESC")),
+        Index("ix_messages_target_feed", "target_id", text("created_at DESC"), text("id DESC")),
+        Index("ix_messages_search", "search_vector", postgresql_using="gin"),
+        Index("ix_messages_unindexed", "created_at", postgresql_where=text("search_vector IS NULL")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    sequence_no: Mapped[int] = mapped_column(Integer)
+    author_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    caller_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    target_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    role: Mapped[str] = mapped_column(String(8))
+    body: Mapped[str] = mapped_column(Text)
+    parts: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, default=dict)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    search_vector: Mapped[Optional[Any]] = mapped_column(TSVECTOR)
+
+    thread: Mapped[Thread] = relationship()
+    author: Mapped[Agent] = relationship(foreign_keys=[author_id])
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class ReadPosition(db.Model):
+    """How far a participant has read a thread."""
+
+    __tablename__ = "read_positions"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True)
+    agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True)
+    last_read_sequence_no: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class IdempotencyRecord(db.Model):
+    """The first answer to a call made with a client idempotency key, per agent."""
+
+    __tablename__ = "idempotency_records"
+    __table_args__ = (UniqueConstraint("agent_id", "key", name="uq_idempotency_agent_key"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(TZ, index=True)
+
+
+class Block(db.Model):
+    """``blocker`` refuses new handoffs from ``blocked``."""
+
+    __tablename__ = "blocks"
+
+    blocker_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True)
+    blocked_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class AuditEvent(db.Model):
+    """One row per create, append and transition of a thread."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), index=True)
+    actor_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
+    action: Mapped[str] = mapped_column(String(16))
+    from_state: Mapped[Optional[str]] = mapped_column(String(16))
+    to_state: Mapped[Optional[str]] = mapped_column(String(16))
+    session_id: Mapped[Optional[str]] = mapped_column(String(255))
+    result_summary: Mapped[Optional[str]] = mapped_column(Text)
+    message_id: Mapped[Optional[uuid.UUID]]
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+    actor: Mapped[Agent] = relationship()
+
+
+class Event(db.Model):
+    """Transactional outbox: written with the change it announces, fanned out after commit."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_pending", "created_at", postgresql_where=text("fanned_out_at IS NULL")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    type: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    message_id: Mapped[Optional[uuid.UUID]]
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    fanned_out_at: Mapped[Optional[datetime]] = mapped_column(TZ)

@@ -1,0 +1,1 @@
+"""marshmallow schemas: a load schema per request, a dump schema per response."""

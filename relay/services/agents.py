@@ -1,0 +1,165 @@
+"""Agents and their API keys: provisioning, lookup, revocation, authentication."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select, update
+
+from relay.errors import RelayError, invalid
+from relay.extensions import db
+from relay.models import Agent, ApiKey
+from relay.services import unit_of_work
+
+HANDLE_RE = re.compile(r"^[a-z0-9._-]+@[a-z0-9.-]+$")
+KEY_PREFIX = "ah_live_"
+KEY_RE = re.compile(r"^ah_live_[a-z2-7]{32}$")
+# Throttle for last_used_at: one write per key per minute at most, not one per request.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def normalize_handle(raw: object, field: str = "handle") -> str:
+    """Lower-case and check a handle ``local@org`` (DESIGN.md, "Identities and keys").
+
+    Raises RelayError(invalid_params) naming ``field`` when malformed.
+    """
+    if not isinstance(raw, str) or not raw.strip():
+        raise invalid(field, "must be a handle such as frank@acme")
+    handle = raw.strip().lower()
+    if len(handle) > 320 or not HANDLE_RE.match(handle):
+        raise invalid(field, f"{raw!r} is not a handle of the form local@org ([a-z0-9._-]+@[a-z0-9.-]+)")
+    return handle
+
+
+def generate_api_key() -> str:
+    """Return a new key: ``ah_live_`` + 32 lower-case base32 characters (160 random bits)."""
+    return KEY_PREFIX + base64.b32encode(secrets.token_bytes(20)).decode("ascii").lower()
+
+
+def key_digest(key: str) -> bytes:
+    """Return the SHA-256 digest under which a key is stored."""
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key as shown once at creation: the plaintext never comes back."""
+
+    key_id: uuid.UUID
+    api_key: str
+    created_at: datetime
+
+
+def _issue_key(session, agent: Agent, label: str) -> IssuedKey:
+    plaintext = generate_api_key()
+    key = ApiKey(agent_id=agent.id, digest=key_digest(plaintext), label=label, hint=plaintext[-4:])
+    session.add(key)
+    session.flush()
+    return IssuedKey(key.id, plaintext, key.created_at)
+
+
+def get_agent(handle: str) -> Agent | None:
+    """Return the agent with this (normalised) handle, or None."""
+    return db.session.scalar(select(Agent).where(Agent.handle == handle))
+
+
+def require_agent(handle: str, field: str = "handle") -> Agent:
+    """Return the agent for ``handle``; raise identity_not_found if there is none."""
+    agent = get_agent(normalize_handle(handle, field))
+    if agent is None:
+        raise RelayError("identity_not_found", f"no agent {handle!r}")
+    return agent
+
+
+def create_agent(handle: str, name: str, role: str = "", label: str = "initial") -> tuple[Agent, IssuedKey]:
+    """Create an agent with its first key; raise agent_exists or invalid_params."""
+    handle = normalize_handle(handle)
+    if not name or len(name) > 200:
+        raise invalid("name", "must be 1-200 characters")
+    if len(role) > 200:
+        raise invalid("role", "must be at most 200 characters")
+    with unit_of_work() as session:
+        if get_agent(handle) is not None:
+            raise RelayError("agent_exists", f"agent {handle} already exists")
+        agent = Agent(handle=handle, org=handle.split("@", 1)[1], name=name, role=role)
+        session.add(agent)
+        session.flush()
+        issued = _issue_key(session, agent, label)
+    return agent, issued
+
+
+def list_agents() -> list[Agent]:
+    """Return every agent ordered by handle."""
+    return list(db.session.scalars(select(Agent).order_by(Agent.handle)))
+
+
+def disable_agent(handle: str) -> Agent:
+    """Disable an agent: its keys stop authenticating. Raise identity_not_found."""
+    with unit_of_work():
+        agent = require_agent(handle)
+        if agent.disabled_at is None:
+            agent.disabled_at = datetime.now(timezone.utc)
+    return agent
+
+
+def create_key(handle: str, label: str = "") -> IssuedKey:
+    """Issue one more key for an agent; the plaintext is returned once."""
+    with unit_of_work() as session:
+        agent = require_agent(handle)
+        issued = _issue_key(session, agent, label)
+    return issued
+
+
+def list_keys(agent: Agent) -> list[ApiKey]:
+    """Return an agent's keys, newest first."""
+    return list(db.session.scalars(
+        select(ApiKey).where(ApiKey.agent_id == agent.id).order_by(ApiKey.created_at.desc(), ApiKey.id)
+    ))
+
+
+def revoke_key(key_id: str | uuid.UUID, owner: Agent | None = None) -> ApiKey:
+    """Revoke a key by id (optionally only one of ``owner``'s); raise key_not_found."""
+    try:
+        kid = key_id if isinstance(key_id, uuid.UUID) else uuid.UUID(str(key_id))
+    except ValueError:
+        raise invalid("key_id", "must be a UUID") from None
+    with unit_of_work() as session:
+        key = session.get(ApiKey, kid)
+        if key is None or (owner is not None and key.agent_id != owner.id):
+            raise RelayError("key_not_found", f"no key {kid}")
+        if key.revoked_at is None:
+            key.revoked_at = datetime.now(timezone.utc)
+    return key
+
+
+def authenticate(raw_key: str | None) -> Agent:
+    """Return the agent owning an active key; raise unauthenticated saying why not.
+
+    Missing, malformed, unknown or revoked keys and disabled agents are all refused
+    (DESIGN.md, "Identities and keys").
+    """
+    if not raw_key:
+        raise RelayError("unauthenticated", "missing bearer API key")
+    if not KEY_RE.match(raw_key):
+        raise RelayError("unauthenticated", "malformed API key")
+    session = db.session
+    row = session.execute(
+        select(ApiKey, Agent).join(Agent, ApiKey.agent_id == Agent.id).where(ApiKey.digest == key_digest(raw_key))
+    ).first()
+    if row is None:
+        raise RelayError("unauthenticated", "unknown API key")
+    key, agent = row
+    if key.revoked_at is not None:
+        raise RelayError("unauthenticated", "API key revoked")
+    if agent.disabled_at is not None:
+        raise RelayError("unauthenticated", "agent disabled")
+    now = datetime.now(timezone.utc)
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        with unit_of_work() as s:
+            s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+    return agent

@@ -1,0 +1,142 @@
+"""Fixtures on the real servers: a fresh PostgreSQL database per session, real Redis.
+
+``DATABASE_URL``/``REDIS_URL`` name the servers (the database in the URL is only used
+to connect and create the test database); when unset, embedded ones are started.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import psycopg2
+import pytest
+from sqlalchemy.engine import make_url
+
+from relay.config import normalize_database_url
+from relay.migrate import upgrade
+
+_TMP = Path(tempfile.mkdtemp(prefix="relay-tests-"))
+
+
+def _server_urls() -> tuple[str, str]:
+    db = os.environ.get("DATABASE_URL")
+    rd = os.environ.get("REDIS_URL")
+    if not db or not rd:
+        from relay import embedded
+
+        if not db:
+            _pg, db = embedded.start_postgres(_TMP)
+        if not rd:
+            _TMP_REDIS.append(embedded.start_redis(_TMP)[0])
+            rd = f"redis://127.0.0.1:{_TMP_REDIS[-1].server_config['port']}/0"
+    return normalize_database_url(db), rd
+
+
+_TMP_REDIS: list = []
+
+
+def _connect_admin(url):
+    return psycopg2.connect(
+        host=url.host or url.query.get("host"), port=url.port, user=url.username or "postgres",
+        password=url.password, dbname=url.database or "postgres",
+    )
+
+
+@pytest.fixture(scope="session")
+def server_urls():
+    return _server_urls()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_urls):
+    """Create a database with a random name, migrate it with Alembic, drop it at the end."""
+    base = make_url(server_urls[0])
+    name = f"relay_test_{secrets.token_hex(6)}"
+    admin = _connect_admin(base)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    url = base.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+        for client in _TMP_REDIS:
+            from relay.embedded import stop_redis
+
+            stop_redis(client)
+        shutil.rmtree(_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url(server_urls):
+    return server_urls[1]
+
+
+@pytest.fixture(scope="session")
+def base_env(database_url, redis_url):
+    """Environment for create_app and for subprocesses (CLI, gunicorn, celery)."""
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "RELAY_ENV": "test",
+        "RELAY_SECRET_KEY": "test-secret",
+        "RELAY_RATE_LIMIT": "100000/minute",
+        "RELAY_REST_RATE_LIMIT": "100000/minute",
+    })
+    return env
+
+
+@pytest.fixture(scope="session")
+def app(base_env):
+    from relay import create_app
+
+    app = create_app(base_env, TESTING=True, RATELIMIT_KEY_PREFIX=f"t{secrets.token_hex(4)}")
+    return app
+
+
+TABLES = ("audit_events", "events", "read_positions", "messages", "threads", "idempotency_records",
+          "blocks", "api_keys", "agents")
+
+
+@pytest.fixture(autouse=True)
+def _clean_tables(database_url):
+    yield
+    url = make_url(database_url)
+    conn = _connect_admin(url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")
+        names = [r[0] for r in cur.fetchall()]
+        if names:
+            cur.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE")
+    conn.close()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def make_agent(app):
+    """Create an agent through the service; return ``(handle, api_key)``."""
+    from relay.services.agents import create_agent
+
+    def _make(handle: str, name: str | None = None, role: str = "backend"):
+        with app.app_context():
+            agent, key = create_agent(handle, name or handle.split("@")[0].title(), role)
+        return agent.handle, key.api_key
+
+    return _make
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
