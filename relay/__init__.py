@@ -27,10 +27,12 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     db.init_app(app)
     limiter.init_app(app)
 
-    from relay import api, health
+    from relay import api, health, jsonrpc, requests
 
+    requests.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(jsonrpc.bp)
 
     from workers import celery_init_app
 
@@ -40,13 +42,20 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     def _http_error(exc: HTTPException):
         from relay.api import error_response
 
+        if exc.response is not None:  # e.g. flask-limiter's 429, already shaped
+            return exc.response
         return error_response(exc.code or 500, (exc.name or "error").lower().replace(" ", "_"), exc.description)
 
     @app.errorhandler(Exception)
     def _unhandled(exc: Exception):
         from relay.api import error_response
 
+        from flask import g
+
+        from relay.extensions import db
+
+        db.session.rollback()
         app.logger.exception("unhandled error")
-        return error_response(500, "internal_error", "internal error")
+        return error_response(500, "internal_error", "internal error", {"request_id": g.get("request_id")})
 
     return app

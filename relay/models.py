@@ -99,8 +99,8 @@ class Thread(db.Model):
     completed_at: Mapped[Optional[datetime]] = mapped_column(TZ)
     cancelled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
 
-    sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined")
-    recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined")
+    sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined", innerjoin=True)
+    recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined", innerjoin=True)
 
     __mapper_args__ = {"eager_defaults": True}
 

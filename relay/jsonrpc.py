@@ -1,0 +1,260 @@
+"""JSON-RPC 2.0 transport: envelope, batches, notifications and a dispatch table per dialect.
+
+The envelope rules are JSON-RPC 2.0's; the HTTP statuses and error symbols are
+DESIGN.md's ("JSON-RPC endpoint"). A dialect is a table of methods plus a way to shape
+errors, so a second dialect (A2A v1.0) is a new table, not a change to these methods.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from flask import Blueprint, Response, current_app, g, request
+from marshmallow import Schema
+from sqlalchemy.exc import OperationalError
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from relay.auth import current_agent, is_unauthenticated, rate_limit_key
+from relay.errors import RelayError
+from relay.extensions import db, limiter
+from relay.models import Agent
+from relay.schemas.common import load_or_invalid
+from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
+from relay.services import threads
+
+log = logging.getLogger("relay.jsonrpc")
+
+MESSAGES = {
+    -32700: "Parse error", -32600: "Invalid Request", -32601: "Method not found",
+    -32602: "Invalid params", -32603: "Internal error",
+}
+# Drain at most this much of an oversized body so the client reads our 413, not a reset.
+DRAIN_LIMIT = 64 * 1024 * 1024
+_MISSING = object()
+
+
+class BodyTooLarge(Exception):
+    """The request body passed RELAY_MAX_BODY_BYTES."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One JSON-RPC method: a marshmallow load schema and a handler calling a service."""
+
+    schema: Schema
+    handler: Callable[[Agent, dict], Any]
+
+
+@dataclass
+class Dialect:
+    """A table of methods and the shape of their errors."""
+
+    methods: dict[str, Method]
+    error_data: Callable[[RelayError], Any] = field(default=lambda exc: _seed_error_data(exc))
+    error_code: Callable[[RelayError], int] = field(default=lambda exc: exc.code)
+
+
+def _seed_error_data(exc: RelayError) -> dict:
+    data: dict[str, Any] = {"symbol": exc.symbol}
+    if exc.symbol == "invalid_params" and exc.details is not None:
+        data["errors"] = exc.details
+    elif exc.details is not None:
+        data["details"] = exc.details
+    return data
+
+
+SEED_DIALECT = Dialect(methods={
+    "message/send": Method(MessageSendParams(), lambda caller, p: threads.send_message(caller, p)),
+    "tasks/get": Method(TaskRef(), lambda caller, p: threads.get_thread(caller, p["task_id"])),
+    "tasks/list": Method(TasksListParams(), lambda caller, p: threads.list_threads(
+        caller, role=p["filter"]["role"], status=p["filter"]["status"], since=p["filter"]["since"],
+        limit=p["page"]["limit"], cursor=p["page"]["cursor"])),
+    "tasks/update": Method(TasksUpdateParams(), lambda caller, p: threads.transition(
+        caller, p["task_id"], p["transition"], session_id=p["session_id"], result_summary=p["result_summary"])),
+    "tasks/cancel": Method(TaskRef(), lambda caller, p: threads.transition(caller, p["task_id"], "cancel")),
+})
+
+
+def _error(id_: Any, code: int, message: str, data: Any = None) -> dict:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": id_, "error": err}
+
+
+def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
+    return _error(id_, dialect.error_code(exc), exc.message, dialect.error_data(exc))
+
+
+def _response(payload: Any, status: int = 200, headers: dict | None = None) -> Response:
+    resp = Response(json.dumps(payload), status=status, mimetype="application/json")
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def read_body() -> bytes:
+    """Return the raw body once per request; raise BodyTooLarge past the limit."""
+    cached = g.get("_rpc_body", _MISSING)
+    if cached is BodyTooLarge:
+        raise BodyTooLarge()
+    if cached is not _MISSING:
+        return cached
+    limit = current_app.config["RELAY"].max_body_bytes
+    length = request.content_length
+    try:
+        if length is not None and length > limit:
+            raise RequestEntityTooLarge()
+        body = request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        g._rpc_body = BodyTooLarge
+        _drain(length)
+        raise BodyTooLarge() from None
+    g._rpc_body = body
+    return body
+
+
+def _drain(length: int | None) -> None:
+    stream = request.environ.get("wsgi.input")
+    if stream is None or length is None or length > DRAIN_LIMIT:
+        return
+    remaining = length
+    try:
+        while remaining > 0:
+            chunk = stream.read(min(65536, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+    except Exception:  # the client went away; nothing left to protect
+        pass
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body() -> Any:
+    """Return the decoded JSON document, or _MISSING when the body is not valid JSON."""
+    cached = g.get("_rpc_doc", _MISSING)
+    if cached is not _MISSING:
+        return cached
+    try:
+        doc = json.loads(read_body().decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        doc = _MISSING
+    g._rpc_doc = doc
+    return doc
+
+
+def batch_cost() -> int:
+    """Rate-limit cost of this request: one per batch element (DESIGN.md, "Decisions")."""
+    try:
+        doc = parse_body()
+    except BodyTooLarge:
+        return 1
+    return max(1, len(doc)) if isinstance(doc, list) else 1
+
+
+def _readable_id(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        id_ = doc.get("id")
+        if id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool)):
+            return id_
+    return None
+
+
+def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
+    """Answer one request object; None for a notification."""
+    if not isinstance(obj, dict):
+        return _error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "a request must be an object"})
+    has_id = "id" in obj
+    id_ = obj.get("id")
+    if has_id and not (id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool))):
+        return _error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "id must be a string, a number or null"})
+    if obj.get("jsonrpc") != "2.0":
+        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": 'jsonrpc must be exactly "2.0"'})
+    name = obj.get("method")
+    if not isinstance(name, str):
+        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"})
+    params = obj.get("params", {})
+    if params is not None and not isinstance(params, (dict, list)):
+        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "params must be an object or an array"})
+    method = dialect.methods.get(name)
+    if method is None:
+        answer = _error(id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
+        return answer if has_id else None
+    try:
+        if isinstance(params, list):
+            raise RelayError("invalid_params", "params must be an object of named parameters",
+                             {"params": ["must be an object, not an array"]})
+        loaded = load_or_invalid(method.schema, params or {})
+        result = method.handler(caller, loaded)
+        answer = {"jsonrpc": "2.0", "id": id_, "result": result}
+    except RelayError as exc:
+        answer = _relay_error(dialect, id_, exc)
+    except OperationalError:
+        db.session.rollback()
+        log.exception("database unavailable", extra={"request_id": g.get("request_id")})
+        answer = _error(id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")})
+    except Exception:
+        db.session.rollback()
+        log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
+        answer = _error(id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")})
+    return answer if has_id else None
+
+
+def serve(dialect: Dialect) -> Response:
+    """Answer a JSON-RPC HTTP request with ``dialect``: auth, envelope, batch, dispatch."""
+    try:
+        doc = parse_body()
+    except BodyTooLarge:
+        limit = current_app.config["RELAY"].max_body_bytes
+        return _response(_error(None, -32600, f"request body is larger than {limit} bytes",
+                                {"symbol": "payload_too_large", "limit_bytes": limit}), status=413)
+    try:
+        caller = current_agent()
+    except RelayError as exc:
+        return _response(_relay_error(dialect, _readable_id(doc), exc), status=401,
+                         headers={"WWW-Authenticate": 'Bearer realm="relay"'})
+    if doc is _MISSING:
+        return _response(_error(None, -32700, MESSAGES[-32700], {"symbol": "parse_error"}))
+    if isinstance(doc, list):
+        if not doc:
+            return _response(_error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}))
+        answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
+        return _response(answers) if answers else Response(status=204)
+    answer = _call(dialect, caller, doc)
+    return _response(answer) if answer is not None else Response(status=204)
+
+
+def rate_limited(limit) -> Response:
+    """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
+    retry = max(1, math.ceil(limit.reset_at - time.time()))
+    try:
+        doc = parse_body()
+    except BodyTooLarge:
+        doc = None
+    return _response(
+        _error(_readable_id(doc), -32003, f"rate limit exceeded: {limit.limit}; retry in {retry} s",
+               {"symbol": "rate_limited", "retry_after": retry}),
+        status=429, headers={"Retry-After": str(retry)},
+    )
+
+
+def a2a_rate() -> str:
+    return current_app.config["RELAY"].rate_limit
+
+
+bp = Blueprint("a2a", __name__)
+
+
+@bp.post("/a2a")
+@limiter.limit(a2a_rate, key_func=rate_limit_key, exempt_when=is_unauthenticated, cost=batch_cost,
+               on_breach=rate_limited, scope="a2a")
+def a2a() -> Response:
+    """The seed-000 dialect: message/send, tasks/get, tasks/list, tasks/update, tasks/cancel."""
+    return serve(SEED_DIALECT)

@@ -1,0 +1,107 @@
+"""Shared marshmallow fields and helpers: ULID ids, aware timestamps, flat error paths."""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields
+
+from relay.errors import RelayError
+from relay.ids import format_ulid, parse_ulid
+
+
+class Ulid(fields.Field):
+    """A ULID given as 26 characters or as a UUID; loads to ``uuid.UUID``."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        try:
+            return parse_ulid(value)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        return None if value is None else format_ulid(value)
+
+
+class AwareDateTime(fields.AwareDateTime):
+    """An ISO 8601 time that must carry ``Z`` or an offset (a bare local time is refused)."""
+
+    default_error_messages = {
+        "invalid": "must be an ISO 8601 time such as 2026-04-20T00:00:00Z",
+        "invalid_awareness": "must carry a time zone (Z or an offset such as +02:00)",
+        "format": "must be an ISO 8601 time such as 2026-04-20T00:00:00Z",
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(format="iso", **kwargs)
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str) and value.endswith(("z",)):
+            value = value[:-1] + "Z"
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+def iso(value: datetime | None) -> str | None:
+    """Format a time as ISO 8601 UTC with microseconds and ``Z``."""
+    if value is None:
+        return None
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
+    """Turn marshmallow's nested error dict into ``{"a.0.b": [reasons]}``."""
+    flat: dict[str, list[str]] = {}
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key == "_schema":
+                path = prefix or "params"
+            flat.update(flatten_errors(value, path))
+    elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+        flat.setdefault(prefix or "params", []).extend(messages)
+    elif isinstance(messages, list):
+        for i, value in enumerate(messages):
+            flat.update(flatten_errors(value, f"{prefix}.{i}" if prefix else str(i)))
+    else:
+        flat.setdefault(prefix or "params", []).append(str(messages))
+    return flat
+
+
+def load_or_invalid(schema: Schema, data: Any, prefix: str = "") -> dict:
+    """Load ``data`` with ``schema``; raise RelayError(invalid_params) naming every bad field."""
+    try:
+        return schema.load(data)
+    except ValidationError as exc:
+        errors = flatten_errors(exc.messages, prefix)
+        summary = "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items())
+        raise RelayError("invalid_params", f"invalid params: {summary}", errors) from None
+
+
+def encode_cursor(*parts: Any) -> str:
+    """Return an opaque keyset cursor for a sort key."""
+    raw = json.dumps([p.isoformat() if isinstance(p, datetime) else str(p) for p in parts])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+class Cursor(fields.Field):
+    """An opaque keyset cursor ``(time, id)``; garbage is a validation error, never a 500."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if value is None:
+            return None
+        if not isinstance(value, str) or len(value) > 200:
+            raise ValidationError("is not a cursor returned by this API")
+        try:
+            padded = value + "=" * (-len(value) % 4)
+            stamp, ident = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+            when = datetime.fromisoformat(stamp)
+            if when.tzinfo is None:
+                raise ValueError
+            import uuid
+
+            return when, uuid.UUID(ident)
+        except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+            raise ValidationError("is not a cursor returned by this API") from None

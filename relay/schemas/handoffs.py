@@ -1,0 +1,230 @@
+"""Load schemas for handoff requests (seed 000) and dump helpers for their responses."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from relay.models import INTENTS, THREAD_STATES
+from relay.schemas.common import AwareDateTime, Cursor, Ulid
+
+# Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
+MAX_PARTS = 20
+MAX_TEXT = 262_144
+MAX_ARTIFACTS = 50
+MAX_DIFF = 524_288
+MAX_PATH = 4096
+MAX_SHORT = 8192
+MAX_URL = 2048
+MAX_METADATA_BYTES = 16_384
+MAX_IDEMPOTENCY_KEY = 255
+TRANSITIONS = ("accept", "complete", "cancel")
+
+
+def _text(max_len: int, required: bool = True, **kw) -> fields.String:
+    return fields.String(
+        required=required,
+        validate=validate.Length(min=1 if required else 0, max=max_len,
+                                 error=f"must be {1 if required else 0}-{max_len} characters"),
+        **kw,
+    )
+
+
+class TextPart(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True, validate=validate.Equal("text", error="only text parts are supported"))
+    text = fields.String(required=True, validate=validate.Length(max=MAX_TEXT, error=f"must be at most {MAX_TEXT} characters"))
+
+
+class MessageIn(Schema):
+    """``params.message``: an A2A message with at least one text part."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    role = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
+    parts = fields.List(
+        fields.Nested(TextPart), required=True,
+        validate=validate.Length(min=1, max=MAX_PARTS, error=f"must hold 1-{MAX_PARTS} parts"),
+    )
+
+    @validates_schema
+    def _has_text(self, data, **kwargs):
+        if not any(p.get("text", "").strip() for p in data.get("parts", [])):
+            raise ValidationError({"parts": ["at least one part must have non-empty text"]})
+
+
+class FileDiff(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True)
+    path = _text(MAX_PATH)
+    diff = _text(MAX_DIFF)
+
+
+class FileRef(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True)
+    path = _text(MAX_PATH)
+    line_start = fields.Integer(validate=validate.Range(min=1))
+    line_end = fields.Integer(validate=validate.Range(min=1))
+    ref = _text(MAX_PATH, required=False)
+    description = _text(MAX_SHORT, required=False)
+
+
+class TestCommand(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True)
+    command = _text(MAX_SHORT)
+    cwd = _text(MAX_PATH, required=False)
+    description = _text(MAX_SHORT, required=False)
+
+
+class ApiContract(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True)
+    name = _text(MAX_PATH)
+    spec = fields.Raw(required=True)
+    format = _text(64, required=False)
+
+    @validates_schema
+    def _spec_shape(self, data, **kwargs):
+        spec = data.get("spec")
+        if not isinstance(spec, (str, dict)) or not spec:
+            raise ValidationError({"spec": ["must be a non-empty string or object"]})
+        if len(json.dumps(spec)) > MAX_DIFF:
+            raise ValidationError({"spec": [f"must be at most {MAX_DIFF} bytes"]})
+
+
+class Link(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True)
+    url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
+                     validate=validate.Length(max=MAX_URL, error=f"must be at most {MAX_URL} characters"))
+    title = _text(MAX_SHORT, required=False)
+
+
+ARTIFACT_SCHEMAS: dict[str, Schema] = {
+    "file_diff": FileDiff(), "file_ref": FileRef(), "test_command": TestCommand(),
+    "api_contract": ApiContract(), "link": Link(),
+}
+
+
+class Artifact(fields.Field):
+    """One artifact, validated by the schema of its ``type``."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, dict):
+            raise ValidationError("must be an object")
+        kind = value.get("type")
+        schema = ARTIFACT_SCHEMAS.get(kind) if isinstance(kind, str) else None
+        if schema is None:
+            raise ValidationError({"type": [f"must be one of {', '.join(ARTIFACT_SCHEMAS)}"]})
+        return schema.load(value)
+
+
+class Metadata(fields.Dict):
+    """Freeform metadata, bounded in size; ``client_idempotency_key`` must be a short string."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        value = super()._deserialize(value, attr, data, **kwargs)
+        if len(json.dumps(value)) > MAX_METADATA_BYTES:
+            raise ValidationError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON")
+        key = value.get("client_idempotency_key")
+        if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY):
+            raise ValidationError({"client_idempotency_key": [f"must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"]})
+        return value
+
+
+class ProposedAction(Schema):
+    class Meta:
+        unknown = RAISE
+
+    description = _text(MAX_SHORT)
+    target_files = fields.List(_text(MAX_PATH), required=True, validate=validate.Length(min=1, max=200))
+    rationale = _text(MAX_SHORT)
+    suggested_diff = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_DIFF))
+
+
+class MessageSendParams(Schema):
+    """``message/send`` params (seed 000): create when ``task_id`` is null, else append."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    task_id = Ulid(load_default=None, allow_none=True)
+    recipient = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=320))
+    intent = fields.String(load_default=None, allow_none=True,
+                           validate=validate.OneOf(INTENTS, error=f"must be one of {', '.join(INTENTS)}"))
+    context_id = Ulid(load_default=None, allow_none=True)
+    message = fields.Nested(MessageIn, required=True)
+    artifacts = fields.List(Artifact(), load_default=list,
+                            validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"))
+    proposed_action = fields.Nested(ProposedAction, load_default=None, allow_none=True)
+    metadata = Metadata(load_default=dict)
+
+
+class TaskRef(Schema):
+    """``{task_id}``: params of tasks/get and tasks/cancel."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    task_id = Ulid(required=True)
+
+
+class TasksUpdateParams(Schema):
+    """``tasks/update`` params: a transition of seed 000's state machine."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    task_id = Ulid(required=True)
+    transition = fields.String(required=True, validate=validate.OneOf(TRANSITIONS, error=f"must be one of {', '.join(TRANSITIONS)}"))
+    session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
+    result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
+
+
+class ListFilter(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
+    status = fields.List(fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
+                         load_default=None, allow_none=True)
+    since = AwareDateTime(load_default=None, allow_none=True)
+
+
+class ListPage(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=200, error="must be 1-200"))
+    cursor = Cursor(load_default=None, allow_none=True)
+
+
+class TasksListParams(Schema):
+    """``tasks/list`` params: inbox (``recipient``) or sent (``sender``), keyset paging."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    filter = fields.Nested(ListFilter, load_default=lambda: ListFilter().load({}))
+    page = fields.Nested(ListPage, load_default=lambda: ListPage().load({}))
+
+
+def agent_ref(agent) -> dict[str, Any]:
+    """``{handle, name, role}`` of an agent."""
+    return {"handle": agent.handle, "name": agent.name, "role": agent.role}

@@ -1,0 +1,86 @@
+"""Client idempotency keys: the first answer to a keyed call is kept and replayed.
+
+DESIGN.md, "Idempotency": scoped to the calling agent, kept 24 hours; the same key with
+the same params returns the first result, with different params -32011; concurrent
+requests with one key create exactly one thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any, Callable
+
+from flask import current_app
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert
+
+from relay.errors import RelayError
+from relay.models import Agent, IdempotencyRecord
+from relay.services import unit_of_work
+
+
+def request_hash(operation: str, params: dict[str, Any]) -> str:
+    """Return a stable digest of an operation and its loaded params."""
+    canonical = json.dumps([operation, params], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _stored(session, agent: Agent, key: str, digest: str) -> dict | None:
+    record = session.scalar(
+        select(IdempotencyRecord).where(
+            IdempotencyRecord.agent_id == agent.id, IdempotencyRecord.key == key,
+            IdempotencyRecord.expires_at > func.now(),
+        )
+    )
+    if record is None:
+        return None
+    if record.request_hash != digest:
+        raise RelayError(
+            "duplicate_idempotency_key",
+            "client_idempotency_key was already used with different params",
+            {"client_idempotency_key": key},
+        )
+    return record.response
+
+
+def run_once(agent: Agent, key: str | None, operation: str, params: dict[str, Any],
+             work: Callable[[Any], dict]) -> dict:
+    """Run ``work(session)`` in one transaction unless ``key`` already answered; return the answer.
+
+    A replay is answered from the stored record before any other check (DESIGN.md,
+    "Decisions"). The record is claimed with INSERT ... ON CONFLICT DO NOTHING in the
+    same transaction as the work, so a concurrent call with the same key waits for the
+    first to commit and then replays its answer; if the first rolls back, the next one
+    does the work. Raises RelayError(duplicate_idempotency_key) on a params mismatch.
+    """
+    if key is None:
+        with unit_of_work() as session:
+            return work(session)
+    digest = request_hash(operation, params)
+    with unit_of_work() as session:
+        replay = _stored(session, agent, key, digest)
+        if replay is not None:
+            return replay
+    ttl = timedelta(seconds=current_app.config["RELAY"].idempotency_ttl_seconds)
+    with unit_of_work() as session:
+        session.execute(delete(IdempotencyRecord).where(
+            IdempotencyRecord.agent_id == agent.id, IdempotencyRecord.key == key,
+            IdempotencyRecord.expires_at <= func.now(),
+        ))
+        claimed = session.execute(
+            insert(IdempotencyRecord)
+            .values(agent_id=agent.id, key=key, request_hash=digest, response={}, expires_at=func.now() + ttl)
+            .on_conflict_do_nothing(constraint="uq_idempotency_agent_key")
+            .returning(IdempotencyRecord.id)
+        ).scalar()
+        if claimed is None:
+            replay = _stored(session, agent, key, digest)
+            if replay is not None:
+                return replay
+            raise RelayError("state_changed", "a concurrent call with this idempotency key is still running; retry")
+        response = work(session)
+        session.execute(
+            IdempotencyRecord.__table__.update().where(IdempotencyRecord.id == claimed).values(response=response)
+        )
+    return response

@@ -1,0 +1,308 @@
+"""Handoff threads: create, append, read, list and transition (seed 000).
+
+Each public function is one use case and one transaction. Callers pass loaded params
+(see relay.schemas.handoffs); results are plain dicts ready for any transport.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from relay.errors import RelayError, invalid
+from relay.extensions import db
+from relay.ids import format_ulid, new_ulid
+from relay.models import TERMINAL_STATES, Agent, AuditEvent, Block, Event, Message, ReadPosition, Thread
+from relay.schemas.common import encode_cursor, iso
+from relay.schemas.handoffs import agent_ref
+from relay.services import idempotency, unit_of_work
+from relay.services.agents import get_agent, normalize_handle
+
+PREVIEW_CHARS = 200
+
+# seed 000, tasks/update table: transition -> (from state, to state, who may call it)
+TRANSITIONS: dict[str, tuple[str, str, str]] = {
+    "accept": ("pending", "accepted", "recipient"),
+    "complete": ("accepted", "completed", "recipient"),
+    "cancel": ("pending", "cancelled", "sender"),
+}
+STAMP_COLUMN = {"accepted": "accepted_at", "completed": "completed_at", "cancelled": "cancelled_at"}
+
+
+def _now(session: Session) -> datetime:
+    # The transaction's own timestamp, so every row a use case writes shares one time.
+    return session.scalar(select(func.now()))
+
+
+def _body(parts: list[dict[str, Any]]) -> str:
+    return "\n\n".join(p["text"] for p in parts if p.get("text"))
+
+
+def _payload(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A message's ``payload``: its metadata minus ``client_idempotency_key`` (DESIGN.md)."""
+    return {k: v for k, v in metadata.items() if k != "client_idempotency_key"}
+
+
+def _participant_role(thread: Thread, agent: Agent) -> str | None:
+    if thread.sender_id == agent.id:
+        return "sender"
+    if thread.recipient_id == agent.id:
+        return "recipient"
+    return None
+
+
+def _load_thread(session: Session, task_id: uuid.UUID, caller: Agent, *, lock: bool = False) -> tuple[Thread, str]:
+    """Return the thread and the caller's side; raise thread_not_found / not_a_participant."""
+    stmt = select(Thread).where(Thread.id == task_id)
+    if lock:
+        stmt = stmt.with_for_update(of=Thread)
+    thread = session.scalar(stmt)
+    if thread is None:
+        raise RelayError("thread_not_found", f"no thread {format_ulid(task_id)}")
+    side = _participant_role(thread, caller)
+    if side is None:
+        # Say nothing about the thread itself: not its state, not its participants (case C3).
+        raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
+    return thread, side
+
+
+def _add_message(session: Session, thread: Thread, author: Agent, params: dict, now: datetime) -> Message:
+    message = Message(
+        id=uuid.uuid4(), thread_id=thread.id, sequence_no=thread.last_sequence_no, author_id=author.id,
+        caller_id=thread.sender_id, target_id=thread.recipient_id,
+        role="caller" if author.id == thread.sender_id else "agent",
+        body=_body(params["message"]["parts"]), parts=params["message"]["parts"],
+        artifacts=params.get("artifacts") or [], meta=params.get("metadata") or {}, created_at=now,
+    )
+    session.add(message)
+    other = thread.recipient_id if author.id == thread.sender_id else thread.sender_id
+    session.add(AuditEvent(thread_id=thread.id, actor_id=author.id,
+                           action="create" if thread.last_sequence_no == 1 else "append",
+                           to_state=thread.state, message_id=message.id, created_at=now))
+    session.add(Event(id=new_ulid(), type="message.created", agent_id=other, thread_id=thread.id,
+                      message_id=message.id, payload={}, created_at=now))
+    _mark_read(session, thread.id, author.id, thread.last_sequence_no, now)
+    return message
+
+
+def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int, now: datetime) -> None:
+    stmt = insert(ReadPosition).values(thread_id=thread_id, agent_id=agent_id, last_read_sequence_no=seq, updated_at=now)
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=[ReadPosition.thread_id, ReadPosition.agent_id],
+        set_={"last_read_sequence_no": func.greatest(ReadPosition.last_read_sequence_no, stmt.excluded.last_read_sequence_no),
+              "updated_at": stmt.excluded.updated_at},
+    ))
+
+
+def _create(session: Session, caller: Agent, params: dict) -> dict:
+    if params.get("recipient") is None:
+        raise invalid("recipient", "is required when creating a handoff (task_id is null)")
+    handle = normalize_handle(params["recipient"], "recipient")
+    recipient = get_agent(handle)
+    if recipient is None or recipient.disabled_at is not None:
+        raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
+    if recipient.id == caller.id:
+        raise invalid("recipient", "cannot hand off to yourself")
+    intent = params.get("intent") or "inform"
+    if intent == "propose_action" and params.get("proposed_action") is None:
+        raise RelayError("invalid_intent_payload", "intent propose_action requires proposed_action", {"field": "proposed_action"})
+    if intent != "propose_action" and params.get("proposed_action") is not None:
+        raise RelayError("invalid_intent_payload", f"proposed_action must be null or omitted when intent is {intent}",
+                         {"field": "proposed_action"})
+    blocked = session.scalar(select(exists().where(Block.blocker_id == recipient.id, Block.blocked_id == caller.id)))
+    if blocked:
+        raise RelayError("teammate_blocked", f"{recipient.handle} does not accept handoffs from you")
+    context_id = params.get("context_id")
+    if context_id is not None:
+        known = session.scalar(select(exists().where(
+            Thread.context_id == context_id, or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id))))
+        if not known:
+            raise invalid("context_id", "names no context in which you already have a thread")
+    else:
+        context_id = new_ulid()
+    now = _now(session)
+    thread = Thread(
+        id=new_ulid(), context_id=context_id, sender_id=caller.id, recipient_id=recipient.id, intent=intent,
+        summary=_body(params["message"]["parts"]), proposed_action=params.get("proposed_action"),
+        state="pending", version=1, last_sequence_no=1, created_at=now, updated_at=now,
+    )
+    session.add(thread)
+    session.flush()
+    message = _add_message(session, thread, caller, params, now)
+    return {
+        "task_id": format_ulid(thread.id), "thread_id": format_ulid(thread.id), "context_id": format_ulid(context_id),
+        "status": {"state": "pending"}, "message_id": str(message.id), "sequence_no": 1, "created_at": iso(now),
+    }
+
+
+CREATE_ONLY = ("recipient", "intent", "proposed_action", "context_id")
+
+
+def _append(session: Session, caller: Agent, params: dict) -> dict:
+    for name in CREATE_ONLY:
+        if params.get(name) is not None:
+            raise invalid(name, "is only allowed when creating a handoff (task_id is null)")
+    # Lock the thread row: concurrent appends queue here, so sequence_no stays gapless.
+    thread, _side = _load_thread(session, params["task_id"], caller, lock=True)
+    if thread.state in TERMINAL_STATES:
+        raise RelayError("thread_terminal", f"the thread is {thread.state}; no more messages can be added",
+                         {"state": thread.state})
+    now = _now(session)
+    thread.last_sequence_no += 1
+    thread.updated_at = now
+    message = _add_message(session, thread, caller, params, now)
+    return {
+        "task_id": format_ulid(thread.id), "thread_id": format_ulid(thread.id), "context_id": format_ulid(thread.context_id),
+        "status": {"state": thread.state}, "message_id": str(message.id), "sequence_no": message.sequence_no,
+        "created_at": iso(now),
+    }
+
+
+def send_message(caller: Agent, params: dict) -> dict:
+    """Create a handoff (``task_id`` null) or append to one (seed 000, ``message/send``).
+
+    Create raises invalid_params (recipient missing, yourself, unknown context_id),
+    recipient_not_found, invalid_intent_payload, teammate_blocked. Append raises
+    thread_not_found, not_a_participant, thread_terminal. Either raises
+    duplicate_idempotency_key when ``metadata.client_idempotency_key`` was used with
+    other params.
+    """
+    key = (params.get("metadata") or {}).get("client_idempotency_key")
+    work = _create if params.get("task_id") is None else _append
+    return idempotency.run_once(caller, key, "message/send", params, lambda session: work(session, caller, params))
+
+
+def message_row(message: Message) -> dict[str, Any]:
+    """A message as ``tasks/get`` lists it (seed 000): id, sequence_no, from, body, payload..."""
+    return {
+        "id": str(message.id), "sequence_no": message.sequence_no, "from": message.author.handle,
+        "role": message.role, "body": message.body, "parts": message.parts, "artifacts": message.artifacts,
+        "payload": _payload(message.meta), "created_at": iso(message.created_at),
+    }
+
+
+def _status(thread: Thread) -> dict[str, Any]:
+    return {"state": thread.state}
+
+
+def get_thread(caller: Agent, task_id: uuid.UUID) -> dict:
+    """Return the whole thread with its messages and mark it read for the caller (seed 000, ``tasks/get``).
+
+    Raises thread_not_found, not_a_participant.
+    """
+    with unit_of_work() as session:
+        thread, _side = _load_thread(session, task_id, caller)
+        messages = list(session.scalars(
+            select(Message).where(Message.thread_id == thread.id).order_by(Message.sequence_no)
+            .options(db.joinedload(Message.author))
+        ))
+        _mark_read(session, thread.id, caller.id, thread.last_sequence_no, _now(session))
+        return {
+            "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
+            "context_id": format_ulid(thread.context_id), "status": _status(thread),
+            "sender": agent_ref(thread.sender), "recipient": agent_ref(thread.recipient),
+            "recipient_id": str(thread.recipient_id), "summary": thread.summary, "intent": thread.intent,
+            "artifacts": [a for m in messages for a in m.artifacts], "proposed_action": thread.proposed_action,
+            "messages": [message_row(m) for m in messages], "result_summary": thread.result_summary,
+            "version": thread.version, "accepted_at": iso(thread.accepted_at), "completed_at": iso(thread.completed_at),
+            "cancelled_at": iso(thread.cancelled_at), "created_at": iso(thread.created_at),
+            "updated_at": iso(thread.updated_at),
+        }
+
+
+def list_threads(caller: Agent, role: str = "recipient", status: list[str] | None = None,
+                 since: datetime | None = None, limit: int = 50,
+                 cursor: tuple[datetime, uuid.UUID] | None = None) -> dict:
+    """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
+
+    Newest activity first; keyset cursor on (updated_at, id); ``since`` is inclusive on
+    the last activity; ``unread_messages`` counts the other side's messages after the
+    caller's read position. Shape: ``{"items": [...], "next_cursor": str | None}``.
+    """
+    column = Thread.recipient_id if role == "recipient" else Thread.sender_id
+    unread = (
+        select(func.count(Message.id))
+        .where(Message.thread_id == Thread.id, Message.author_id != caller.id,
+               Message.sequence_no > func.coalesce(
+                   select(ReadPosition.last_read_sequence_no)
+                   .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller.id)
+                   .scalar_subquery(), 0))
+        .scalar_subquery()
+    )
+    stmt = select(Thread, unread).where(column == caller.id)
+    if status:
+        stmt = stmt.where(Thread.state.in_(status))
+    if since is not None:
+        stmt = stmt.where(Thread.updated_at >= since)
+    if cursor is not None:
+        at, ident = cursor
+        stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
+    stmt = stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(limit + 1)
+    with unit_of_work() as session:
+        rows = session.execute(stmt).all()
+    page = rows[:limit]
+    items = [
+        {
+            "thread_id": format_ulid(t.id), "task_id": format_ulid(t.id), "context_id": format_ulid(t.context_id),
+            "status": _status(t), "sender": agent_ref(t.sender), "recipient": agent_ref(t.recipient),
+            "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent, "unread_messages": n,
+            "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
+        }
+        for t, n in page
+    ]
+    last = page[-1][0] if page else None
+    next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
+    return {"items": items, "next_cursor": next_cursor}
+
+
+def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | None = None,
+               result_summary: str | None = None) -> dict:
+    """Move a thread along seed 000's state machine (``tasks/update``, ``tasks/cancel``).
+
+    Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
+    (wrong side) -> invalid_transition (not valid from the current state) -> state_changed
+    (compare-and-set on state and version lost a race). Writes an audit row (with
+    ``session_id`` on accept, ``result_summary`` on complete) and a ``task.updated``
+    outbox event in the same transaction.
+    """
+    if name not in TRANSITIONS:
+        raise invalid("transition", f"must be one of {', '.join(TRANSITIONS)}")
+    source, target, who = TRANSITIONS[name]
+    with unit_of_work() as session:
+        thread, side = _load_thread(session, task_id, caller)
+        if side != who:
+            raise RelayError("not_authorized_transition", f"only the {who} may {name} a handoff",
+                             {"transition": name, "required_role": who})
+        if thread.state != source:
+            raise RelayError("invalid_transition", f"cannot {name} a handoff that is {thread.state} (only from {source})",
+                             {"transition": name, "state": thread.state})
+        now = _now(session)
+        values: dict[str, Any] = {"state": target, "version": Thread.version + 1, "updated_at": now,
+                                  STAMP_COLUMN[target]: now}
+        if name == "complete":
+            values["result_summary"] = result_summary
+        won = session.execute(
+            update(Thread).where(Thread.id == thread.id, Thread.state == source, Thread.version == thread.version)
+            .values(**values).returning(Thread.version).execution_options(synchronize_session=False)
+        ).scalar()
+        if won is None:
+            raise RelayError("state_changed", "another call changed this handoff first; read it again",
+                             {"transition": name})
+        other = thread.recipient_id if side == "sender" else thread.sender_id
+        session.add(AuditEvent(thread_id=thread.id, actor_id=caller.id, action=name, from_state=source, to_state=target,
+                               session_id=session_id if name == "accept" else None,
+                               result_summary=result_summary if name == "complete" else None, created_at=now))
+        session.add(Event(id=new_ulid(), type="task.updated", agent_id=other, thread_id=thread.id,
+                          payload={"transition": name, "from": source, "to": target}, created_at=now))
+        session.refresh(thread)
+        return {
+            "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
+            "context_id": format_ulid(thread.context_id), "status": _status(thread), "version": thread.version,
+            "result_summary": thread.result_summary, "accepted_at": iso(thread.accepted_at),
+            "completed_at": iso(thread.completed_at), "cancelled_at": iso(thread.cancelled_at),
+            "updated_at": iso(thread.updated_at),
+        }
