@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import sysconfig
 from functools import wraps
 from pathlib import Path
 
@@ -209,6 +210,10 @@ def up(port: int) -> None:
         upgrade(normalize_database_url(env["DATABASE_URL"]))
 
         env.update({"PORT": str(port), "RELAY_HOME": str(home)})
+        # The Procfile names gunicorn and celery; find them beside this interpreter even
+        # when the virtualenv is not activated (README: `.venv/bin/relay up`).
+        scripts = sysconfig.get_path("scripts")
+        env["PATH"] = os.pathsep.join(p for p in (scripts, env.get("PATH", "")) if p)
         env.setdefault("HOST", "127.0.0.1")
         procfile = parse_procfile((PROJECT_ROOT / "Procfile").read_text())
         manager = Manager()

@@ -137,13 +137,23 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON text but decodes to inf, which json.dumps would echo back as
+    # the non-JSON token Infinity (e.g. as the id): refuse it like NaN.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def parse_body() -> Any:
     """Return the decoded JSON document, or _MISSING when the body is not valid JSON."""
     cached = g.get("_rpc_doc", _MISSING)
     if cached is not _MISSING:
         return cached
     try:
-        doc = json.loads(read_body().decode("utf-8"), parse_constant=_reject_constant)
+        doc = json.loads(read_body().decode("utf-8"), parse_constant=_reject_constant,
+                         parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError, RecursionError):
         doc = _MISSING
     g._rpc_doc = doc

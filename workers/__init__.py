@@ -38,4 +38,5 @@ def beat_schedule() -> dict:
     """Return the periodic sweeps run by ``celery beat``."""
     return {
         "purge-idempotency-records": {"task": "workers.tasks.purge_idempotency_records", "schedule": 3600.0},
+        "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
     }

@@ -1,19 +1,29 @@
 """REST transport under ``/api/v1``: one JSON error shape ``{"error": {code, message, details}}``."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+import math
+import time
 
+from flask import Blueprint, current_app, jsonify, request
+from marshmallow import Schema
+
+from relay.auth import current_agent, is_unauthenticated, rate_limit_key
 from relay.errors import RelayError
+from relay.extensions import limiter
+from relay.models import Agent
+from relay.schemas.common import load_or_invalid
 
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
 
 
-def error_response(status: int, code: str, message: str, details=None):
+def error_response(status: int, code: str, message: str, details=None, headers: dict | None = None):
     """Return the REST error envelope with ``status``."""
     resp = jsonify({"error": {"code": code, "message": message, "details": details}})
     resp.status_code = status
     if status == 401:
         resp.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
     return resp
 
 
@@ -22,4 +32,39 @@ def _relay_error(exc: RelayError):
     return error_response(exc.http_status, exc.symbol, exc.message, exc.details)
 
 
-from relay.api import identities  # noqa: E402,F401  (routes register on bp)
+def _rest_rate() -> str:
+    return current_app.config["RELAY"].rest_rate_limit
+
+
+def _rest_rate_limited(limit):
+    retry = max(1, math.ceil(limit.reset_at - time.time()))
+    return error_response(429, "rate_limited", f"rate limit exceeded: {limit.limit}; retry in {retry} s",
+                          {"retry_after": retry}, headers={"Retry-After": str(retry)})
+
+
+limiter.limit(_rest_rate, key_func=rate_limit_key, exempt_when=is_unauthenticated,
+              on_breach=_rest_rate_limited, scope="rest")(bp)
+
+
+def identity(handle: str) -> Agent:
+    """Return the caller if ``handle`` names it; 401/403/404 otherwise (seed 004 errors)."""
+    from relay.services.feed import resolve_identity
+
+    return resolve_identity(current_agent(), handle)
+
+
+def load_query(schema: Schema) -> dict:
+    """Load the query string with ``schema``; 422 naming each bad parameter."""
+    data = {k: (vals[0] if len(vals) == 1 else vals) for k, vals in request.args.lists()}
+    return load_or_invalid(schema, data)
+
+
+def load_json(schema: Schema) -> dict:
+    """Load the JSON body with ``schema``; 422 naming each bad field."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise RelayError("invalid_params", "the body must be a JSON object", {"body": ["must be a JSON object"]})
+    return load_or_invalid(schema, body)
+
+
+from relay.api import blocks, identities, keys, tasks  # noqa: E402,F401  (routes register on bp)

@@ -6,6 +6,7 @@ Each public function is one use case and one transaction. Callers pass loaded pa
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from relay.ids import format_ulid, new_ulid
 from relay.models import TERMINAL_STATES, Agent, AuditEvent, Block, Event, Message, ReadPosition, Thread
 from relay.schemas.common import encode_cursor, iso
 from relay.schemas.handoffs import agent_ref
-from relay.services import idempotency, unit_of_work
+from relay.services import after_commit, dispatch, idempotency, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
 PREVIEW_CHARS = 200
@@ -34,8 +35,10 @@ STAMP_COLUMN = {"accepted": "accepted_at", "completed": "completed_at", "cancell
 
 
 def _now(session: Session) -> datetime:
-    # The transaction's own timestamp, so every row a use case writes shares one time.
-    return session.scalar(select(func.now()))
+    # Read once per use case so every row it writes shares one time; clock_timestamp()
+    # rather than now() because it is taken after the thread lock, which keeps the feed's
+    # (created_at, id) order close to commit order for catch-up readers.
+    return session.scalar(select(func.clock_timestamp()))
 
 
 def _body(parts: list[dict[str, Any]]) -> str:
@@ -83,9 +86,11 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
     session.add(AuditEvent(thread_id=thread.id, actor_id=author.id,
                            action="create" if thread.last_sequence_no == 1 else "append",
                            to_state=thread.state, message_id=message.id, created_at=now))
-    session.add(Event(id=new_ulid(), type="message.created", agent_id=other, thread_id=thread.id,
-                      message_id=message.id, payload={}, created_at=now))
+    event = Event(id=new_ulid(), type="message.created", agent_id=other, thread_id=thread.id,
+                  message_id=message.id, payload={}, created_at=now)
+    session.add(event)
     _mark_read(session, thread.id, author.id, thread.last_sequence_no, now)
+    after_commit(partial(dispatch.message_committed, message.id, event.id))
     return message
 
 
@@ -306,3 +311,19 @@ def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | N
             "completed_at": iso(thread.completed_at), "cancelled_at": iso(thread.cancelled_at),
             "updated_at": iso(thread.updated_at),
         }
+
+
+def audit_trail(caller: Agent, task_id: uuid.UUID) -> list[dict]:
+    """Return a thread's audit rows, oldest first; raise thread_not_found / not_a_participant."""
+    with unit_of_work() as session:
+        thread, _side = _load_thread(session, task_id, caller)
+        rows = session.scalars(
+            select(AuditEvent).where(AuditEvent.thread_id == thread.id)
+            .order_by(AuditEvent.created_at, AuditEvent.id).options(db.joinedload(AuditEvent.actor))
+        ).all()
+        return [
+            {"action": r.action, "actor": r.actor.handle, "from_state": r.from_state, "to_state": r.to_state,
+             "session_id": r.session_id, "result_summary": r.result_summary,
+             "message_id": str(r.message_id) if r.message_id else None, "created_at": iso(r.created_at)}
+            for r in rows
+        ]

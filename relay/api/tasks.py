@@ -1,0 +1,63 @@
+"""REST tasks and the messages feed under ``/api/v1/identities/{handle}/a2a``; same services as JSON-RPC."""
+from __future__ import annotations
+
+from relay.api import bp, identity, load_json, load_query
+from relay.ids import parse_ulid
+from relay.errors import invalid
+from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBody
+from relay.services import feed, threads
+
+
+def _task_id(raw: str):
+    try:
+        return parse_ulid(raw)
+    except ValueError as exc:
+        raise invalid("task_id", str(exc)) from None
+
+
+@bp.get("/identities/<handle>/a2a/messages")
+def list_messages(handle: str):
+    """List the identity's messages newest first (seed 004)."""
+    caller = identity(handle)
+    params = load_query(FeedQuery())
+    return feed.list_messages(caller, handle, **params)
+
+
+@bp.get("/identities/<handle>/a2a/tasks")
+def list_tasks(handle: str):
+    """List the inbox (role=recipient) or sent threads (role=sender)."""
+    caller = identity(handle)
+    p = load_query(TaskListQuery())
+    return threads.list_threads(caller, role=p["role"], status=p.get("status"), since=p.get("since"),
+                                limit=p["limit"], cursor=p.get("cursor"))
+
+
+@bp.get("/identities/<handle>/a2a/tasks/<task_id>")
+def get_task(handle: str, task_id: str):
+    """Return a thread with its history; marks it read."""
+    caller = identity(handle)
+    return threads.get_thread(caller, _task_id(task_id))
+
+
+@bp.post("/identities/<handle>/a2a/tasks/<task_id>/messages")
+def reply(handle: str, task_id: str):
+    """Append a message (reply) to a thread."""
+    caller = identity(handle)
+    body = load_json(ReplyBody())
+    return threads.send_message(caller, {**body, "task_id": _task_id(task_id)}), 201
+
+
+@bp.post("/identities/<handle>/a2a/tasks/<task_id>/transitions")
+def transition(handle: str, task_id: str):
+    """Accept, complete or cancel a thread."""
+    caller = identity(handle)
+    body = load_json(TransitionBody())
+    return threads.transition(caller, _task_id(task_id), body["transition"], session_id=body["session_id"],
+                              result_summary=body["result_summary"])
+
+
+@bp.get("/identities/<handle>/a2a/tasks/<task_id>/audit")
+def audit(handle: str, task_id: str):
+    """Return the thread's audit trail, oldest first."""
+    caller = identity(handle)
+    return {"items": threads.audit_trail(caller, _task_id(task_id))}

@@ -1,0 +1,93 @@
+"""Load schemas for the REST API's query strings and bodies."""
+from __future__ import annotations
+
+import re
+
+from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate
+
+from relay.models import THREAD_STATES
+from relay.schemas.common import AwareDateTime, Cursor, Ulid
+from relay.schemas.handoffs import MAX_ARTIFACTS, MAX_SHORT, TRANSITIONS, Artifact, MessageIn, Metadata
+
+# "2026-07-21T18:00:00 02:00": a '+' offset that arrived unencoded in a query string.
+_PLUS_AS_SPACE = re.compile(r"^\d{4}-\d{2}-\d{2}T[\d:.]+ \d{2}:?\d{2}$")
+
+
+class QueryTime(AwareDateTime):
+    """An aware ISO 8601 time in a query string; explains a '+' that became a space."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
+            raise ValidationError(
+                "the '+' of the offset arrived as a space: URL-encode it as %2B (or use Z)")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class FeedQuery(Schema):
+    """Query parameters of ``GET /identities/{handle}/a2a/messages`` (seed 004)."""
+
+    class Meta:
+        unknown = RAISE
+
+    direction = fields.String(load_default="both", validate=validate.OneOf(("inbound", "outbound", "both")))
+    requester_handle = fields.String(validate=validate.Length(min=1, max=320))
+    worker_handle = fields.String(validate=validate.Length(min=1, max=320))
+    task_id = Ulid()
+    context_id = Ulid()
+    role = fields.String(validate=validate.OneOf(("caller", "agent")))
+    q = fields.String(validate=validate.Length(min=1, max=500, error="must be 1-500 characters"))
+    since = QueryTime()
+    cursor = Cursor()
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=100, error="must be 1-100"))
+
+
+class TaskListQuery(Schema):
+    """Query parameters of ``GET /identities/{handle}/a2a/tasks`` (same rules as tasks/list)."""
+
+    class Meta:
+        unknown = RAISE
+
+    role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
+    status = fields.List(fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")))
+    since = QueryTime()
+    cursor = Cursor()
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200, error="must be 1-200"))
+
+    @pre_load
+    def _split_status(self, data, **kwargs):
+        data = dict(data)
+        if isinstance(data.get("status"), str):
+            data["status"] = [s for s in data["status"].split(",") if s]
+        return data
+
+
+class ReplyBody(Schema):
+    """Body of ``POST .../tasks/{task_id}/messages``: an append (reply)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    message = fields.Nested(MessageIn, required=True)
+    artifacts = fields.List(Artifact(), load_default=list,
+                            validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"))
+    metadata = Metadata(load_default=dict)
+
+
+class TransitionBody(Schema):
+    """Body of ``POST .../tasks/{task_id}/transitions``."""
+
+    class Meta:
+        unknown = RAISE
+
+    transition = fields.String(required=True, validate=validate.OneOf(TRANSITIONS))
+    session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
+    result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
+
+
+class KeyCreateBody(Schema):
+    """Body of ``POST .../keys``."""
+
+    class Meta:
+        unknown = RAISE
+
+    label = fields.String(load_default="", validate=validate.Length(max=200))

@@ -1,0 +1,139 @@
+"""The messages feed of seed 004: every message an identity can see, newest first.
+
+Keyset paging on (created_at, id) so rows sharing a timestamp are neither skipped nor
+repeated; a page stops early at the byte budget but always holds one row, and
+``next_cursor`` is null only on the last page (seed 004, "Catching up after downtime").
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import and_, literal, or_, select, tuple_, union_all
+from sqlalchemy.orm import aliased, lazyload
+
+from relay.errors import RelayError
+from relay.extensions import db
+from relay.ids import format_ulid
+from relay.models import Agent, Message, Thread
+from relay.schemas.common import encode_cursor, iso
+from relay.schemas.handoffs import agent_ref
+from relay.services import search, unit_of_work
+from relay.services.agents import get_agent, normalize_handle
+
+
+def resolve_identity(caller: Agent, handle: str) -> Agent:
+    """Return the identity ``handle`` names for ``caller`` (seed 004 error table).
+
+    Visible identities are the caller's own org plus any agent that shares a thread
+    with the caller; anything else is identity_not_found (404) so existence does not
+    leak. A visible identity other than the caller's own is forbidden (403): a key
+    reads only its own identity.
+    """
+    target = get_agent(normalize_handle(handle, "handle"))
+    if target is None:
+        raise RelayError("identity_not_found", f"no identity {handle!r} is visible to you")
+    if target.id == caller.id:
+        return target
+    visible = target.org == caller.org or db.session.scalar(select(literal(True)).where(
+        or_(and_(Thread.sender_id == caller.id, Thread.recipient_id == target.id),
+            and_(Thread.sender_id == target.id, Thread.recipient_id == caller.id))).limit(1))
+    if not visible:
+        raise RelayError("identity_not_found", f"no identity {handle!r} is visible to you")
+    raise RelayError("forbidden", f"this API key belongs to {caller.handle} and may not read {target.handle}")
+
+
+def _handle_id(handle: str | None, field: str) -> uuid.UUID | None:
+    if handle is None:
+        return None
+    agent = get_agent(normalize_handle(handle, field))
+    # An unknown handle matches nothing rather than failing: the filter is simply empty.
+    return agent.id if agent is not None else uuid.UUID(int=0)
+
+
+def feed_row(message: Message, thread: Thread, author: Agent, caller: Agent, target: Agent) -> dict[str, Any]:
+    """One feed row: the message's fields plus task_id, context_id, task_state (now), caller, target."""
+    return {
+        "id": str(message.id), "sequence_no": message.sequence_no, "role": message.role, "from": author.handle,
+        "body": message.body, "parts": message.parts, "artifacts": message.artifacts,
+        "metadata": {k: v for k, v in message.meta.items() if k != "client_idempotency_key"},
+        "created_at": iso(message.created_at), "task_id": format_ulid(thread.id),
+        "context_id": format_ulid(thread.context_id), "task_state": thread.state,
+        "caller": agent_ref(caller), "target": agent_ref(target),
+    }
+
+
+def list_messages(caller: Agent, handle: str, *, direction: str = "both", requester_handle: str | None = None,
+                  worker_handle: str | None = None, task_id: uuid.UUID | None = None,
+                  context_id: uuid.UUID | None = None, role: str | None = None, q: str | None = None,
+                  since: datetime | None = None, cursor: tuple[datetime, uuid.UUID] | None = None,
+                  limit: int = 50) -> dict[str, Any]:
+    """Return one feed page ``{"items": [...], "next_cursor": str | None}`` (seed 004).
+
+    Raises identity_not_found (404), forbidden (403), invalid_params (422).
+    """
+    with unit_of_work():
+        identity = resolve_identity(caller, handle)
+        conditions = []
+        requester = _handle_id(requester_handle, "requester_handle")
+        worker = _handle_id(worker_handle, "worker_handle")
+        if requester is not None:
+            conditions.append(Message.caller_id == requester)
+        if worker is not None:
+            conditions.append(Message.target_id == worker)
+        if task_id is not None:
+            conditions.append(Message.thread_id == task_id)
+        if context_id is not None:
+            conditions.append(Message.thread_id.in_(select(Thread.id).where(Thread.context_id == context_id)))
+        if role is not None:
+            conditions.append(Message.role == role)
+        if q is not None:
+            conditions.append(search.matches(q))
+        if since is not None:
+            conditions.append(Message.created_at >= since)
+        if cursor is not None:
+            conditions.append(tuple_(Message.created_at, Message.id) < tuple_(*cursor))
+        order = (Message.created_at.desc(), Message.id.desc())
+
+        def branch(column):
+            return select(Message.id, Message.created_at).where(column == identity.id, *conditions) \
+                .order_by(*order).limit(limit + 1)
+
+        # One ordered index scan per side, merged: direction=both never sorts the whole history.
+        if direction == "inbound":
+            keys = branch(Message.target_id).subquery()
+        elif direction == "outbound":
+            keys = branch(Message.caller_id).subquery()
+        else:
+            keys = union_all(branch(Message.caller_id), branch(Message.target_id)).subquery()
+        caller_agent, target_agent, author = aliased(Agent), aliased(Agent), aliased(Agent)
+        rows = db.session.execute(
+            select(Message, Thread, author, caller_agent, target_agent)
+            .join(keys, keys.c.id == Message.id)
+            .join(Thread, Thread.id == Message.thread_id)
+            .join(author, author.id == Message.author_id)
+            .join(caller_agent, caller_agent.id == Message.caller_id)
+            .join(target_agent, target_agent.id == Message.target_id)
+            .order_by(*order).limit(limit + 1)
+            # caller/target are joined explicitly above; the thread's own eager joins would repeat them.
+            .options(lazyload(Thread.sender), lazyload(Thread.recipient))
+        ).all()
+    budget = current_app.config["RELAY"].feed_budget_bytes
+    items: list[dict[str, Any]] = []
+    used = 0
+    for message, thread, a, c, t in rows[:limit]:
+        row = feed_row(message, thread, a, c, t)
+        size = len(json.dumps(row).encode())
+        if items and used + size > budget:
+            break
+        items.append(row)
+        used += size
+    more = len(items) < len(rows)
+    next_cursor = None
+    if more and items:
+        last = rows[len(items) - 1][0]
+        next_cursor = encode_cursor(last.created_at, last.id)
+    return {"items": items, "next_cursor": next_cursor}
