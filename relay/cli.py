@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import sysconfig
 from functools import wraps
@@ -191,10 +192,13 @@ def up(port: int) -> None:
     from relay.config import normalize_database_url
     from relay.migrate import upgrade
 
+    # Until honcho installs its own handler, a SIGTERM must still run the cleanup below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     env = dict(os.environ)
     home = embedded.relay_home(env)
     home.mkdir(parents=True, exist_ok=True)
     pg = redis_client = None
+    code = 1
     try:
         if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
             try:

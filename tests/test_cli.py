@@ -1,0 +1,178 @@
+"""The real ``relay`` console script, run as a subprocess against the per-session test DB."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from datetime import datetime
+
+import pytest
+from sqlalchemy import text
+
+from relay.extensions import db
+from tests.conftest import bearer
+
+ME = "/api/v1/identities/me"
+CREATE_KEYS = {"handle", "name", "role", "api_key", "key_id", "created_at"}
+
+
+@pytest.fixture
+def cli_env(base_env, tmp_path):
+    """base_env with an isolated RELAY_HOME, so no running ``relay up`` leaks its URLs in."""
+    env = dict(base_env)
+    env["RELAY_HOME"] = str(tmp_path / "relay-home")
+    return env
+
+
+@pytest.fixture
+def relay(cli_env, tmp_path):
+    def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "relay.cli", *args],
+            env=env or cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )
+
+    return _run
+
+
+def _stderr_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def _assert_one_line_failure(proc) -> str:
+    assert proc.returncode != 0
+    lines = _stderr_lines(proc)
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def _create(relay, handle="frank@acme", name="Frank", role="frontend") -> dict:
+    proc = relay("agents", "create", handle, "--name", name, "--role", role, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_agents_create_json_prints_one_object_with_exact_keys(relay):
+    proc = relay("agents", "create", "frank@acme", "--name", "Frank", "--role", "frontend", "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert set(obj) == CREATE_KEYS
+    assert obj["handle"] == "frank@acme"
+    assert obj["name"] == "Frank"
+    assert obj["role"] == "frontend"
+    uuid.UUID(obj["key_id"])
+    assert datetime.fromisoformat(obj["created_at"]).tzinfo is not None
+
+
+def test_agents_create_key_authenticates(relay, client):
+    obj = _create(relay)
+    resp = client.get(ME, headers=bearer(obj["api_key"]))
+    assert resp.status_code == 200
+    body = resp.get_json()
+    assert datetime.fromisoformat(body.pop("created_at")) == datetime.fromisoformat(obj["created_at"])
+    assert body == {"handle": "frank@acme", "name": "Frank", "role": "frontend", "org": "acme"}
+
+
+def test_agents_create_duplicate_handle_fails_with_one_line(relay):
+    _create(relay)
+    proc = relay("agents", "create", "frank@acme", "--name", "Frank again", "--json")
+    line = _assert_one_line_failure(proc)
+    assert "frank@acme" in line
+    assert proc.stdout == ""
+
+
+def test_agents_create_malformed_handle_fails_with_one_line(relay):
+    proc = relay("agents", "create", "not a handle", "--name", "X", "--json")
+    _assert_one_line_failure(proc)
+    assert proc.stdout == ""
+
+
+def test_agents_list_json_lists_created_agents(relay):
+    _create(relay, "frank@acme", "Frank", "frontend")
+    _create(relay, "bob@acme", "Bob", "backend")
+    proc = relay("agents", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["handle"] for r in rows] == ["bob@acme", "frank@acme"]
+    by_handle = {r["handle"]: r for r in rows}
+    assert by_handle["frank@acme"]["name"] == "Frank"
+    assert by_handle["bob@acme"]["role"] == "backend"
+    assert all(r["disabled_at"] is None for r in rows)
+
+
+def test_agents_disable_makes_key_401(relay, client):
+    obj = _create(relay)
+    assert client.get(ME, headers=bearer(obj["api_key"])).status_code == 200
+    proc = relay("agents", "disable", "frank@acme")
+    assert proc.returncode == 0, proc.stderr
+    resp = client.get(ME, headers=bearer(obj["api_key"]))
+    assert resp.status_code == 401
+    assert resp.get_json()["error"]["code"] == "unauthenticated"
+
+
+def test_agents_disable_unknown_fails_with_one_line(relay):
+    proc = relay("agents", "disable", "unknown@x")
+    line = _assert_one_line_failure(proc)
+    assert "unknown@x" in line
+
+
+def test_keys_create_json_gives_working_second_key(relay, client):
+    first = _create(relay)
+    proc = relay("keys", "create", "frank@acme", "--label", "laptop", "--json")
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads(proc.stdout)
+    assert second["api_key"] != first["api_key"]
+    assert second["key_id"] != first["key_id"]
+    resp = client.get(ME, headers=bearer(second["api_key"]))
+    assert resp.status_code == 200
+    assert resp.get_json()["handle"] == "frank@acme"
+    assert client.get(ME, headers=bearer(first["api_key"])).status_code == 200
+
+
+def test_keys_revoke_makes_that_key_401(relay, client):
+    first = _create(relay)
+    second = json.loads(relay("keys", "create", "frank@acme", "--json").stdout)
+    proc = relay("keys", "revoke", second["key_id"])
+    assert proc.returncode == 0, proc.stderr
+    resp = client.get(ME, headers=bearer(second["api_key"]))
+    assert resp.status_code == 401
+    assert resp.get_json()["error"]["code"] == "unauthenticated"
+    assert client.get(ME, headers=bearer(first["api_key"])).status_code == 200
+
+
+def test_keys_revoke_non_uuid_fails_with_one_line(relay):
+    _assert_one_line_failure(relay("keys", "revoke", "not-a-uuid"))
+
+
+def test_keys_revoke_unknown_uuid_fails_with_one_line(relay):
+    unknown = str(uuid.uuid4())
+    line = _assert_one_line_failure(relay("keys", "revoke", unknown))
+    assert unknown in line
+
+
+def _alembic_revision(app) -> str:
+    with app.app_context():
+        rev = db.session.scalar(text("SELECT version_num FROM alembic_version"))
+        db.session.rollback()
+    return rev
+
+
+def test_db_upgrade_on_migrated_db_is_noop(relay, app, client):
+    obj = _create(relay)
+    before = _alembic_revision(app)
+    proc = relay("db", "upgrade")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _alembic_revision(app) == before
+    assert client.get(ME, headers=bearer(obj["api_key"])).status_code == 200
+
+
+def test_agents_create_with_unreachable_database_fails_with_one_line(relay, cli_env):
+    env = dict(cli_env, DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    proc = relay("agents", "create", "frank@acme", "--name", "Frank", "--json", env=env)
+    _assert_one_line_failure(proc)
+    assert proc.stdout == ""
