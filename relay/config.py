@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -19,7 +20,30 @@ DEFAULTS: dict[str, str] = {
     "RELAY_SEARCH_CONFIG": "english",
     "RELAY_IDEMPOTENCY_TTL_SECONDS": str(24 * 3600),
     "RELAY_LOG_LEVEL": "INFO",
+    "RELAY_WEBHOOK_TIMEOUT": "10",
+    "RELAY_WEBHOOK_SCHEDULE": "0,5,300,1800,7200,18000,36000,36000",
+    "RELAY_WEBHOOK_DISABLE_AFTER": str(5 * 24 * 3600),
 }
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "0").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0, got {raw!r}")
+
+
+def _schedule(env: Mapping[str, str]) -> tuple[int, ...]:
+    raw = env.get("RELAY_WEBHOOK_SCHEDULE", DEFAULTS["RELAY_WEBHOOK_SCHEDULE"])
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        raise ConfigError(f"RELAY_WEBHOOK_SCHEDULE must be comma-separated seconds, got {raw!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"RELAY_WEBHOOK_SCHEDULE must list at least one non-negative number, got {raw!r}")
+    return values
 
 
 def normalize_database_url(url: str) -> str:
@@ -68,6 +92,11 @@ class Settings:
     feed_budget_bytes: int
     search_config: str
     idempotency_ttl_seconds: int
+    webhook_timeout: int = 10
+    webhook_schedule: tuple[int, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
+    webhook_disable_after: int = 5 * 24 * 3600
+    webhook_allow_private: bool = False
+    webhook_allow_http: bool = False
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -101,6 +130,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError("REDIS_URL is not set (run `relay up` for an embedded Redis)")
     if not redis_url.startswith(("redis://", "rediss://")):
         raise ConfigError(f"REDIS_URL must be a redis:// or rediss:// URL, got scheme of {redis_url.split(':', 1)[0]!r}")
+    search_config = env.get("RELAY_SEARCH_CONFIG", DEFAULTS["RELAY_SEARCH_CONFIG"])
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?", search_config):
+        raise ConfigError(f"RELAY_SEARCH_CONFIG must name a text-search configuration such as english, got {search_config!r}")
     secret = env.get("RELAY_SECRET_KEY", "")
     if not secret:
         if relay_env == "production":
@@ -115,6 +147,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         rest_rate_limit=_rate(env, "RELAY_REST_RATE_LIMIT"),
         max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", 1024),
         feed_budget_bytes=_int(env, "RELAY_FEED_BUDGET_BYTES", 1024),
-        search_config=env.get("RELAY_SEARCH_CONFIG", DEFAULTS["RELAY_SEARCH_CONFIG"]),
+        search_config=search_config,
         idempotency_ttl_seconds=_int(env, "RELAY_IDEMPOTENCY_TTL_SECONDS", 1),
+        webhook_timeout=_int(env, "RELAY_WEBHOOK_TIMEOUT", 1),
+        webhook_schedule=_schedule(env),
+        webhook_disable_after=_int(env, "RELAY_WEBHOOK_DISABLE_AFTER", 1),
+        webhook_allow_private=_flag(env, "RELAY_WEBHOOK_ALLOW_PRIVATE"),
+        webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
     )

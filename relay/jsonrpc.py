@@ -243,7 +243,9 @@ def serve(dialect: Dialect) -> Response:
 
 def rate_limited(limit) -> Response:
     """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
-    retry = max(1, math.ceil(limit.reset_at - time.time()))
+    # window[0] is the exact reset time; ``reset_at`` is already rounded up by a second,
+    # and rounding it up again would say 61 s for a 60 s window.
+    retry = max(1, math.ceil(limit.window[0] - time.time()))
     try:
         doc = parse_body()
     except BodyTooLarge:

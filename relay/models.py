@@ -211,3 +211,66 @@ class Event(db.Model):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     fanned_out_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+
+
+class WebhookEndpoint(db.Model):
+    """A subscriber URL of one agent; its signing secret is stored encrypted."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(Text, default="")
+    events: Mapped[list[str]] = mapped_column(JSONB)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    secret_encrypted: Mapped[str] = mapped_column(Text)
+    previous_secret_encrypted: Mapped[Optional[str]] = mapped_column(Text)
+    previous_secret_expires_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    failing_since: Mapped[Optional[datetime]] = mapped_column(TZ)
+    disabled_reason: Mapped[Optional[str]] = mapped_column(Text)
+    disabled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class WebhookDelivery(db.Model):
+    """One event to one endpoint; attempted until it succeeds or the schedule runs out."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("event_id", "endpoint_id", name="uq_webhook_deliveries_event_endpoint"),
+        CheckConstraint("status in ('pending','succeeded','failed')", name="status_valid"),
+        Index("ix_webhook_deliveries_due", "next_attempt_at", postgresql_where=text("status = 'pending'")),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", text("created_at DESC"), text("id DESC")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    event_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"))
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    completed_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+
+    event: Mapped[Event] = relationship()
+    endpoint: Mapped[WebhookEndpoint] = relationship()
+
+    __mapper_args__ = {"eager_defaults": True}
+
+
+class WebhookAttempt(db.Model):
+    """One HTTP attempt of a delivery: status or error, and how long it took."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
+    attempted_at: Mapped[datetime] = mapped_column(TZ)
+    status_code: Mapped[Optional[int]]
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    duration_ms: Mapped[int] = mapped_column(Integer)

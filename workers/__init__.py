@@ -39,4 +39,5 @@ def beat_schedule() -> dict:
     return {
         "purge-idempotency-records": {"task": "workers.tasks.purge_idempotency_records", "schedule": 3600.0},
         "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
+        "sweep-outbox": {"task": "workers.tasks.sweep_outbox", "schedule": 3.0},
     }

@@ -5,7 +5,7 @@ import uuid
 
 from celery import shared_task
 
-from relay.services import maintenance, search
+from relay.services import maintenance, search, webhooks
 
 
 @shared_task(name="workers.tasks.purge_idempotency_records")
@@ -29,3 +29,36 @@ def index_pending_messages() -> int:
         total += done
         if done == 0:
             return total
+
+
+@shared_task(name="workers.tasks.fan_out_event", acks_late=True)
+def fan_out_event(event_id: str) -> int:
+    """Create the deliveries of one outbox event and send each."""
+    created = webhooks.fan_out(uuid.UUID(event_id))
+    for delivery_id in created:
+        deliver_webhook.delay(str(delivery_id))
+    return len(created)
+
+
+@shared_task(name="workers.tasks.deliver_webhook", acks_late=True)
+def deliver_webhook(delivery_id: str) -> str | None:
+    """Make one attempt of a delivery (a no-op unless it is due and unclaimed)."""
+    return webhooks.deliver(uuid.UUID(delivery_id))
+
+
+@shared_task(name="workers.tasks.sweep_outbox")
+def sweep_outbox() -> dict:
+    """Fan out events never fanned out and send deliveries whose attempt is due.
+
+    This is what makes the outbox lossless: a broker outage or a killed worker delays a
+    webhook until the next sweep, never loses it.
+    """
+    fanned = 0
+    for event_id in webhooks.pending_events():
+        for delivery_id in webhooks.fan_out(event_id):
+            deliver_webhook.delay(str(delivery_id))
+            fanned += 1
+    due = webhooks.due_deliveries()
+    for delivery_id in due:
+        deliver_webhook.delay(str(delivery_id))
+    return {"fanned_out": fanned, "due": len(due)}

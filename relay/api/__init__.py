@@ -67,4 +67,4 @@ def load_json(schema: Schema) -> dict:
     return load_or_invalid(schema, body)
 
 
-from relay.api import blocks, identities, keys, openapi, tasks  # noqa: E402,F401  (routes register on bp)
+from relay.api import blocks, identities, keys, openapi, tasks, webhooks  # noqa: E402,F401  (routes register on bp)

@@ -9,7 +9,8 @@ from flask import current_app
 
 from relay.api import bp
 from relay.schemas.agents import AgentOut, KeyOut
-from relay.schemas.rest import FeedQuery, KeyCreateBody, ReplyBody, TaskListQuery, TransitionBody
+from relay.schemas.rest import (DeliveriesQuery, FeedQuery, KeyCreateBody, ReplyBody, TaskListQuery, TransitionBody,
+                                WebhookCreateBody, WebhookUpdateBody)
 
 # endpoint -> what the document says beyond the route itself
 ROUTE_DOCS: dict[str, dict] = {
@@ -27,6 +28,14 @@ ROUTE_DOCS: dict[str, dict] = {
     "api_v1.create_key": {"body": KeyCreateBody, "tag": "keys", "status": 201, "errors": (403, 404, 422)},
     "api_v1.revoke_key": {"response": KeyOut, "tag": "keys", "errors": (403, 404, 422)},
     "api_v1.openapi": {"tag": "meta", "public": True},
+    "api_v1.create_webhook": {"body": WebhookCreateBody, "tag": "webhooks", "status": 201, "errors": (403, 404, 422)},
+    "api_v1.list_webhooks": {"tag": "webhooks", "errors": (403, 404)},
+    "api_v1.get_webhook": {"tag": "webhooks", "errors": (403, 404, 422)},
+    "api_v1.update_webhook": {"body": WebhookUpdateBody, "tag": "webhooks", "errors": (403, 404, 422)},
+    "api_v1.delete_webhook": {"tag": "webhooks", "status": 204, "errors": (403, 404, 422)},
+    "api_v1.rotate_webhook_secret": {"tag": "webhooks", "errors": (403, 404, 422)},
+    "api_v1.test_webhook": {"tag": "webhooks", "status": 202, "errors": (403, 404, 422)},
+    "api_v1.list_webhook_deliveries": {"query": DeliveriesQuery, "tag": "webhooks", "errors": (403, 404, 422)},
 }
 
 ERROR_SCHEMA = {

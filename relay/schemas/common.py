@@ -70,14 +70,54 @@ def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
     return flat
 
 
+UNSTORABLE = "must not contain U+0000 or unpaired surrogate characters"
+
+
+def _storable(text: str) -> bool:
+    # PostgreSQL text and jsonb cannot hold NUL, and a lone surrogate cannot be encoded
+    # as UTF-8: either would fail in the database as an internal error.
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unstorable_paths(value: Any, prefix: str = "") -> list[str]:
+    """Return the paths (``a.0.b``) of strings, or of objects with such keys, PostgreSQL cannot store."""
+    bad: list[str] = []
+    stack = [(prefix, value)]  # iterative: loaded data may be nested as deep as the JSON parser allows
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _storable(item):
+                bad.append(path or "params")
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if isinstance(key, str) and not _storable(key):
+                    bad.append(path or "params")
+                    continue
+                stack.append((f"{path}.{key}" if path else str(key), sub))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{path}.{i}" if path else str(i), sub) for i, sub in enumerate(item))
+    return sorted(set(bad))
+
+
 def load_or_invalid(schema: Schema, data: Any, prefix: str = "") -> dict:
     """Load ``data`` with ``schema``; raise RelayError(invalid_params) naming every bad field."""
     try:
-        return schema.load(data)
+        loaded = schema.load(data)
     except ValidationError as exc:
         errors = flatten_errors(exc.messages, prefix)
         summary = "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items())
         raise RelayError("invalid_params", f"invalid params: {summary}", errors) from None
+    bad = unstorable_paths(loaded, prefix)
+    if bad:
+        raise RelayError("invalid_params", f"invalid params: {', '.join(bad)}: {UNSTORABLE}",
+                         {path: [UNSTORABLE] for path in bad})
+    return loaded
 
 
 def encode_cursor(*parts: Any) -> str:

@@ -91,3 +91,41 @@ class KeyCreateBody(Schema):
         unknown = RAISE
 
     label = fields.String(load_default="", validate=validate.Length(max=200))
+
+
+WEBHOOK_EVENTS = ("message.created", "task.updated")
+
+
+class WebhookCreateBody(Schema):
+    """Body of ``POST .../webhooks``."""
+
+    class Meta:
+        unknown = RAISE
+
+    url = fields.String(required=True, validate=validate.Length(min=1, max=2048))
+    events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
+                         load_default=None, validate=validate.Length(min=1, error="must name at least one event"))
+    description = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class WebhookUpdateBody(Schema):
+    """Body of ``PATCH .../webhooks/{id}``: any of url, events, description, enabled."""
+
+    class Meta:
+        unknown = RAISE
+
+    url = fields.String(validate=validate.Length(min=1, max=2048))
+    events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
+                         validate=validate.Length(min=1, error="must name at least one event"))
+    description = fields.String(validate=validate.Length(max=500))
+    enabled = fields.Boolean()
+
+
+class DeliveriesQuery(Schema):
+    """Query of ``GET .../webhooks/{id}/deliveries``."""
+
+    class Meta:
+        unknown = RAISE
+
+    cursor = Cursor()
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=100, error="must be 1-100"))

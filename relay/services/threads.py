@@ -219,6 +219,16 @@ def get_thread(caller: Agent, task_id: uuid.UUID) -> dict:
         }
 
 
+def thread_summary(t: Thread) -> dict[str, Any]:
+    """A thread as lists and ``task.updated`` webhooks show it (seed 000, tasks/list item)."""
+    return {
+        "thread_id": format_ulid(t.id), "task_id": format_ulid(t.id), "context_id": format_ulid(t.context_id),
+        "status": _status(t), "sender": agent_ref(t.sender), "recipient": agent_ref(t.recipient),
+        "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent,
+        "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
+    }
+
+
 def list_threads(caller: Agent, role: str = "recipient", status: list[str] | None = None,
                  since: datetime | None = None, limit: int = 50,
                  cursor: tuple[datetime, uuid.UUID] | None = None) -> dict:
@@ -250,15 +260,7 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
     with unit_of_work() as session:
         rows = session.execute(stmt).all()
     page = rows[:limit]
-    items = [
-        {
-            "thread_id": format_ulid(t.id), "task_id": format_ulid(t.id), "context_id": format_ulid(t.context_id),
-            "status": _status(t), "sender": agent_ref(t.sender), "recipient": agent_ref(t.recipient),
-            "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent, "unread_messages": n,
-            "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
-        }
-        for t, n in page
-    ]
+    items = [{**thread_summary(t), "unread_messages": n} for t, n in page]
     last = page[-1][0] if page else None
     next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
     return {"items": items, "next_cursor": next_cursor}
@@ -301,8 +303,10 @@ def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | N
         session.add(AuditEvent(thread_id=thread.id, actor_id=caller.id, action=name, from_state=source, to_state=target,
                                session_id=session_id if name == "accept" else None,
                                result_summary=result_summary if name == "complete" else None, created_at=now))
-        session.add(Event(id=new_ulid(), type="task.updated", agent_id=other, thread_id=thread.id,
-                          payload={"transition": name, "from": source, "to": target}, created_at=now))
+        event = Event(id=new_ulid(), type="task.updated", agent_id=other, thread_id=thread.id,
+                      payload={"transition": name, "from": source, "to": target}, created_at=now)
+        session.add(event)
+        after_commit(partial(dispatch.event_committed, event.id))
         session.refresh(thread)
         return {
             "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
