@@ -22,17 +22,17 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     app.config.update(overrides)
     logging.basicConfig(level=logging.INFO)
 
-    from relay.extensions import db, limiter
+    from relay.extensions import db
 
     db.init_app(app)
-    limiter.init_app(app)
 
-    from relay import api, health, jsonrpc, requests
+    from relay import api, health, jsonrpc, ratelimit, requests
 
     requests.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(jsonrpc.bp)
+    ratelimit.init_app(app)
 
     from workers import celery_init_app
 

@@ -1,7 +1,6 @@
 """Extensions, created unbound and bound in ``create_app`` with ``init_app``."""
 from __future__ import annotations
 
-from flask_limiter import Limiter
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -22,12 +21,3 @@ class Base(DeclarativeBase):
 # Services return rows after committing; keep their loaded attributes usable.
 db = SQLAlchemy(model_class=Base, session_options={"expire_on_commit": False})
 
-
-def _limiter_key() -> str:
-    # The limiter is keyed by the authenticated agent; the auth module sets the key.
-    from relay.auth import rate_limit_key
-
-    return rate_limit_key()
-
-
-limiter = Limiter(key_func=_limiter_key)

@@ -18,9 +18,9 @@ from marshmallow import Schema
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from relay.auth import current_agent, is_unauthenticated, rate_limit_key
+from relay.auth import current_agent
 from relay.errors import RelayError
-from relay.extensions import db, limiter
+from relay.extensions import db
 from relay.models import Agent
 from relay.schemas.common import load_or_invalid
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
@@ -257,16 +257,10 @@ def rate_limited(limit) -> Response:
     )
 
 
-def a2a_rate() -> str:
-    return current_app.config["RELAY"].rate_limit
-
-
 bp = Blueprint("a2a", __name__)
 
 
 @bp.post("/a2a")
-@limiter.limit(a2a_rate, key_func=rate_limit_key, exempt_when=is_unauthenticated, cost=batch_cost,
-               on_breach=rate_limited, scope="a2a")
 def a2a() -> Response:
     """The seed-000 dialect: message/send, tasks/get, tasks/list, tasks/update, tasks/cancel."""
     return serve(SEED_DIALECT)

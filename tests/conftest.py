@@ -90,6 +90,11 @@ def base_env(database_url, redis_url):
         "RELAY_SECRET_KEY": "test-secret",
         "RELAY_RATE_LIMIT": "100000/minute",
         "RELAY_REST_RATE_LIMIT": "100000/minute",
+        # Test receivers listen on 127.0.0.1 over plain http.
+        "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+        "RELAY_WEBHOOK_ALLOW_HTTP": "1",
+        "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5",
+        "RELAY_WEBHOOK_TIMEOUT": "3",
     })
     return env
 
@@ -118,6 +123,24 @@ def _clean_tables(database_url):
         if names:
             cur.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE")
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def celery_app(app):
+    """The app's Celery, on a queue private to this test session."""
+    celery = app.extensions["celery"]
+    celery.conf.task_default_queue = f"relay-test-{secrets.token_hex(4)}"
+    return celery
+
+
+@pytest.fixture
+def celery_worker(celery_app):
+    """A real Celery worker (threads pool) consuming from real Redis for one test."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(celery_app, pool="threads", concurrency=4, perform_ping_check=False,
+                      shutdown_timeout=15, loglevel="WARNING") as worker:
+        yield worker
 
 
 @pytest.fixture

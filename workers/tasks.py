@@ -5,7 +5,7 @@ import uuid
 
 from celery import shared_task
 
-from relay.services import maintenance, search, webhooks
+from relay.services import dispatch, maintenance, search, webhooks
 
 
 @shared_task(name="workers.tasks.purge_idempotency_records")
@@ -36,7 +36,7 @@ def fan_out_event(event_id: str) -> int:
     """Create the deliveries of one outbox event and send each."""
     created = webhooks.fan_out(uuid.UUID(event_id))
     for delivery_id in created:
-        deliver_webhook.delay(str(delivery_id))
+        dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
     return len(created)
 
 
@@ -56,9 +56,9 @@ def sweep_outbox() -> dict:
     fanned = 0
     for event_id in webhooks.pending_events():
         for delivery_id in webhooks.fan_out(event_id):
-            deliver_webhook.delay(str(delivery_id))
+            dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
             fanned += 1
     due = webhooks.due_deliveries()
     for delivery_id in due:
-        deliver_webhook.delay(str(delivery_id))
+        dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
     return {"fanned_out": fanned, "due": len(due)}

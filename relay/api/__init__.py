@@ -4,12 +4,11 @@ from __future__ import annotations
 import math
 import time
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 from marshmallow import Schema
 
-from relay.auth import current_agent, is_unauthenticated, rate_limit_key
+from relay.auth import current_agent
 from relay.errors import RelayError
-from relay.extensions import limiter
 from relay.models import Agent
 from relay.schemas.common import load_or_invalid
 
@@ -32,18 +31,11 @@ def _relay_error(exc: RelayError):
     return error_response(exc.http_status, exc.symbol, exc.message, exc.details)
 
 
-def _rest_rate() -> str:
-    return current_app.config["RELAY"].rest_rate_limit
-
-
-def _rest_rate_limited(limit):
+def rest_rate_limited(limit):
+    """429 in the REST error shape with a whole-second Retry-After."""
     retry = max(1, math.ceil(limit.reset_at - time.time()))
     return error_response(429, "rate_limited", f"rate limit exceeded: {limit.limit}; retry in {retry} s",
                           {"retry_after": retry}, headers={"Retry-After": str(retry)})
-
-
-limiter.limit(_rest_rate, key_func=rate_limit_key, exempt_when=is_unauthenticated,
-              on_breach=_rest_rate_limited, scope="rest")(bp)
 
 
 def identity(handle: str) -> Agent:

@@ -1,0 +1,37 @@
+"""Per-agent rate limits with flask-limiter on Redis (DESIGN.md, "Rate limit").
+
+Limits are keyed by the authenticated agent, never the client address; a JSON-RPC
+batch costs one hit per element; an unreachable Redis fails open (logged). Each app
+gets its own Limiter: flask-limiter keeps its storage on the Limiter object, so a
+module-level one would let a second app in the same process (tests, tools) silently
+repoint every app's counters at its Redis.
+"""
+from __future__ import annotations
+
+from flask import Flask, current_app
+from flask_limiter import Limiter
+
+from relay import api, jsonrpc
+from relay.auth import is_unauthenticated, rate_limit_key
+
+
+def _a2a_rate() -> str:
+    return current_app.config["RELAY"].rate_limit
+
+
+def _rest_rate() -> str:
+    return current_app.config["RELAY"].rest_rate_limit
+
+
+def init_app(app: Flask) -> Limiter:
+    """Bind a Limiter to ``app`` and put the /a2a and REST budgets on their routes."""
+    limiter = Limiter(key_func=rate_limit_key)
+    limiter.init_app(app)
+    endpoint = "a2a.a2a"
+    app.view_functions[endpoint] = limiter.limit(
+        _a2a_rate, exempt_when=is_unauthenticated, cost=jsonrpc.batch_cost, on_breach=jsonrpc.rate_limited,
+        scope="a2a",
+    )(app.view_functions[endpoint])
+    limiter.limit(_rest_rate, exempt_when=is_unauthenticated, on_breach=api.rest_rate_limited, scope="rest")(api.bp)
+    app.extensions["relay_limiter"] = limiter
+    return limiter
