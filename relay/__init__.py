@@ -1,7 +1,6 @@
 """The handoff relay: a Flask app factory (``create_app``) and its layers."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from flask import Flask, jsonify
@@ -20,7 +19,9 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     app = Flask(__name__)
     app.config.update(settings.flask_config())
     app.config.update(overrides)
-    logging.basicConfig(level=logging.INFO)
+    from relay import observability
+
+    observability.configure_logging(settings.log_level)
 
     from relay.extensions import db
 
@@ -29,6 +30,7 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     from relay import api, health, jsonrpc, ratelimit, requests
 
     requests.init_app(app)
+    observability.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(jsonrpc.bp)

@@ -51,3 +51,15 @@ def rate_limit_key() -> str:
 def is_unauthenticated() -> bool:
     """True when the request carries no valid key; such requests are refused, not counted."""
     return try_current_agent() is None
+
+
+def retry_after_seconds(limit) -> int:
+    """Whole seconds until a breached flask-limiter limit resets (at least 1).
+
+    ``window[0]`` is the exact reset time; ``reset_at`` is already rounded up by a
+    second, and rounding it again would say 61 s for a 60 s window.
+    """
+    import math
+    import time
+
+    return max(1, math.ceil(limit.window[0] - time.time()))

@@ -35,6 +35,13 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise ConfigError(f"{name} must be 1 or 0, got {raw!r}")
 
 
+def _log_level(env: Mapping[str, str]) -> str:
+    raw = env.get("RELAY_LOG_LEVEL", DEFAULTS["RELAY_LOG_LEVEL"]).upper()
+    if raw not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"RELAY_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {raw!r}")
+    return raw
+
+
 def _schedule(env: Mapping[str, str]) -> tuple[int, ...]:
     raw = env.get("RELAY_WEBHOOK_SCHEDULE", DEFAULTS["RELAY_WEBHOOK_SCHEDULE"])
     try:
@@ -97,6 +104,7 @@ class Settings:
     webhook_disable_after: int = 5 * 24 * 3600
     webhook_allow_private: bool = False
     webhook_allow_http: bool = False
+    log_level: str = "INFO"
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -154,4 +162,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_disable_after=_int(env, "RELAY_WEBHOOK_DISABLE_AFTER", 1),
         webhook_allow_private=_flag(env, "RELAY_WEBHOOK_ALLOW_PRIVATE"),
         webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
+        log_level=_log_level(env),
     )

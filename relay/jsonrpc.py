@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,10 +17,11 @@ from marshmallow import Schema
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from relay.auth import current_agent
+from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.models import Agent
+from relay.observability import RPC_CALLS
 from relay.schemas.common import load_or_invalid
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
@@ -34,6 +34,7 @@ MESSAGES = {
 }
 # Drain at most this much of an oversized body so the client reads our 413, not a reset.
 DRAIN_LIMIT = 64 * 1024 * 1024
+MAX_BATCH = 100
 _MISSING = object()
 
 
@@ -160,13 +161,26 @@ def parse_body() -> Any:
     return doc
 
 
+def max_batch() -> int:
+    """Largest batch accepted: MAX_BATCH, and never more than one rate-limit window allows.
+
+    A batch bigger than the whole budget could never succeed, so it is refused as an
+    invalid request instead of answering 429 forever.
+    """
+    from limits import parse
+
+    return min(MAX_BATCH, parse(current_app.config["RELAY"].rate_limit).amount)
+
+
 def batch_cost() -> int:
     """Rate-limit cost of this request: one per batch element (DESIGN.md, "Decisions")."""
     try:
         doc = parse_body()
     except BodyTooLarge:
         return 1
-    return max(1, len(doc)) if isinstance(doc, list) else 1
+    if isinstance(doc, list) and 0 < len(doc) <= max_batch():
+        return len(doc)
+    return 1  # a refused batch (empty or too large) costs one request
 
 
 def _readable_id(doc: Any) -> Any:
@@ -214,6 +228,9 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
         db.session.rollback()
         log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
         answer = _error(id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")})
+    outcome = "ok" if "result" in answer else answer["error"].get("data", {}).get("symbol", "error")
+    RPC_CALLS.labels(name, outcome).inc()
+    g.setdefault("rpc_methods", []).append(name)
     return answer if has_id else None
 
 
@@ -235,6 +252,9 @@ def serve(dialect: Dialect) -> Response:
     if isinstance(doc, list):
         if not doc:
             return _response(_error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}))
+        if len(doc) > max_batch():
+            return _response(_error(None, -32600, f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
+                                    {"symbol": "batch_too_large", "limit": max_batch()}))
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
         return _response(answers) if answers else Response(status=204)
     answer = _call(dialect, caller, doc)
@@ -243,9 +263,7 @@ def serve(dialect: Dialect) -> Response:
 
 def rate_limited(limit) -> Response:
     """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
-    # window[0] is the exact reset time; ``reset_at`` is already rounded up by a second,
-    # and rounding it up again would say 61 s for a 60 s window.
-    retry = max(1, math.ceil(limit.window[0] - time.time()))
+    retry = retry_after_seconds(limit)
     try:
         doc = parse_body()
     except BodyTooLarge:

@@ -100,11 +100,19 @@ def base_env(database_url, redis_url):
 
 
 @pytest.fixture(scope="session")
-def app(base_env):
+def app(base_env, redis_url):
     from relay import create_app
 
     app = create_app(base_env, TESTING=True, RATELIMIT_KEY_PREFIX=f"t{secrets.token_hex(4)}")
-    return app
+    # Every test's after-commit enqueues go to a queue private to this session, removed at the end.
+    queue = f"relay-test-{secrets.token_hex(4)}"
+    app.extensions["celery"].conf.task_default_queue = queue
+    yield app
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete(queue)
+    client.close()
 
 
 TABLES = ("audit_events", "events", "read_positions", "messages", "threads", "idempotency_records",
@@ -127,10 +135,8 @@ def _clean_tables(database_url):
 
 @pytest.fixture(scope="session")
 def celery_app(app):
-    """The app's Celery, on a queue private to this test session."""
-    celery = app.extensions["celery"]
-    celery.conf.task_default_queue = f"relay-test-{secrets.token_hex(4)}"
-    return celery
+    """The app's Celery, on the queue private to this test session."""
+    return app.extensions["celery"]
 
 
 @pytest.fixture

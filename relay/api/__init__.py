@@ -1,13 +1,10 @@
 """REST transport under ``/api/v1``: one JSON error shape ``{"error": {code, message, details}}``."""
 from __future__ import annotations
 
-import math
-import time
-
 from flask import Blueprint, jsonify, request
 from marshmallow import Schema
 
-from relay.auth import current_agent
+from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.models import Agent
 from relay.schemas.common import load_or_invalid
@@ -33,7 +30,7 @@ def _relay_error(exc: RelayError):
 
 def rest_rate_limited(limit):
     """429 in the REST error shape with a whole-second Retry-After."""
-    retry = max(1, math.ceil(limit.reset_at - time.time()))
+    retry = retry_after_seconds(limit)
     return error_response(429, "rate_limited", f"rate limit exceeded: {limit.limit}; retry in {retry} s",
                           {"retry_after": retry}, headers={"Retry-After": str(retry)})
 

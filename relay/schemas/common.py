@@ -137,6 +137,8 @@ class Cursor(fields.Field):
         try:
             padded = value + "=" * (-len(value) % 4)
             stamp, ident = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+            if not isinstance(stamp, str) or not isinstance(ident, str):
+                raise ValueError
             when = datetime.fromisoformat(stamp)
             if when.tzinfo is None:
                 raise ValueError
