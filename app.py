@@ -1,4 +1,12 @@
 """WSGI entry point: ``gunicorn app:app``."""
-from relay import create_app
+import sys
 
-app = create_app()
+from relay import create_app
+from relay.config import ConfigError
+
+try:
+    app = create_app()
+except ConfigError as exc:
+    sys.stderr.write(f"relay: configuration error: {exc}\n")
+    # gunicorn stops the whole server (not just this worker) on exit code 3.
+    raise SystemExit(3) from None

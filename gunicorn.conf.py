@@ -5,6 +5,10 @@ bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
 graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "20"))
+keepalive = 5
 # Behind Heroku's router (or any proxy) set FORWARDED_ALLOW_IPS='*' so X-Forwarded-* is trusted.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
-accesslog = "-"
+# The app writes one JSON line per request (relay.request); gunicorn's own access log
+# would repeat it, so it is off unless asked for.
+accesslog = os.environ.get("GUNICORN_ACCESSLOG") or None
+access_log_format = '{"remote": "%(h)s", "status": %(s)s, "method": "%(m)s", "path": "%(U)s", "duration_us": %(D)s, "request_id": "%({x-request-id}o)s"}'

@@ -90,6 +90,36 @@ def db_upgrade() -> None:
 
 
 @main.group()
+def config() -> None:
+    """Configuration."""
+
+
+@config.command("check")
+def config_check() -> None:
+    """Validate the environment and print the effective settings, secrets masked."""
+    import dataclasses
+
+    from relay.config import load_settings
+    from sqlalchemy.engine import make_url
+
+    try:
+        settings = load_settings(_effective_env())
+    except ConfigError as exc:
+        _fail(str(exc))
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if field.name == "database_url":
+            value = make_url(value).render_as_string(hide_password=True)
+        elif field.name == "redis_url":
+            value = make_url(value).render_as_string(hide_password=True) if "@" in value else value
+        elif field.name == "secret_key":
+            value = "****" + ("" if value else " (unset)")
+        elif isinstance(value, tuple):
+            value = ",".join(str(v) for v in value)
+        click.echo(f"{field.name:<26} {value}")
+
+
+@main.group()
 def agents() -> None:
     """Provision agents."""
 
