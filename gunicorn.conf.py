@@ -12,3 +12,6 @@ forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # would repeat it, so it is off unless asked for.
 accesslog = os.environ.get("GUNICORN_ACCESSLOG") or None
 access_log_format = '{"remote": "%(h)s", "status": %(s)s, "method": "%(m)s", "path": "%(U)s", "duration_us": %(D)s, "request_id": "%({x-request-id}o)s"}'
+# gunicorn's control socket lives at one path per user, so two web processes on one
+# host (relay up beside a test, two dynos on a laptop) would fight over it.
+control_socket_disable = True

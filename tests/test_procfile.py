@@ -1,0 +1,142 @@
+"""The Procfile as a Heroku-style host runs it: release, web, worker, beat (issue 7, point 1)."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+import requests
+from honcho.environ import parse_procfile
+from sqlalchemy.engine import make_url
+
+from relay.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
+
+
+@pytest.fixture
+def heroku_env(server_urls, tmp_path):
+    """An empty database named by a Heroku-style ``postgres://`` URL, dropped afterwards."""
+    base = make_url(server_urls[0])
+    name = f"relay_proc_{secrets.token_hex(5)}"
+    admin = psycopg2.connect(host=base.host, port=base.port, user=base.username or "postgres", dbname="postgres")
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update({
+        "DATABASE_URL": f"postgres://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{name}",
+        "REDIS_URL": server_urls[1], "RELAY_HOME": str(tmp_path), "RELAY_RATE_LIMIT": "4/minute",
+        "WEB_CONCURRENCY": "1", "HOST": "127.0.0.1", "CELERY_CONCURRENCY": "1",
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    })
+    yield env
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+def _shell(command: str, env: dict, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
+
+
+def _start(command: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "process exited before serving"
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:  # not listening yet, or still booting its worker
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"no /healthz on port {port}")
+
+
+def test_release_migrates_an_empty_database_and_is_a_noop_the_second_time(heroku_env):
+    first = _shell(PROCFILE["release"], heroku_env)
+    assert first.returncode == 0, first.stderr
+    second = _shell(PROCFILE["release"], heroku_env)
+    assert second.returncode == 0, second.stderr
+    url = make_url(heroku_env["DATABASE_URL"].replace("postgres://", "postgresql://"))
+    conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM alembic_version")
+        assert cur.fetchone()[0] == 1
+        cur.execute("SELECT to_regclass('public.messages') IS NOT NULL")
+        assert cur.fetchone()[0] is True
+    conn.close()
+
+
+def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limits(heroku_env):
+    assert _shell(PROCFILE["release"], heroku_env).returncode == 0
+    made = _shell("relay agents create frank@acme --name Frank --role frontend --json", heroku_env)
+    assert made.returncode == 0, made.stderr
+    import json
+
+    key = json.loads(made.stdout)["api_key"]
+    assert _shell("relay agents create bob@acme --name Bob --json", heroku_env).returncode == 0
+    port_a, port_b = free_port(), free_port()
+    procs = [
+        _start(PROCFILE["web"], {**heroku_env, "PORT": str(port_a)}),
+        _start(PROCFILE["web"], {**heroku_env, "PORT": str(port_b)}),
+        _start(PROCFILE["worker"], heroku_env),
+        _start(PROCFILE["beat"], heroku_env),
+    ]
+    try:
+        _wait_healthy(port_a, procs[0])
+        _wait_healthy(port_b, procs[1])
+        headers = {"Authorization": f"Bearer {key}"}
+        sent = requests.post(f"http://127.0.0.1:{port_a}/a2a", headers=headers, timeout=10, json={
+            "jsonrpc": "2.0", "id": 1, "method": "message/send",
+            "params": {"recipient": "bob@acme", "message": {"parts": [{"type": "text", "text": "over the Procfile"}]}}})
+        task_id = sent.json()["result"]["task_id"]
+        # The other web process sees the same data ...
+        got = requests.post(f"http://127.0.0.1:{port_b}/a2a", headers=headers, timeout=10, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"task_id": task_id}})
+        assert got.json()["result"]["summary"] == "over the Procfile"
+        # ... and the same rate-limit budget (4/minute): two more calls fit, the fifth does not.
+        codes = [requests.post(f"http://127.0.0.1:{port}/a2a", headers=headers, timeout=10, json={
+            "jsonrpc": "2.0", "id": 3, "method": "tasks/list"}).status_code for port in (port_a, port_b, port_b)]
+        assert codes == [200, 200, 429]
+        # The worker and beat are running (they would have exited on a bad configuration).
+        assert procs[2].poll() is None and procs[3].poll() is None
+        # The worker indexes the message for search.
+        deadline = time.monotonic() + 30
+        url = make_url(heroku_env["DATABASE_URL"].replace("postgres://", "postgresql://"))
+        conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+        conn.autocommit = True
+        indexed = False
+        while time.monotonic() < deadline and not indexed:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM messages WHERE search_vector IS NOT NULL")
+                indexed = cur.fetchone()[0] == 1
+            time.sleep(0.3)
+        conn.close()
+        assert indexed
+    finally:
+        for proc in procs:
+            _stop(proc)
