@@ -990,3 +990,23 @@ def test_other_non_ascii_text_round_trips(alice, bob):
     thread = bob.get(tid)
     assert thread["summary"] == text
     assert thread["messages"][0]["payload"] == {"\u00e9": "\U0001F680"}
+
+
+def test_unread_counts_stay_per_thread_when_the_caller_has_read_several_threads(client, make_agent):
+    """Regression: the read-position subquery once lost its correlation and failed with 2+ read threads."""
+    sender, skey = make_agent("unread-s@acme")
+    recipient, rkey = make_agent("unread-r@acme")
+
+    def call(key, method, params):
+        body = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                           headers={"Authorization": f"Bearer {key}"}).get_json()
+        assert "result" in body, body
+        return body["result"]
+
+    ids = [call(skey, "message/send", {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"t{i}"}]}})["task_id"]
+           for i in range(3)]
+    for task_id in ids:
+        call(rkey, "tasks/get", {"task_id": task_id})
+    call(skey, "message/send", {"task_id": ids[1], "message": {"parts": [{"type": "text", "text": "one more"}]}})
+    items = {i["task_id"]: i["unread_messages"] for i in call(rkey, "tasks/list", {})["items"]}
+    assert items == {ids[0]: 0, ids[1]: 1, ids[2]: 0}

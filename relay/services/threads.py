@@ -245,8 +245,9 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
                Message.sequence_no > func.coalesce(
                    select(ReadPosition.last_read_sequence_no)
                    .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller.id)
-                   .scalar_subquery(), 0))
-        .scalar_subquery()
+                   # Correlate to the outer threads row, not to a second copy of threads.
+                   .correlate(Thread).scalar_subquery(), 0))
+        .correlate(Thread).scalar_subquery()
     )
     stmt = select(Thread, unread).where(column == caller.id)
     if status:

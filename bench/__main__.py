@@ -1,0 +1,42 @@
+"""``python -m bench run [--quick]`` and ``python -m bench scale [--messages N]``."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="throughput and latency of every API path against the ceiling")
+    run_p.add_argument("--quick", action="store_true", help="small data, short runs: a smoke test, not a measurement")
+    run_p.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2, as on this 2-core machine)")
+    scale_p = sub.add_parser("scale", help="feed, search and inbox queries at a million messages")
+    scale_p.add_argument("--messages", type=int, default=1_000_000)
+    scale_p.add_argument("--threads", type=int, default=50_000)
+    scale_p.add_argument("--agents", type=int, default=1_000)
+    scale_p.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    if args.command == "run":
+        from bench.run import print_table, run
+
+        results = run(args.quick, args.workers)
+        print_table(results)
+        name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}.json"
+    else:
+        from bench.scale import print_scale, scale
+
+        results = scale(args.messages, args.threads, args.agents, args.queries)
+        print_scale(results)
+        name = f"{results['date'][:10]}-{results['commit']}-scale-{args.messages}.json"
+    path = RESULTS / name
+    path.write_text(json.dumps(results, indent=2, default=str))
+    print(f"results written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The stack's own ceiling: bare Flask views under the same gunicorn config.
+
+``POST /insert`` does one ``INSERT ...; COMMIT`` (the least a durable handoff can cost)
+and ``GET /select`` reads 50 rows; every relay figure is reported as a ratio to these.
+"""
+from __future__ import annotations
+
+import os
+
+from flask import Flask
+from sqlalchemy import create_engine, text
+
+from relay.config import normalize_database_url
+
+app = Flask(__name__)
+engine = create_engine(normalize_database_url(os.environ["DATABASE_URL"]), pool_size=5, max_overflow=10,
+                       pool_pre_ping=True)
+
+
+@app.post("/insert")
+def insert():
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO bench_ceiling (payload) VALUES (:p)"), {"p": "x" * 200})
+    return {"ok": True}
+
+
+@app.get("/select")
+def select_rows():
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, payload, created_at FROM bench_ceiling ORDER BY id DESC LIMIT 50")).all()
+    return {"items": [{"id": r.id, "payload": r.payload, "created_at": r.created_at.isoformat()} for r in rows]}

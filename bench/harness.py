@@ -1,0 +1,207 @@
+"""Start what a bench run measures: a fresh database, agents made by the CLI, gunicorn, a worker."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import psycopg2
+import requests
+from sqlalchemy.engine import make_url
+
+from relay.config import normalize_database_url
+from relay.embedded import free_port
+from relay.migrate import upgrade
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def server_urls() -> tuple[str, str]:
+    return (os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def _admin(url: str):
+    u = make_url(normalize_database_url(url))
+    conn = psycopg2.connect(host=u.host or u.query.get("host"), port=u.port, user=u.username or "postgres",
+                            password=u.password, dbname=u.database or "postgres")
+    conn.autocommit = True
+    return conn, u
+
+
+@contextmanager
+def fresh_database(prefix: str = "relay_bench"):
+    """Yield the URL of a new, migrated database; drop it afterwards."""
+    base, _ = server_urls()
+    admin, u = _admin(base)
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    url = u.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        conn, _ = _admin(url)
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE bench_ceiling (id bigserial PRIMARY KEY, payload text NOT NULL, "
+                        "created_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute("INSERT INTO bench_ceiling (payload) SELECT repeat('x', 200) FROM generate_series(1, 100)")
+        conn.close()
+        yield url
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def base_env(database_url: str, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update({
+        "DATABASE_URL": database_url, "REDIS_URL": server_urls()[1], "RELAY_ENV": "development",
+        "RELAY_RATE_LIMIT": "100000000/minute", "RELAY_REST_RATE_LIMIT": "100000000/minute",
+        "RELAY_WEBHOOK_ALLOW_PRIVATE": "1", "RELAY_WEBHOOK_ALLOW_HTTP": "1", "RELAY_LOG_LEVEL": "WARNING",
+        "HOST": "127.0.0.1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    env.update(extra or {})
+    return env
+
+
+def create_agents(env: dict, handles: list[str]) -> dict[str, str]:
+    """Provision agents through the CLI; return handle -> API key."""
+    keys = {}
+    for handle in handles:
+        out = subprocess.run([str(BIN / "relay"), "agents", "create", handle, "--name", handle.split("@")[0],
+                              "--role", "bench", "--json"], env=env, capture_output=True, text=True, check=True)
+        keys[handle] = json.loads(out.stdout)["api_key"]
+    return keys
+
+
+class Proc:
+    """A child process group, stopped on exit."""
+
+    def __init__(self, args: list[str], env: dict):
+        # BENCH_LOGS=DIR keeps each process's output for a look after the run.
+        log_dir = os.environ.get("BENCH_LOGS")
+        out = open(Path(log_dir) / f"{Path(args[0]).name}-{secrets.token_hex(3)}.log", "w") if log_dir else subprocess.DEVNULL
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            parent = psutil.Process(self.popen.pid)
+            return [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def gunicorn(app_path: str, env: dict, workers: int) -> tuple[Proc, str]:
+    """Start gunicorn the way the Procfile's web line does; return it and its base URL."""
+    port = free_port()
+    proc = Proc([str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py")],
+                {**env, "PORT": str(port), "WEB_CONCURRENCY": str(workers)})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/healthz" if app_path == "app:app" else f"{url}/select", timeout=2).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    proc.stop()
+    raise RuntimeError(f"{app_path} did not start")
+
+
+def celery_worker(env: dict, concurrency: int | None = None) -> Proc:
+    args = [str(BIN / "celery"), "-A", "workers.app", "worker", "--loglevel=WARNING"]
+    if concurrency:
+        args.append(f"--concurrency={concurrency}")
+    return Proc(args, env)
+
+
+class RssSampler:
+    """Peak resident memory of some processes, sampled every half second."""
+
+    def __init__(self, groups: dict[str, Proc]):
+        self.groups = groups
+        self.peak = {name: 0 for name in groups}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for name, proc in self.groups.items():
+                children = proc.tree()[1:] or proc.tree()  # workers, not the master
+                for p in children:
+                    try:
+                        self.peak[name] = max(self.peak[name], p.memory_info().rss)
+                    except psutil.NoSuchProcess:
+                        pass
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class Receiver:
+    """A loopback webhook receiver recording when each delivery arrived."""
+
+    def __init__(self):
+        self.arrivals: list[tuple[float, dict, str]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                now = time.time()
+                with outer.lock:
+                    outer.arrivals.append((now, json.loads(body), self.headers.get("webhook-id", "")))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.arrivals) >= n:
+                    return True
+            time.sleep(0.05)
+        return False
