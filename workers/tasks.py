@@ -20,6 +20,14 @@ def index_message(message_id: str) -> bool:
     return search.index_message(uuid.UUID(message_id))
 
 
+@shared_task(name="workers.tasks.message_committed", acks_late=True)
+def message_committed(message_id: str, event_id: str) -> int:
+    """After a message commits: fan its event out to webhooks first (latency), then index it."""
+    created = fan_out_event(event_id)
+    search.index_message(uuid.UUID(message_id))
+    return created
+
+
 @shared_task(name="workers.tasks.index_pending_messages")
 def index_pending_messages() -> int:
     """Index messages whose task was lost (broker outage, killed worker)."""

@@ -33,9 +33,8 @@ def enqueue(task_name: str, *args: str) -> None:
 
 
 def message_committed(message_id: uuid.UUID, event_id: uuid.UUID) -> None:
-    """Index the committed message for search and fan its event out to webhooks."""
-    enqueue("workers.tasks.index_message", str(message_id))
-    event_committed(event_id)
+    """Index the committed message for search and fan its event out, in one task (one publish)."""
+    enqueue("workers.tasks.message_committed", str(message_id), str(event_id))
 
 
 def event_committed(event_id: uuid.UUID) -> None:

@@ -89,7 +89,8 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
     event = Event(id=new_ulid(), type="message.created", agent_id=other, thread_id=thread.id,
                   message_id=message.id, payload={}, created_at=now)
     session.add(event)
-    _mark_read(session, thread.id, author.id, thread.last_sequence_no, now)
+    # No read-position write here: unread counts only the other side's messages, so the
+    # author's own message never needs marking (and the upsert was a third of a send).
     after_commit(partial(dispatch.message_committed, message.id, event.id))
     return message
 
