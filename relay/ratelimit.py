@@ -32,6 +32,8 @@ def init_app(app: Flask) -> Limiter:
         _a2a_rate, exempt_when=is_unauthenticated, cost=jsonrpc.batch_cost, on_breach=jsonrpc.rate_limited,
         scope="a2a",
     )(app.view_functions[endpoint])
-    limiter.limit(_rest_rate, exempt_when=is_unauthenticated, on_breach=api.rest_rate_limited, scope="rest")(api.bp)
+    # shared_limit: one budget per agent across every REST route, not one per endpoint.
+    limiter.shared_limit(_rest_rate, scope="rest", exempt_when=is_unauthenticated,
+                         on_breach=api.rest_rate_limited)(api.bp)
     app.extensions["relay_limiter"] = limiter
     return limiter

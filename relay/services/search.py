@@ -19,8 +19,13 @@ from relay.models import Message
 from relay.services import unit_of_work
 
 # Text of every artifact field but its type tag: paths, commands, titles, urls, names, diffs.
+# PostgreSQL's parser keeps "src/api/users.py" or a URL as one token, so path-like fields
+# also go in split at '/' (-> "users.py") and at '/', '.', ':' (-> "users", "py"): a
+# search for a file's name or a word of its path finds the message.
 _ARTIFACT_TEXT = text(
-    "coalesce((SELECT string_agg(kv.value, ' ') FROM jsonb_array_elements("
+    "coalesce((SELECT string_agg(CASE WHEN kv.key IN ('path', 'cwd', 'ref', 'url', 'command', 'name') "
+    "THEN kv.value || ' ' || regexp_replace(kv.value, '[/\\\\]+', ' ', 'g') || ' ' "
+    "|| regexp_replace(kv.value, '[/\\\\.:]+', ' ', 'g') ELSE kv.value END, ' ') FROM jsonb_array_elements("
     "CASE WHEN jsonb_typeof(messages.artifacts) = 'array' THEN messages.artifacts ELSE '[]'::jsonb END) AS a(elem), "
     "jsonb_each_text(CASE WHEN jsonb_typeof(a.elem) = 'object' THEN a.elem ELSE '{}'::jsonb END) AS kv "
     "WHERE kv.key <> 'type'), '')"

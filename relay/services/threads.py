@@ -41,6 +41,21 @@ def _now(session: Session) -> datetime:
     return session.scalar(select(func.clock_timestamp()))
 
 
+def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
+    """Take the participants' feed locks so messages commit in ``created_at`` order per identity.
+
+    Seed 004's catch-up loop pages ``since`` the newest time a client saw. If two
+    messages to one identity could commit in the opposite order of their timestamps,
+    the later-committing one would carry an older time and be skipped forever. Holding
+    a transaction-scoped advisory lock per participant (taken in sorted order, so no
+    deadlock) while the timestamp is read and until commit rules that out; writes that
+    share no participant still run in parallel.
+    """
+    for agent_id in sorted(set(agent_ids)):
+        key = int.from_bytes(agent_id.bytes[:8], "big", signed=True)
+        session.execute(select(func.pg_advisory_xact_lock(key)))
+
+
 def _body(parts: list[dict[str, Any]]) -> str:
     return "\n\n".join(p["text"] for p in parts if p.get("text"))
 
@@ -130,6 +145,7 @@ def _create(session: Session, caller: Agent, params: dict) -> dict:
             raise invalid("context_id", "names no context in which you already have a thread")
     else:
         context_id = new_ulid()
+    _serialize_feed_writes(session, caller.id, recipient.id)
     now = _now(session)
     thread = Thread(
         id=new_ulid(), context_id=context_id, sender_id=caller.id, recipient_id=recipient.id, intent=intent,
@@ -157,6 +173,7 @@ def _append(session: Session, caller: Agent, params: dict) -> dict:
     if thread.state in TERMINAL_STATES:
         raise RelayError("thread_terminal", f"the thread is {thread.state}; no more messages can be added",
                          {"state": thread.state})
+    _serialize_feed_writes(session, thread.sender_id, thread.recipient_id)
     now = _now(session)
     thread.last_sequence_no += 1
     thread.updated_at = now
