@@ -112,7 +112,7 @@ def config_check() -> None:
             value = make_url(value).render_as_string(hide_password=True)
         elif field.name == "redis_url":
             value = make_url(value).render_as_string(hide_password=True) if "@" in value else value
-        elif field.name == "secret_key":
+        elif field.name in ("secret_key", "metrics_token"):
             value = "****" + ("" if value else " (unset)")
         elif isinstance(value, tuple):
             value = ",".join(str(v) for v in value)

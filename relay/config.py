@@ -105,6 +105,7 @@ class Settings:
     webhook_allow_private: bool = False
     webhook_allow_http: bool = False
     log_level: str = "INFO"
+    metrics_token: str = ""
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -163,4 +164,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_allow_private=_flag(env, "RELAY_WEBHOOK_ALLOW_PRIVATE"),
         webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
         log_level=_log_level(env),
+        metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
     )

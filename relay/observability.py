@@ -84,7 +84,7 @@ bp = Blueprint("observability", __name__)
 @bp.get("/metrics")
 def metrics():
     """Prometheus metrics; with RELAY_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
-    token = os.environ.get("RELAY_METRICS_TOKEN") or current_app.config.get("RELAY_METRICS_TOKEN")
+    token = current_app.config["RELAY"].metrics_token
     if token:
         supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(supplied.encode(), token.encode()):
