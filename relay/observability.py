@@ -42,7 +42,18 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.getLogger("flask-limiter").addFilter(_one_line_fail_open)
     _configured = True
+
+
+def _one_line_fail_open(record: logging.LogRecord) -> bool:
+    """Shorten flask-limiter's fail-open traceback (Redis down) to one line naming the error."""
+    if record.exc_info and record.exc_info[1] is not None:
+        record.msg = f"{record.getMessage()}: rate limiting fails open ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+    return True
 
 
 class _BacklogCollector:

@@ -24,7 +24,8 @@ def celery_init_app(app: Flask) -> Celery:
             "worker_prefetch_multiplier": 1,
             "broker_connection_retry_on_startup": True,
             # A send must not hang when the broker is down: the outbox sweep covers it.
-            "broker_transport_options": {"socket_connect_timeout": 2, "socket_timeout": 5, "max_retries": 1},
+            "broker_transport_options": {"socket_connect_timeout": 2, "socket_timeout": 5, "max_retries": 1,
+                                         "interval_start": 0, "interval_step": 0},
             "beat_schedule": beat_schedule(),
             "include": ["workers.tasks"],
         }

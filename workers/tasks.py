@@ -23,7 +23,7 @@ def index_message(message_id: str) -> bool:
 @shared_task(name="workers.tasks.message_committed", acks_late=True)
 def message_committed(message_id: str, event_id: str) -> int:
     """After a message commits: fan its event out to webhooks first (latency), then index it."""
-    created = fan_out_event(event_id)
+    created = _fan_out(event_id)
     search.index_message(uuid.UUID(message_id))
     return created
 
@@ -42,6 +42,10 @@ def index_pending_messages() -> int:
 @shared_task(name="workers.tasks.fan_out_event", acks_late=True)
 def fan_out_event(event_id: str) -> int:
     """Create the deliveries of one outbox event and send each."""
+    return _fan_out(event_id)
+
+
+def _fan_out(event_id: str) -> int:
     created = webhooks.fan_out(uuid.UUID(event_id))
     for delivery_id in created:
         dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))

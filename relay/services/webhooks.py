@@ -335,12 +335,15 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
     return _record(delivery.id, endpoint.id, attempted_at, outcome)
 
 
-def _record(delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: datetime, outcome: outbound.Outcome) -> str:
+def _record(delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: datetime,
+            outcome: outbound.Outcome) -> str | None:
     s = _settings()
     schedule = s.webhook_schedule
     with unit_of_work() as session:
         delivery = session.get(WebhookDelivery, delivery_id, with_for_update=True)
         endpoint = session.get(WebhookEndpoint, endpoint_id, with_for_update=True)
+        if delivery is None or endpoint is None:
+            return None  # the endpoint (and its delivery log) was deleted during the attempt
         session.add(WebhookAttempt(delivery_id=delivery_id, attempted_at=attempted_at, status_code=outcome.status,
                                    error=outcome.error, duration_ms=outcome.duration_ms))
         delivery.attempt_count += 1
