@@ -18,16 +18,15 @@ from functools import partial
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import and_, func, or_, select, tuple_, update
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import aliased
 from standardwebhooks import Webhook
 
 from relay import crypto, outbound
 from relay.errors import RelayError, invalid
 from relay.extensions import db
 from relay.ids import format_ulid, new_ulid
-from relay.models import Agent, Event, Message, Thread, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from relay.models import Agent, Event, Thread, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from relay.schemas.common import encode_cursor, iso
 from relay.services import after_commit, dispatch, unit_of_work
 
@@ -251,18 +250,12 @@ def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
 
 def build_payload(event: Event) -> dict[str, Any]:
     """``{"type", "timestamp", "data"}``; data re-read now (DESIGN.md, "Payload")."""
-    from relay.services.feed import feed_row
+    from relay.services.feed import message_feed_row
     from relay.services.threads import thread_summary
 
     data: dict[str, Any]
     if event.type == "message.created":
-        caller, target, author = aliased(Agent), aliased(Agent), aliased(Agent)
-        row = db.session.execute(
-            select(Message, Thread, author, caller, target)
-            .join(Thread, Thread.id == Message.thread_id).join(author, author.id == Message.author_id)
-            .join(caller, caller.id == Message.caller_id).join(target, target.id == Message.target_id)
-            .where(Message.id == event.message_id)).first()
-        data = feed_row(*row) if row else {"id": str(event.message_id), "deleted": True}
+        data = message_feed_row(event.message_id) or {"id": str(event.message_id), "deleted": True}
     elif event.type == "task.updated":
         thread = db.session.get(Thread, event.thread_id)
         data = {**(thread_summary(thread) if thread else {"task_id": format_ulid(event.thread_id)}),
