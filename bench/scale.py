@@ -154,15 +154,15 @@ def scale(messages: int, threads: int, agents: int, queries: int) -> dict:
                 {"a": busy.id, "n": min(5000, messages // 200)}).first()
             deep_cursor = (deep.created_at, deep.id)  # deep into the busy agent's inbound feed
             cases = {
-                "feed first page": lambda: feed.list_messages(busy, busy.handle),
+                "feed first page": lambda: feed.list_messages(busy),
                 "feed first page (200 identities)": None,
-                "feed deep cursor page": lambda: feed.list_messages(busy, busy.handle, cursor=deep_cursor),
-                "q common word": lambda: feed.list_messages(busy, busy.handle, q="endpoint"),
-                "q rare word": lambda: feed.list_messages(busy, busy.handle, q=RARE),
+                "feed deep cursor page": lambda: feed.list_messages(busy, cursor=deep_cursor),
+                "q common word": lambda: feed.list_messages(busy, q="endpoint"),
+                "q rare word": lambda: feed.list_messages(busy, q=RARE),
                 "tasks/list busy inbox": lambda: thread_service.list_threads(busy, role="recipient", limit=50),
             }
             rotating = iter(idents * (queries // max(1, len(idents)) + 1))
-            cases["feed first page (200 identities)"] = lambda: (lambda a: feed.list_messages(a, a.handle))(next(rotating))
+            cases["feed first page (200 identities)"] = lambda: (lambda a: feed.list_messages(a))(next(rotating))
             for name, fn in cases.items():
                 fn()  # warm
                 results["queries"][name] = _timed(fn, queries)

@@ -380,7 +380,7 @@ def _explain_feed(app, handle, **params):
         event.listen(engine, "before_cursor_execute", capture)
         try:
             caller = db.session.scalar(select(Agent).where(Agent.handle == handle))
-            page = feed_service.list_messages(caller, handle, **params)
+            page = feed_service.list_messages(caller, **params)
         finally:
             event.remove(engine, "before_cursor_execute", capture)
         assert len(captured) == 1, [s for s, _ in captured]

@@ -20,7 +20,7 @@ def list_messages(handle: str):
     """List the identity's messages newest first (seed 004)."""
     caller = identity(handle)
     params = load_query(FeedQuery())
-    return feed.list_messages(caller, handle, **params)
+    return feed.list_messages(caller, **params)
 
 
 @bp.get("/identities/<handle>/a2a/tasks")

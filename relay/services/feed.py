@@ -53,8 +53,18 @@ def _handle_id(handle: str | None, field: str) -> uuid.UUID | None:
     return agent.id if agent is not None else uuid.UUID(int=0)
 
 
+_ROW_SELECT = None
+
+
 def _row_select(*where):
     """Columns of a feed row (plain rows, no ORM objects: a page is 50 rows x 5 entities)."""
+    global _ROW_SELECT
+    if _ROW_SELECT is None:  # built once: constructing it cost more than running it
+        _ROW_SELECT = _build_row_select()
+    return _ROW_SELECT.where(*where)
+
+
+def _build_row_select():
     author, caller, target = aliased(Agent), aliased(Agent), aliased(Agent)
     return (
         select(Message.id, Message.sequence_no, Message.role, Message.body, Message.parts, Message.artifacts,
@@ -66,7 +76,6 @@ def _row_select(*where):
         .join(author, author.id == Message.author_id)
         .join(caller, caller.id == Message.caller_id)
         .join(target, target.id == Message.target_id)
-        .where(*where)
     )
 
 
@@ -89,17 +98,17 @@ def message_feed_row(message_id: uuid.UUID) -> dict[str, Any] | None:
     return _feed_row(row) if row is not None else None
 
 
-def list_messages(caller: Agent, handle: str, *, direction: str = "both", requester_handle: str | None = None,
+def list_messages(identity: Agent, *, direction: str = "both", requester_handle: str | None = None,
                   worker_handle: str | None = None, task_id: uuid.UUID | None = None,
                   context_id: uuid.UUID | None = None, role: str | None = None, q: str | None = None,
                   since: datetime | None = None, cursor: tuple[datetime, uuid.UUID] | None = None,
                   limit: int = 50) -> dict[str, Any]:
-    """Return one feed page ``{"items": [...], "next_cursor": str | None}`` (seed 004).
+    """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (seed 004).
 
-    Raises identity_not_found (404), forbidden (403), invalid_params (422).
+    ``identity`` comes from :func:`resolve_identity`. Raises invalid_params (422) for a
+    malformed handle filter.
     """
     with unit_of_work():
-        identity = resolve_identity(caller, handle)
         conditions = []
         requester = _handle_id(requester_handle, "requester_handle")
         worker = _handle_id(worker_handle, "worker_handle")
