@@ -169,3 +169,28 @@ def make_agent(app):
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def alice(make_agent):
+    """``alice@acme`` (frontend): ``(handle, api_key)``."""
+    return make_agent("alice@acme", name="Alice", role="frontend")
+
+
+@pytest.fixture
+def bob(make_agent):
+    """``bob@acme`` (backend): ``(handle, api_key)``."""
+    return make_agent("bob@acme", name="Bob", role="backend")
+
+
+def sql(app, statement: str, **params):
+    """Run one SQL statement in its own committed transaction; return its rows, if any."""
+    from sqlalchemy import text
+
+    from relay.extensions import db
+
+    with app.app_context():
+        result = db.session.execute(text(statement), params)
+        rows = result.fetchall() if result.returns_rows else None
+        db.session.commit()
+    return rows

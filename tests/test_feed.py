@@ -12,11 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
-from sqlalchemy import text
 from ulid import ULID
 
-from relay.extensions import db
-from tests.conftest import bearer
+from tests.conftest import bearer, sql
 
 TIE = "2026-03-04 05:06:07.123456+00"
 ROW_FIELDS = {"id", "sequence_no", "role", "from", "body", "parts", "artifacts", "metadata", "created_at",
@@ -98,26 +96,8 @@ def assert_error(resp, status, code):
     return body["error"]
 
 
-def sql(app, statement, **params):
-    with app.app_context():
-        result = db.session.execute(text(statement), params)
-        rows = result.fetchall() if result.returns_rows else None
-        db.session.commit()
-    return rows
-
-
 def to_uuid(ulid_text):
     return str(ULID.from_str(ulid_text).to_uuid())
-
-
-@pytest.fixture
-def alice(make_agent):
-    return make_agent("alice@acme", name="Alice", role="frontend")
-
-
-@pytest.fixture
-def bob(make_agent):
-    return make_agent("bob@acme", name="Bob", role="backend")
 
 
 # --------------------------------------------------------------------------- row shape

@@ -10,11 +10,9 @@ import re
 import secrets
 
 import pytest
-from sqlalchemy import text
 from ulid import ULID
 
-from relay.extensions import db
-from tests.conftest import bearer
+from tests.conftest import bearer, sql
 
 API = "/api/v1/identities"
 KEY_FORMAT = re.compile(r"^ah_live_[a-z2-7]{32}$")
@@ -82,24 +80,6 @@ def transition(client, key, handle, task_id, name, **extra):
 
 def reply(client, key, handle, task_id, text_="a reply", **extra):
     return post(client, key, f"{handle}/a2a/tasks/{task_id}/messages", {"message": msg(text_), **extra})
-
-
-def sql(app, statement, **params):
-    with app.app_context():
-        result = db.session.execute(text(statement), params)
-        rows = result.fetchall() if result.returns_rows else None
-        db.session.commit()
-    return rows
-
-
-@pytest.fixture
-def alice(make_agent):
-    return make_agent("alice@acme", name="Alice", role="frontend")
-
-
-@pytest.fixture
-def bob(make_agent):
-    return make_agent("bob@acme", name="Bob", role="backend")
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import event, select
 
 from relay.extensions import db
 from relay.models import Agent
 from relay.services import feed as feed_service
 from relay.services import search as search_service
-from tests.conftest import bearer
+from tests.conftest import bearer, sql
 
 WORKER_DEADLINE_S = 10.0
 
@@ -59,14 +59,6 @@ def hit_ids(client, key, handle, q, **query):
     return [r["id"] for r in search(client, key, handle, q, **query)["items"]]
 
 
-def sql(app, statement, **params):
-    with app.app_context():
-        result = db.session.execute(text(statement), params)
-        rows = result.fetchall() if result.returns_rows else None
-        db.session.commit()
-    return rows
-
-
 def vector_is_null(app, message_id):
     [(is_null,)] = sql(app, "SELECT search_vector IS NULL FROM messages WHERE id = CAST(:id AS uuid)", id=message_id)
     return is_null
@@ -83,16 +75,6 @@ def wait_indexed(app, message_ids):
         if time.monotonic() > deadline:
             raise AssertionError(f"{pending} message(s) still unindexed after {WORKER_DEADLINE_S} s")
         time.sleep(0.05)
-
-
-@pytest.fixture
-def alice(make_agent):
-    return make_agent("alice@acme", name="Alice", role="frontend")
-
-
-@pytest.fixture
-def bob(make_agent):
-    return make_agent("bob@acme", name="Bob", role="backend")
 
 
 # --------------------------------------------------------------------------- the worker indexes
