@@ -1,6 +1,10 @@
 """REST transport under ``/api/v1``: one JSON error shape ``{"error": {code, message, details}}``."""
 from __future__ import annotations
 
+import json
+import math
+from typing import Any
+
 from flask import Blueprint, jsonify, request
 from marshmallow import Schema
 
@@ -48,9 +52,35 @@ def load_query(schema: Schema) -> dict:
     return load_or_invalid(schema, data)
 
 
+def _not_json(token: str):
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)  # 1e400 is valid JSON text but decodes to inf, which jsonb cannot hold
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def json_body() -> Any:
+    """The body as JSON, or None when it is not a JSON document PostgreSQL could store.
+
+    Unlike ``request.get_json(silent=True)`` this refuses NaN, Infinity and numbers that
+    overflow to infinity (jsonb rejects them: a 500 before), and treats nesting too deep
+    for the parser as not JSON rather than letting RecursionError escape (a 500 too).
+    """
+    if not request.is_json:
+        return None
+    try:
+        return json.loads(request.get_data(cache=True), parse_constant=_not_json, parse_float=_finite_float)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
 def load_json(schema: Schema) -> dict:
     """Load the JSON body with ``schema``; 422 naming each bad field."""
-    body = request.get_json(silent=True)
+    body = json_body()
     if not isinstance(body, dict):
         raise RelayError("invalid_params", "the body must be a JSON object", {"body": ["must be a JSON object"]})
     return load_or_invalid(schema, body)

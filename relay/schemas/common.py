@@ -41,7 +41,20 @@ class AwareDateTime(fields.AwareDateTime):
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, str) and value.endswith(("z",)):
             value = value[:-1] + "Z"
-        return super()._deserialize(value, attr, data, **kwargs)
+        return to_utc(super()._deserialize(value, attr, data, **kwargs))
+
+
+def to_utc(value: datetime) -> datetime:
+    """Return an aware time in UTC; raise ValidationError when UTC has no such date.
+
+    Python accepts offsets up to ±23:59 but PostgreSQL only up to ±15:59, so a time such
+    as ``...+18:00`` must not reach the database with its own offset (it failed there
+    as an internal error); ``0001-01-01T00:00:00+01:00`` is before year 1 in UTC.
+    """
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValidationError("is out of range (years 1-9999 in UTC)") from None
 
 
 def iso(value: datetime | None) -> str | None:
@@ -105,8 +118,37 @@ def unstorable_paths(value: Any, prefix: str = "") -> list[str]:
     return sorted(set(bad))
 
 
+MAX_DEPTH = 64
+TOO_DEEP = f"must not be nested deeper than {MAX_DEPTH} levels"
+
+
+def too_deep_path(value: Any, prefix: str = "") -> str | None:
+    """Return the top-level member (``metadata``) holding a value nested past MAX_DEPTH, or None.
+
+    Iterative, so it is safe on anything the JSON parser returned. Loading and storing
+    (marshmallow, json.dumps, psycopg2's jsonb adapter) recurse once per level, and a
+    document a few hundred levels deep ran out of stack there: an internal error for bad input.
+    """
+    stack = [(value, 0, "")]
+    while stack:
+        item, depth, member = stack.pop()
+        if depth > MAX_DEPTH:
+            return ".".join(p for p in (prefix, member) if p) or "params"
+        if isinstance(item, dict):
+            children = item.items()
+        elif isinstance(item, list):
+            children = enumerate(item)
+        else:
+            continue
+        stack.extend((sub, depth + 1, member if depth else str(key)) for key, sub in children)
+    return None
+
+
 def load_or_invalid(schema: Schema, data: Any, prefix: str = "") -> dict:
     """Load ``data`` with ``schema``; raise RelayError(invalid_params) naming every bad field."""
+    deep = too_deep_path(data, prefix)
+    if deep is not None:
+        raise RelayError("invalid_params", f"invalid params: {deep}: {TOO_DEEP}", {deep: [TOO_DEEP]})
     try:
         loaded = schema.load(data)
     except ValidationError as exc:
@@ -142,8 +184,9 @@ class Cursor(fields.Field):
             when = datetime.fromisoformat(stamp)
             if when.tzinfo is None:
                 raise ValueError
+            when = when.astimezone(timezone.utc)  # see to_utc: PostgreSQL refuses offsets past ±15:59
             import uuid
 
             return when, uuid.UUID(ident)
-        except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
             raise ValidationError("is not a cursor returned by this API") from None

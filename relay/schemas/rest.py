@@ -94,6 +94,8 @@ class KeyCreateBody(Schema):
 
 
 WEBHOOK_EVENTS = ("message.created", "task.updated")
+# For the OpenAPI document only: the service checks the scheme (and the target) itself.
+WEBHOOK_URL_DOC = {"format": "uri", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"}
 
 
 class WebhookCreateBody(Schema):
@@ -102,7 +104,7 @@ class WebhookCreateBody(Schema):
     class Meta:
         unknown = RAISE
 
-    url = fields.String(required=True, validate=validate.Length(min=1, max=2048))
+    url = fields.String(required=True, validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
     events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
                          load_default=None, validate=validate.Length(min=1, error="must name at least one event"))
     description = fields.String(load_default="", validate=validate.Length(max=500))
@@ -114,7 +116,7 @@ class WebhookUpdateBody(Schema):
     class Meta:
         unknown = RAISE
 
-    url = fields.String(validate=validate.Length(min=1, max=2048))
+    url = fields.String(validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
     events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
                          validate=validate.Length(min=1, error="must name at least one event"))
     description = fields.String(validate=validate.Length(max=500))
