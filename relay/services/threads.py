@@ -10,7 +10,7 @@ from functools import partial
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -110,13 +110,25 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
     return message
 
 
-def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int, now: datetime) -> None:
-    stmt = insert(ReadPosition).values(thread_id=thread_id, agent_id=agent_id, last_read_sequence_no=seq, updated_at=now)
-    session.execute(stmt.on_conflict_do_update(
+def _build_mark_read():
+    stmt = insert(ReadPosition).values(thread_id=bindparam("thread_id"), agent_id=bindparam("agent_id"),
+                                       last_read_sequence_no=bindparam("seq"), updated_at=bindparam("now"))
+    return stmt.on_conflict_do_update(
         index_elements=[ReadPosition.thread_id, ReadPosition.agent_id],
         set_={"last_read_sequence_no": func.greatest(ReadPosition.last_read_sequence_no, stmt.excluded.last_read_sequence_no),
               "updated_at": stmt.excluded.updated_at},
-    ))
+    )
+
+
+_MARK_READ = None
+
+
+def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int, now: datetime) -> None:
+    """Move the agent's read position forward to ``seq`` (never backwards)."""
+    global _MARK_READ
+    if _MARK_READ is None:  # built once: building this upsert cost more than running it
+        _MARK_READ = _build_mark_read()
+    session.execute(_MARK_READ, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq, "now": now})
 
 
 def _create(session: Session, caller: Agent, params: dict) -> dict:
