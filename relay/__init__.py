@@ -56,7 +56,16 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
 
         from relay.extensions import db
 
-        db.session.rollback()
+        from sqlalchemy.exc import OperationalError
+
+        try:
+            db.session.rollback()
+        except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
+            pass
+        if isinstance(exc, OperationalError):  # PostgreSQL unreachable: retryable, not a bug
+            app.logger.warning("database unavailable", extra={"request_id": g.get("request_id")})
+            return error_response(503, "service_unavailable", "the database is unavailable; retry shortly",
+                                  {"request_id": g.get("request_id")})
         app.logger.exception("unhandled error")
         return error_response(500, "internal_error", "internal error", {"request_id": g.get("request_id")})
 

@@ -1,13 +1,17 @@
 """Bearer authentication shared by every route: ``Authorization: Bearer <key>``."""
 from __future__ import annotations
 
+import logging
+
 from flask import g, request
+from sqlalchemy.exc import OperationalError
 
 from relay.errors import RelayError
 from relay.models import Agent
 from relay.services import agents as agent_service
 
 _UNSET = object()
+log = logging.getLogger("relay.auth")
 
 
 def bearer_token() -> str | None:
@@ -30,7 +34,23 @@ def try_current_agent() -> Agent | None:
     except RelayError as exc:
         agent = None
         g._relay_auth_error = exc
+    except OperationalError:
+        # PostgreSQL is unreachable (down, restarting): neither the caller's fault (401)
+        # nor an internal error (500). Transports answer service_unavailable (503/-32603).
+        from relay.extensions import db
+
+        try:
+            db.session.rollback()
+        except Exception:
+            pass
+        log.warning("database unavailable during authentication", extra={"request_id": g.get("request_id")})
+        agent = None
+        g._relay_auth_error = RelayError("service_unavailable", "the database is unavailable; retry shortly",
+                                         {"request_id": g.get("request_id")})
     g._relay_agent = agent
+    # Kept apart from the row: a rollback later in the request expires the Agent, and reading
+    # it then would query PostgreSQL again (the request log line must not, it may be down).
+    g._relay_agent_handle = agent.handle if agent is not None else None
     return agent
 
 

@@ -245,6 +245,10 @@ def serve(dialect: Dialect) -> Response:
     try:
         caller = current_agent()
     except RelayError as exc:
+        if exc.symbol == "service_unavailable":  # PostgreSQL unreachable while authenticating
+            return _response(_error(_readable_id(doc), -32603, MESSAGES[-32603],
+                                    {"symbol": "service_unavailable", "request_id": g.get("request_id")}),
+                             status=exc.http_status)
         return _response(_relay_error(dialect, _readable_id(doc), exc), status=401,
                          headers={"WWW-Authenticate": 'Bearer realm="relay"'})
     if doc is _MISSING:

@@ -129,9 +129,8 @@ def init_app(app: Flask) -> None:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         REQUESTS.labels(route, request.method, str(response.status_code)).inc()
         LATENCY.labels(route).observe(duration)
-        agent = g.get("_relay_agent")
         log.info("request", extra={
-            "request_id": g.get("request_id"), "agent": agent.handle if agent is not None else None,
+            "request_id": g.get("request_id"), "agent": g.get("_relay_agent_handle"),
             "http_method": request.method, "route": route, "rpc_methods": g.get("rpc_methods"),
             "status": response.status_code, "duration_ms": round(duration * 1000, 2),
         })
