@@ -46,7 +46,10 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
 
         if exc.response is not None:  # e.g. flask-limiter's 429, already shaped
             return exc.response
-        return error_response(exc.code or 500, (exc.name or "error").lower().replace(" ", "_"), exc.description)
+        # Keep the exception's own headers (405's Allow, which HTTP requires) in our JSON shape.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return error_response(exc.code or 500, (exc.name or "error").lower().replace(" ", "_"), exc.description,
+                              headers=headers)
 
     @app.errorhandler(Exception)
     def _unhandled(exc: Exception):

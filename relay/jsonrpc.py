@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +21,7 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.models import Agent
 from relay.observability import RPC_CALLS
-from relay.schemas.common import load_or_invalid
+from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
 
@@ -134,28 +133,14 @@ def _drain(length: int | None) -> None:
         pass
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    # 1e400 is valid JSON text but decodes to inf, which json.dumps would echo back as
-    # the non-JSON token Infinity (e.g. as the id): refuse it like NaN.
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
 def parse_body() -> Any:
     """Return the decoded JSON document, or _MISSING when the body is not valid JSON."""
     cached = g.get("_rpc_doc", _MISSING)
     if cached is not _MISSING:
         return cached
     try:
-        doc = json.loads(read_body().decode("utf-8"), parse_constant=_reject_constant,
-                         parse_float=_finite_float)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        doc = strict_json(read_body())
+    except NotJson:
         doc = _MISSING
     g._rpc_doc = doc
     return doc

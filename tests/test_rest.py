@@ -723,3 +723,10 @@ def test_rest_budget_is_separate_from_the_jsonrpc_budget(base_env, make_agent):
     resp = limited.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}},
                         headers=bearer(a_key))
     assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_data(as_text=True)
+
+
+def test_wrong_method_answers_405_with_an_allow_header(client, alice):
+    resp = client.delete("/api/v1/identities/me", headers=bearer(alice[1]))
+    assert resp.status_code == 405
+    assert resp.is_json and resp.get_json()["error"]["code"] == "method_not_allowed"
+    assert "GET" in resp.headers["Allow"]

@@ -1,8 +1,6 @@
 """REST transport under ``/api/v1``: one JSON error shape ``{"error": {code, message, details}}``."""
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -11,7 +9,7 @@ from marshmallow import Schema
 from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.models import Agent
-from relay.schemas.common import load_or_invalid
+from relay.schemas.common import NotJson, load_or_invalid, strict_json
 
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
 
@@ -52,17 +50,6 @@ def load_query(schema: Schema) -> dict:
     return load_or_invalid(schema, data)
 
 
-def _not_json(token: str):
-    raise ValueError(f"{token} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)  # 1e400 is valid JSON text but decodes to inf, which jsonb cannot hold
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
 def json_body() -> Any:
     """The body as JSON, or None when it is not a JSON document PostgreSQL could store.
 
@@ -73,8 +60,8 @@ def json_body() -> Any:
     if not request.is_json:
         return None
     try:
-        return json.loads(request.get_data(cache=True), parse_constant=_not_json, parse_float=_finite_float)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return strict_json(request.get_data(cache=True))
+    except NotJson:
         return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -55,6 +56,36 @@ def to_utc(value: datetime) -> datetime:
         return value.astimezone(timezone.utc)
     except OverflowError:
         raise ValidationError("is out of range (years 1-9999 in UTC)") from None
+
+
+class NotJson(ValueError):
+    """The bytes are not a JSON document PostgreSQL's jsonb could store."""
+
+
+def _reject_constant(name: str):
+    raise NotJson(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON text but decodes to inf: jsonb cannot hold it, and json.dumps
+    # would echo it back as the non-JSON token Infinity. Refuse it like NaN.
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJson(f"{text} is out of range")
+    return value
+
+
+def strict_json(raw: bytes) -> Any:
+    """Decode UTF-8 JSON strictly: no NaN/Infinity, no overflowing numbers, no stack overflow.
+
+    Raises NotJson for anything else, including nesting too deep for the parser.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+    except NotJson:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise NotJson(str(exc)[:200]) from None
 
 
 def iso(value: datetime | None) -> str | None:
