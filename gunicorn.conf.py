@@ -15,3 +15,6 @@ access_log_format = '{"remote": "%(h)s", "status": %(s)s, "method": "%(m)s", "pa
 # gunicorn's control socket lives at one path per user, so two web processes on one
 # host (relay up beside a test, two dynos on a laptop) would fight over it.
 control_socket_disable = True
+# A feed search of 500 CJK characters URL-encodes to ~4.5 kB; gunicorn's default request
+# line limit (4094) would answer it with an HTML 414 before the app could.
+limit_request_line = 8190

@@ -58,7 +58,9 @@ def with_app(fn):
 
 
 def _iso(value) -> str | None:
-    return value.isoformat() if value is not None else None
+    from relay.schemas.common import iso
+
+    return iso(value)
 
 
 @click.group()

@@ -114,7 +114,6 @@ class Settings:
             "SQLALCHEMY_DATABASE_URI": self.database_url,
             "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10},
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
-            "MAX_CONTENT_LENGTH": self.max_body_bytes,
             "RATELIMIT_STORAGE_URI": self.redis_url,
             "RATELIMIT_STRATEGY": "sliding-window-counter",
             # Fail open: an unreachable Redis must not take the API down (DESIGN, rate limit).

@@ -11,16 +11,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Response, current_app, g
 from marshmallow import Schema
 from sqlalchemy.exc import OperationalError
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.models import Agent
 from relay.observability import RPC_CALLS
+from relay.requests import BodyTooLarge, read_body
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
@@ -31,14 +31,8 @@ MESSAGES = {
     -32700: "Parse error", -32600: "Invalid Request", -32601: "Method not found",
     -32602: "Invalid params", -32603: "Internal error",
 }
-# Drain at most this much of an oversized body so the client reads our 413, not a reset.
-DRAIN_LIMIT = 64 * 1024 * 1024
 MAX_BATCH = 100
 _MISSING = object()
-
-
-class BodyTooLarge(Exception):
-    """The request body passed RELAY_MAX_BODY_BYTES."""
 
 
 @dataclass(frozen=True)
@@ -95,42 +89,6 @@ def _response(payload: Any, status: int = 200, headers: dict | None = None) -> R
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
-
-
-def read_body() -> bytes:
-    """Return the raw body once per request; raise BodyTooLarge past the limit."""
-    cached = g.get("_rpc_body", _MISSING)
-    if cached is BodyTooLarge:
-        raise BodyTooLarge()
-    if cached is not _MISSING:
-        return cached
-    limit = current_app.config["RELAY"].max_body_bytes
-    length = request.content_length
-    try:
-        if length is not None and length > limit:
-            raise RequestEntityTooLarge()
-        body = request.get_data(cache=True)
-    except RequestEntityTooLarge:
-        g._rpc_body = BodyTooLarge
-        _drain(length)
-        raise BodyTooLarge() from None
-    g._rpc_body = body
-    return body
-
-
-def _drain(length: int | None) -> None:
-    stream = request.environ.get("wsgi.input")
-    if stream is None or length is None or length > DRAIN_LIMIT:
-        return
-    remaining = length
-    try:
-        while remaining > 0:
-            chunk = stream.read(min(65536, remaining))
-            if not chunk:
-                break
-            remaining -= len(chunk)
-    except Exception:  # the client went away; nothing left to protect
-        pass
 
 
 def parse_body() -> Any:
@@ -245,9 +203,15 @@ def serve(dialect: Dialect) -> Response:
             return _response(_error(None, -32600, f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
                                     {"symbol": "batch_too_large", "limit": max_batch()}))
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
-        return _response(answers) if answers else Response(status=204)
+        return _response(answers) if answers else _no_content()
     answer = _call(dialect, caller, doc)
-    return _response(answer) if answer is not None else Response(status=204)
+    return _response(answer) if answer is not None else _no_content()
+
+
+def _no_content() -> Response:
+    resp = Response(status=204)
+    del resp.headers["Content-Type"]  # no body, so no type (Flask would say text/html)
+    return resp
 
 
 def rate_limited(limit) -> Response:

@@ -31,12 +31,24 @@ WEBHOOK_ATTEMPTS = Counter("relay_webhook_attempts_total", "Webhook delivery att
 _configured = False
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Write to whatever ``sys.stdout`` is at emit time (test runners swap and close it)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Send every log record to stdout as one JSON object (idempotent)."""
     global _configured
     if _configured:
         return
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _StdoutHandler()
     handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
                                        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
     root = logging.getLogger()
@@ -101,7 +113,7 @@ def metrics():
         if not hmac.compare_digest(supplied.encode(), token.encode()):
             return Response("unauthorized\n", status=401, headers={"WWW-Authenticate": "Bearer"})
     registry = current_app.extensions["relay_metrics_registry"]
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 def init_app(app: Flask) -> None:

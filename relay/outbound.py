@@ -77,7 +77,8 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
         ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
         reason = _refused_address(ip)
         if reason and not allow_private:
-            raise TargetRefused(f"host {host!r} resolves to {reason} ({ip})")
+            raise TargetRefused(f"host {host!r} resolves to {reason} ({ip}); "
+                                "set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets")
         addresses.append(str(ip))
     if not addresses:
         raise TargetRefused(f"host {host!r} does not resolve")

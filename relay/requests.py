@@ -1,10 +1,10 @@
-"""Per-request plumbing: the request id (``X-Request-Id`` accepted and echoed)."""
+"""Per-request plumbing: the request id (``X-Request-Id`` accepted and echoed), bounded bodies."""
 from __future__ import annotations
 
 import re
 import uuid
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -21,3 +21,59 @@ def init_app(app: Flask) -> None:
     def _echo_request_id(response):
         response.headers["X-Request-Id"] = g.get("request_id", "")
         return response
+
+
+# Drain at most this much of an oversized body so the client reads our 413, not a reset.
+DRAIN_LIMIT = 64 * 1024 * 1024
+_TOO_LARGE = object()
+
+
+class BodyTooLarge(Exception):
+    """The request body passed RELAY_MAX_BODY_BYTES."""
+
+
+def read_body() -> bytes:
+    """Return the raw body (read once per request); raise BodyTooLarge past RELAY_MAX_BODY_BYTES.
+
+    Read here rather than through werkzeug's MAX_CONTENT_LENGTH, which truncates a
+    chunked body (no Content-Length) silently instead of refusing it.
+    """
+    cached = g.get("_relay_body")
+    if cached is _TOO_LARGE:
+        raise BodyTooLarge()
+    if cached is not None:
+        return cached
+    limit = current_app.config["RELAY"].max_body_bytes
+    length = request.content_length
+    if length is not None and length > limit:
+        g._relay_body = _TOO_LARGE
+        _drain(length)
+        raise BodyTooLarge()
+    stream = request.environ.get("wsgi.input")
+    body = b"" if stream is None else _read_up_to(stream, limit + 1 if length is None else length)
+    if len(body) > limit:
+        g._relay_body = _TOO_LARGE
+        raise BodyTooLarge()
+    g._relay_body = body
+    return body
+
+
+def _read_up_to(stream, size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining > 0:
+        chunk = stream.read(min(65536, remaining))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _drain(length: int) -> None:
+    stream = request.environ.get("wsgi.input")
+    if stream is None or length > DRAIN_LIMIT:
+        return
+    try:
+        _read_up_to(stream, length)
+    except Exception:  # the client went away; nothing left to protect
+        pass

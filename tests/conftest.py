@@ -28,7 +28,8 @@ def _server_urls() -> tuple[str, str]:
         from relay import embedded
 
         if not db:
-            _pg, db = embedded.start_postgres(_TMP)
+            pg, db = embedded.start_postgres(_TMP)
+            _TMP_PG.append(pg)
         if not rd:
             _TMP_REDIS.append(embedded.start_redis(_TMP)[0])
             rd = f"redis://127.0.0.1:{_TMP_REDIS[-1].server_config['port']}/0"
@@ -36,6 +37,7 @@ def _server_urls() -> tuple[str, str]:
 
 
 _TMP_REDIS: list = []
+_TMP_PG: list = []
 
 
 def _connect_admin(url):
@@ -71,6 +73,8 @@ def database_url(server_urls):
             from relay.embedded import stop_redis
 
             stop_redis(client)
+        for server in _TMP_PG:  # stop the embedded PostgreSQL before its data directory goes
+            server.cleanup()
         shutil.rmtree(_TMP, ignore_errors=True)
 
 

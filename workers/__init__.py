@@ -28,6 +28,8 @@ def celery_init_app(app: Flask) -> Celery:
                                          "interval_start": 0, "interval_step": 0},
             "beat_schedule": beat_schedule(),
             "include": ["workers.tasks"],
+            # Keep the app's JSON log lines (with their extra fields) in worker processes too.
+            "worker_hijack_root_logger": False,
         }
     )
     celery_app.set_default()

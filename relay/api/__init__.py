@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, current_app, jsonify, request
 from marshmallow import Schema
 
 from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.models import Agent
+from relay.requests import BodyTooLarge, read_body
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
@@ -57,10 +58,15 @@ def json_body() -> Any:
     overflow to infinity (jsonb rejects them: a 500 before), and treats nesting too deep
     for the parser as not JSON rather than letting RecursionError escape (a 500 too).
     """
-    if not request.is_json:
-        return None
     try:
-        return strict_json(request.get_data(cache=True))
+        raw = read_body()
+    except BodyTooLarge:
+        limit = current_app.config["RELAY"].max_body_bytes
+        raise RelayError("payload_too_large", f"the request body is larger than {limit} bytes",
+                         {"limit_bytes": limit}) from None
+    # Any Content-Type: curl -d sends form-urlencoded, and /a2a does not insist either.
+    try:
+        return strict_json(raw)
     except NotJson:
         return None
 

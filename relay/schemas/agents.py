@@ -3,6 +3,15 @@ from __future__ import annotations
 
 from marshmallow import Schema, fields
 
+from relay.schemas.common import iso
+
+
+class Timestamp(fields.Field):
+    """A time as ISO 8601 UTC with ``Z``, like every other time the API shows."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        return iso(value)
+
 
 class AgentOut(Schema):
     """An agent as the API shows it."""
@@ -11,7 +20,7 @@ class AgentOut(Schema):
     name = fields.String()
     role = fields.String()
     org = fields.String()
-    created_at = fields.DateTime(format="iso")
+    created_at = Timestamp()
 
 
 class AgentRef(Schema):
@@ -28,6 +37,6 @@ class KeyOut(Schema):
     key_id = fields.UUID(attribute="id")
     label = fields.String()
     hint = fields.String()
-    created_at = fields.DateTime(format="iso")
-    last_used_at = fields.DateTime(format="iso", allow_none=True)
-    revoked_at = fields.DateTime(format="iso", allow_none=True)
+    created_at = Timestamp()
+    last_used_at = Timestamp(allow_none=True)
+    revoked_at = Timestamp(allow_none=True)

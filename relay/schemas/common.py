@@ -27,6 +27,15 @@ class Ulid(fields.Field):
         return None if value is None else format_ulid(value)
 
 
+class StrictBool(fields.Field):
+    """JSON ``true`` or ``false`` only: not "off", "yes", 0 or 1."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("must be true or false")
+        return value
+
+
 class AwareDateTime(fields.AwareDateTime):
     """An ISO 8601 time that must carry ``Z`` or an offset (a bare local time is refused)."""
 

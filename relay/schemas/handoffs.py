@@ -77,6 +77,11 @@ class FileRef(Schema):
     ref = _text(MAX_PATH, required=False)
     description = _text(MAX_SHORT, required=False)
 
+    @validates_schema
+    def _lines_in_order(self, data, **kwargs):
+        if "line_start" in data and "line_end" in data and data["line_end"] < data["line_start"]:
+            raise ValidationError({"line_end": ["must not be before line_start"]})
+
 
 class TestCommand(Schema):
     class Meta:
@@ -162,7 +167,7 @@ class MessageSendParams(Schema):
     """``message/send`` params (seed 000): create when ``task_id`` is null, else append."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     task_id = Ulid(load_default=None, allow_none=True)
     recipient = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=320))
@@ -180,7 +185,7 @@ class TaskRef(Schema):
     """``{task_id}``: params of tasks/get and tasks/cancel."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     task_id = Ulid(required=True)
 
@@ -189,7 +194,7 @@ class TasksUpdateParams(Schema):
     """``tasks/update`` params: a transition of seed 000's state machine."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     task_id = Ulid(required=True)
     transition = fields.String(required=True, validate=validate.OneOf(TRANSITIONS, error=f"must be one of {', '.join(TRANSITIONS)}"))
@@ -199,7 +204,7 @@ class TasksUpdateParams(Schema):
 
 class ListFilter(Schema):
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
     status = fields.List(fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
@@ -209,7 +214,7 @@ class ListFilter(Schema):
 
 class ListPage(Schema):
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=200, error="must be 1-200"))
     cursor = Cursor(load_default=None, allow_none=True)
@@ -219,7 +224,7 @@ class TasksListParams(Schema):
     """``tasks/list`` params: inbox (``recipient``) or sent (``sender``), keyset paging."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     filter = fields.Nested(ListFilter, load_default=lambda: ListFilter().load({}))
     page = fields.Nested(ListPage, load_default=lambda: ListPage().load({}))

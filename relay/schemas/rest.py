@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import re
 
-from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate
 
 from relay.models import THREAD_STATES
-from relay.schemas.common import AwareDateTime, Cursor, Ulid
+from relay.schemas.common import AwareDateTime, Cursor, StrictBool, Ulid
 from relay.schemas.handoffs import MAX_ARTIFACTS, MAX_SHORT, TRANSITIONS, Artifact, MessageIn, Metadata
 
 # "2026-07-21T18:00:00 02:00": a '+' offset that arrived unencoded in a query string.
@@ -65,7 +65,7 @@ class ReplyBody(Schema):
     """Body of ``POST .../tasks/{task_id}/messages``: an append (reply)."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     message = fields.Nested(MessageIn, required=True)
     artifacts = fields.List(Artifact(), load_default=list,
@@ -120,7 +120,7 @@ class WebhookUpdateBody(Schema):
     events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
                          validate=validate.Length(min=1, error="must name at least one event"))
     description = fields.String(validate=validate.Length(max=500))
-    enabled = fields.Boolean()
+    enabled = StrictBool()
 
 
 class DeliveriesQuery(Schema):
