@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import sysconfig
@@ -257,7 +258,8 @@ def up(port: int) -> None:
             manager.add_process(name, procfile.processes[name], env=env, cwd=str(PROJECT_ROOT))
         click.echo(f"relay: serving on http://{env['HOST']}:{port}  (data in {home})")
         click.echo("relay: create an agent in another shell with:")
-        click.echo("  relay agents create frank@acme --name Frank --role frontend")
+        relay_cmd = "relay" if shutil.which("relay") else str(Path(sys.executable).parent / "relay")
+        click.echo(f"  cd {Path.cwd()} && {relay_cmd} agents create frank@acme --name Frank --role frontend")
         sys.stdout.flush()
         manager.loop()
         code = manager.returncode or 0

@@ -30,6 +30,8 @@ def celery_init_app(app: Flask) -> Celery:
             "include": ["workers.tasks"],
             # Keep the app's JSON log lines (with their extra fields) in worker processes too.
             "worker_hijack_root_logger": False,
+            # ... and keep stdout the real stdout, which that handler writes to.
+            "worker_redirect_stdouts": False,
         }
     )
     celery_app.set_default()
