@@ -1,0 +1,29 @@
+"""``python -m bench run --quick`` works end to end (a smoke test: it checks no speed)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_bench_runs_and_writes_every_figure(server_urls):
+    env = {**os.environ, "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
+           "REDIS_URL": server_urls[1]}
+    before = set((ROOT / "bench" / "results").glob("*-quick.json"))
+    out = subprocess.run([sys.executable, "-m", "bench", "run", "--quick"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = set((ROOT / "bench" / "results").glob("*-quick.json")) - before or before
+    results = json.loads(max(written, key=lambda p: p.stat().st_mtime).read_text())
+    assert set(results["ceilings"]) == {"ceiling_insert", "ceiling_select"}
+    for name, fig in results["paths"].items():
+        assert fig["requests"] > 0, name
+        assert fig["failures"] == 0, (name, fig["errors"])
+        assert fig["ratio_rps"] is not None, name
+    assert results["webhook_latency"]["received"] == results["webhook_latency"]["sent"] > 0
+    assert results["fan_out"]["complete"] and results["fan_out"]["duplicate_ids"] == 0
+    assert results["peak_rss_mib"]["web_worker"] > 0 and results["peak_rss_mib"]["celery_worker"] > 0
