@@ -130,11 +130,12 @@ def gunicorn(app_path: str, env: dict, workers: int) -> tuple[Proc, str]:
     raise RuntimeError(f"{app_path} did not start")
 
 
-def celery_worker(env: dict, concurrency: int | None = None) -> Proc:
-    args = [str(BIN / "celery"), "-A", "workers.app", "worker", "--loglevel=WARNING"]
-    if concurrency:
-        args.append(f"--concurrency={concurrency}")
-    return Proc(args, env)
+def celery_worker(env: dict) -> Proc:
+    """Start the Celery worker exactly as the Procfile's ``worker`` line does."""
+    from honcho.environ import parse_procfile
+
+    command = parse_procfile((ROOT / "Procfile").read_text()).processes["worker"]
+    return Proc(["/bin/sh", "-c", f"exec {command}"], env)
 
 
 class RssSampler:

@@ -47,6 +47,11 @@ def fan_out_event(event_id: str) -> int:
 
 def _fan_out(event_id: str) -> int:
     created = webhooks.fan_out(uuid.UUID(event_id))
+    if len(created) == 1:
+        # The common case, one endpoint: attempt it here and save a broker round trip
+        # (a slow receiver can only delay its own event; retries go through the queue).
+        webhooks.deliver(created[0])
+        return 1
     for delivery_id in created:
         dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
     return len(created)
