@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from relay.api import bp, identity, load_json, load_query
-from relay.errors import RelayError
 from relay.schemas.rest import DeliveriesQuery, WebhookCreateBody, WebhookUpdateBody
 from relay.services import webhooks
 
@@ -30,9 +29,6 @@ def get_webhook(handle: str, webhook_id: str):
 def update_webhook(handle: str, webhook_id: str):
     """Change url, events, description or enabled."""
     body = load_json(WebhookUpdateBody())
-    if not body:
-        raise RelayError("invalid_params", "name at least one of url, events, description, enabled",
-                         {"body": ["must change at least one field"]})
     return webhooks.update_endpoint(identity(handle), webhook_id, body)
 
 

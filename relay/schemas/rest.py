@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate, validates_schema
 
 from relay.models import THREAD_STATES
 from relay.schemas.common import AwareDateTime, Cursor, StrictBool, Ulid
@@ -121,6 +121,11 @@ class WebhookUpdateBody(Schema):
                          validate=validate.Length(min=1, error="must name at least one event"))
     description = fields.String(validate=validate.Length(max=500))
     enabled = StrictBool()
+
+    @validates_schema
+    def _changes_something(self, data, **kwargs):
+        if not data:
+            raise ValidationError({"body": ["must change at least one of url, events, description, enabled"]})
 
 
 class DeliveriesQuery(Schema):
