@@ -9,6 +9,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
@@ -47,16 +48,11 @@ def _connect_admin(url):
     )
 
 
-@pytest.fixture(scope="session")
-def server_urls():
-    return _server_urls()
-
-
-@pytest.fixture(scope="session")
-def database_url(server_urls):
-    """Create a database with a random name, migrate it with Alembic, drop it at the end."""
-    base = make_url(server_urls[0])
-    name = f"relay_test_{secrets.token_hex(6)}"
+@contextmanager
+def migrated_database(server_url: str, prefix: str):
+    """Yield the URL of a new database on ``server_url``'s server, migrated; drop it (FORCE) after."""
+    base = make_url(server_url)
+    name = f"{prefix}_{secrets.token_hex(6)}"
     admin = _connect_admin(base)
     admin.autocommit = True
     with admin.cursor() as cur:
@@ -69,6 +65,30 @@ def database_url(server_urls):
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def rpc(client, key, method, params):
+    """Call a JSON-RPC method that must succeed; return its ``result``."""
+    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                       headers=bearer(key))
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    body = resp.get_json()
+    assert "result" in body, body
+    return body["result"]
+
+
+@pytest.fixture(scope="session")
+def server_urls():
+    return _server_urls()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_urls):
+    """Create a database with a random name, migrate it with Alembic, drop it at the end."""
+    try:
+        with migrated_database(server_urls[0], "relay_test") as url:
+            yield url
+    finally:
         for client in _TMP_REDIS:
             from relay.embedded import stop_redis
 

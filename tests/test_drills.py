@@ -43,6 +43,7 @@ from relay.config import normalize_database_url
 from relay.embedded import free_port
 from relay.ids import format_ulid
 from relay.migrate import upgrade
+from tests.conftest import migrated_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -156,19 +157,8 @@ class PrivatePostgres:
 @pytest.fixture
 def shared_database(server_urls):
     """A fresh migrated database on the shared PostgreSQL, dropped (FORCE) afterwards."""
-    base = make_url(server_urls[0])
-    admin = _pg_connect(base.render_as_string(hide_password=False))
-    name = f"relay_drill_{secrets.token_hex(5)}"
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    url = base.set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with migrated_database(server_urls[0], "relay_drill") as url:
         yield url
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pytest
 from ulid import ULID
 
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, rpc, sql
 
 TIE = "2026-03-04 05:06:07.123456+00"
 ROW_FIELDS = {"id", "sequence_no", "role", "from", "body", "parts", "artifacts", "metadata", "created_at",
@@ -22,15 +22,6 @@ ROW_FIELDS = {"id", "sequence_no", "role", "from", "body", "parts", "artifacts",
 
 
 # --------------------------------------------------------------------------- helpers
-
-def rpc(client, key, method, params):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                       headers=bearer(key))
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    body = resp.get_json()
-    assert "result" in body, body
-    return body["result"]
-
 
 def msg(text_):
     return {"parts": [{"type": "text", "text": text_}]}

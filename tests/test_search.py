@@ -16,21 +16,12 @@ from relay.extensions import db
 from relay.models import Agent
 from relay.services import feed as feed_service
 from relay.services import search as search_service
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, rpc, sql
 
 WORKER_DEADLINE_S = 10.0
 
 
 # --------------------------------------------------------------------------- helpers
-
-def rpc(client, key, method, params):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                       headers=bearer(key))
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    body = resp.get_json()
-    assert "result" in body, body
-    return body["result"]
-
 
 def create(client, key, recipient, text_, **extra):
     return rpc(client, key, "message/send",
