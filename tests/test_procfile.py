@@ -47,9 +47,10 @@ def _shell(command: str, env: dict, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
 
 
-def _start(command: str, env: dict) -> subprocess.Popen:
+def _start(command: str, env: dict, log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "w") if log is not None else subprocess.DEVNULL
     return subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], env=env, cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=out, stderr=subprocess.DEVNULL)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -91,7 +92,7 @@ def test_release_migrates_an_empty_database_and_is_a_noop_the_second_time(heroku
     conn.close()
 
 
-def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limits(heroku_env):
+def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limits(heroku_env, tmp_path):
     assert _shell(PROCFILE["release"], heroku_env).returncode == 0
     made = _shell("relay agents create frank@acme --name Frank --role frontend --json", heroku_env)
     assert made.returncode == 0, made.stderr
@@ -103,7 +104,7 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
     procs = [
         _start(PROCFILE["web"], {**heroku_env, "PORT": str(port_a)}),
         _start(PROCFILE["web"], {**heroku_env, "PORT": str(port_b)}),
-        _start(PROCFILE["worker"], heroku_env),
+        _start(PROCFILE["worker"], heroku_env, log=tmp_path / "worker.log"),
         _start(PROCFILE["beat"], heroku_env),
     ]
     try:
@@ -137,6 +138,11 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
             time.sleep(0.3)
         conn.close()
         assert indexed
+        # The worker's own log lines are JSON too (Celery neither hijacks logging nor stdout).
+        worker_lines = [json.loads(line) for line in (tmp_path / "worker.log").read_text().splitlines()
+                        if line.startswith("{")]
+        assert any(line["logger"] == "celery.apps.worker" and line["message"].endswith("ready.")
+                   for line in worker_lines)
     finally:
         for proc in procs:
             _stop(proc)
