@@ -27,13 +27,14 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
 
     db.init_app(app)
 
-    from relay import api, health, jsonrpc, ratelimit, requests
+    from relay import a2a, api, health, jsonrpc, ratelimit, requests
 
     requests.init_app(app)
     observability.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(jsonrpc.bp)
+    app.register_blueprint(a2a.bp)
     ratelimit.init_app(app)
 
     from workers import celery_init_app

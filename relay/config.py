@@ -106,6 +106,7 @@ class Settings:
     webhook_allow_http: bool = False
     log_level: str = "INFO"
     metrics_token: str = ""
+    public_url: str = ""
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -164,4 +165,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
+        public_url=_public_url(env),
     )
+
+
+def _public_url(env: Mapping[str, str]) -> str:
+    raw = env.get("RELAY_PUBLIC_URL", "").strip().rstrip("/")
+    if raw and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", raw):
+        raise ConfigError(f"RELAY_PUBLIC_URL must be an http(s) URL such as https://relay.example.com, got {raw!r}")
+    return raw

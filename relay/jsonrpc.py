@@ -45,14 +45,20 @@ class Method:
 
 @dataclass
 class Dialect:
-    """A table of methods and the shape of their errors."""
+    """A table of methods and the shape of their errors.
+
+    Every error is first built the seed's way (a code and a ``data`` object holding the
+    relay's ``symbol``); ``code_for(symbol, code)`` and ``shape_data(code, data)`` let a
+    dialect answer with its own codes and ``data`` shape (A2A v1.0: relay/a2a.py).
+    """
 
     methods: dict[str, Method]
-    error_data: Callable[[RelayError], Any] = field(default=lambda exc: _seed_error_data(exc))
-    error_code: Callable[[RelayError], int] = field(default=lambda exc: exc.code)
+    code_for: Callable[[str, int], int] = field(default=lambda symbol, code: code)
+    shape_data: Callable[[int, dict], Any] = field(default=lambda code, data: data)
 
 
-def _seed_error_data(exc: RelayError) -> dict:
+def error_data(exc: RelayError) -> dict:
+    """The seed's ``error.data`` for a relay error: its symbol, then field errors or details."""
     data: dict[str, Any] = {"symbol": exc.symbol}
     if exc.symbol == "invalid_params" and exc.details is not None:
         data["errors"] = exc.details
@@ -73,15 +79,19 @@ SEED_DIALECT = Dialect(methods={
 })
 
 
-def _error(id_: Any, code: int, message: str, data: Any = None) -> dict:
-    err: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    return {"jsonrpc": "2.0", "id": id_, "error": err}
+def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
+    code = dialect.code_for(data["symbol"], code)
+    return {"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message,
+                                                    "data": dialect.shape_data(code, data)}}
+
+
+def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Response:
+    """A whole HTTP answer holding one error (no request id could be read)."""
+    return _response(_relay_error(dialect, None, exc), status=status)
 
 
 def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
-    return _error(id_, dialect.error_code(exc), exc.message, dialect.error_data(exc))
+    return _error(dialect, id_, exc.code, exc.message, error_data(exc))
 
 
 def _response(payload: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -137,22 +147,22 @@ def _readable_id(doc: Any) -> Any:
 def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
     """Answer one request object; None for a notification."""
     if not isinstance(obj, dict):
-        return _error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "a request must be an object"})
+        return _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "a request must be an object"})
     has_id = "id" in obj
     id_ = obj.get("id")
     if has_id and not (id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool))):
-        return _error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "id must be a string, a number or null"})
+        return _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "id must be a string, a number or null"})
     if obj.get("jsonrpc") != "2.0":
-        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": 'jsonrpc must be exactly "2.0"'})
+        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": 'jsonrpc must be exactly "2.0"'})
     name = obj.get("method")
     if not isinstance(name, str):
-        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"})
+        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"})
     params = obj.get("params", {})
     if params is not None and not isinstance(params, (dict, list)):
-        return _error(id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "params must be an object or an array"})
+        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "params must be an object or an array"})
     method = dialect.methods.get(name)
     if method is None:
-        answer = _error(id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
+        answer = _error(dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
         return answer if has_id else None
     try:
         if isinstance(params, list):
@@ -166,41 +176,60 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
     except OperationalError:
         db.session.rollback()
         log.exception("database unavailable", extra={"request_id": g.get("request_id")})
-        answer = _error(id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")})
+        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")})
     except Exception:
         db.session.rollback()
         log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
-        answer = _error(id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")})
-    outcome = "ok" if "result" in answer else answer["error"].get("data", {}).get("symbol", "error")
+        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")})
+    outcome = "ok" if "result" in answer else _symbol(answer["error"].get("data"))
     RPC_CALLS.labels(name, outcome).inc()
     g.setdefault("rpc_methods", []).append(name)
     return answer if has_id else None
 
 
-def serve(dialect: Dialect) -> Response:
-    """Answer a JSON-RPC HTTP request with ``dialect``: auth, envelope, batch, dispatch."""
+def _symbol(data: Any) -> str:
+    """The relay symbol inside an error's ``data``, whichever dialect shaped it."""
+    if isinstance(data, dict):
+        return data.get("symbol", "error")
+    for item in data if isinstance(data, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("metadata"), dict) and "symbol" in item["metadata"]:
+            return item["metadata"]["symbol"]
+    return "error"
+
+
+def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response:
+    """Answer a JSON-RPC HTTP request with ``dialect``: auth, envelope, batch, dispatch.
+
+    ``guard`` runs once the caller is known and the body parsed; a RelayError it raises
+    is the answer to the whole request (A2A's ``A2A-Version`` check).
+    """
     try:
         doc = parse_body()
     except BodyTooLarge:
         limit = current_app.config["RELAY"].max_body_bytes
-        return _response(_error(None, -32600, f"request body is larger than {limit} bytes",
+        return _response(_error(dialect, None, -32600, f"request body is larger than {limit} bytes",
                                 {"symbol": "payload_too_large", "limit_bytes": limit}), status=413)
     try:
         caller = current_agent()
     except RelayError as exc:
         if exc.symbol == "service_unavailable":  # PostgreSQL unreachable while authenticating
-            return _response(_error(_readable_id(doc), -32603, MESSAGES[-32603],
+            return _response(_error(dialect, _readable_id(doc), -32603, MESSAGES[-32603],
                                     {"symbol": "service_unavailable", "request_id": g.get("request_id")}),
                              status=exc.http_status)
         return _response(_relay_error(dialect, _readable_id(doc), exc), status=401,
                          headers={"WWW-Authenticate": 'Bearer realm="relay"'})
     if doc is _MISSING:
-        return _response(_error(None, -32700, MESSAGES[-32700], {"symbol": "parse_error"}))
+        return _response(_error(dialect, None, -32700, MESSAGES[-32700], {"symbol": "parse_error"}))
+    if guard is not None:
+        try:
+            guard()
+        except RelayError as exc:
+            return _response(_relay_error(dialect, _readable_id(doc), exc))
     if isinstance(doc, list):
         if not doc:
-            return _response(_error(None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}))
+            return _response(_error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}))
         if len(doc) > max_batch():
-            return _response(_error(None, -32600, f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
+            return _response(_error(dialect, None, -32600, f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
                                     {"symbol": "batch_too_large", "limit": max_batch()}))
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
         return _response(answers) if answers else _no_content()
@@ -214,7 +243,7 @@ def _no_content() -> Response:
     return resp
 
 
-def rate_limited(limit) -> Response:
+def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
     """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
     retry = retry_after_seconds(limit)
     try:
@@ -222,7 +251,7 @@ def rate_limited(limit) -> Response:
     except BodyTooLarge:
         doc = None
     return _response(
-        _error(_readable_id(doc), -32003, f"rate limit exceeded: {limit.limit}; retry in {retry} s",
+        _error(dialect, _readable_id(doc), -32003, f"rate limit exceeded: {limit.limit}; retry in {retry} s",
                {"symbol": "rate_limited", "retry_after": retry}),
         status=429, headers={"Retry-After": str(retry)},
     )

@@ -214,11 +214,27 @@ class Event(db.Model):
 
 
 class WebhookEndpoint(db.Model):
-    """A subscriber URL of one agent; its signing secret is stored encrypted."""
+    """A subscriber URL of one agent; its signing secret is stored encrypted.
+
+    ``kind`` is ``webhook`` (REST subscriptions: every event addressed to the agent) or
+    ``a2a_push`` (an A2A v1.0 push notification config: the events addressed to the agent
+    on one thread, with the client's ``token`` and optional ``authentication``). Both go
+    through the same outbox, deliveries and retries.
+    """
 
     __tablename__ = "webhook_endpoints"
+    __table_args__ = (
+        CheckConstraint("kind in ('webhook','a2a_push')", name="kind_valid"),
+        UniqueConstraint("thread_id", "push_config_id", name="uq_webhook_endpoints_thread_push_config"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    kind: Mapped[str] = mapped_column(String(16), default="webhook", server_default="webhook")
+    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), index=True)
+    push_config_id: Mapped[Optional[str]] = mapped_column(Text)
+    token_encrypted: Mapped[Optional[str]] = mapped_column(Text)
+    auth_scheme: Mapped[Optional[str]] = mapped_column(Text)
+    auth_credentials_encrypted: Mapped[Optional[str]] = mapped_column(Text)
     agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text, default="")

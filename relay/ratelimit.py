@@ -11,7 +11,7 @@ from __future__ import annotations
 from flask import Flask, current_app
 from flask_limiter import Limiter
 
-from relay import api, jsonrpc
+from relay import a2a, api, jsonrpc
 from relay.auth import is_unauthenticated, rate_limit_key
 
 
@@ -27,11 +27,12 @@ def init_app(app: Flask) -> Limiter:
     """Bind a Limiter to ``app`` and put the /a2a and REST budgets on their routes."""
     limiter = Limiter(key_func=rate_limit_key)
     limiter.init_app(app)
-    endpoint = "a2a.a2a"
-    app.view_functions[endpoint] = limiter.limit(
-        _a2a_rate, exempt_when=is_unauthenticated, cost=jsonrpc.batch_cost, on_breach=jsonrpc.rate_limited,
-        scope="a2a",
-    )(app.view_functions[endpoint])
+    # One JSON-RPC budget per agent across both dialects (scope "a2a"): the seed's /a2a
+    # and the A2A v1.0 binding's /a2a/agents/{handle}.
+    for endpoint, on_breach in (("a2a.a2a", jsonrpc.rate_limited), ("a2a_v1.agent_rpc", a2a.rate_limited)):
+        app.view_functions[endpoint] = limiter.shared_limit(
+            _a2a_rate, scope="a2a", exempt_when=is_unauthenticated, cost=jsonrpc.batch_cost, on_breach=on_breach,
+        )(app.view_functions[endpoint])
     # shared_limit: one budget per agent across every REST route, not one per endpoint.
     limiter.shared_limit(_rest_rate, scope="rest", exempt_when=is_unauthenticated,
                          on_breach=api.rest_rate_limited)(api.bp)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from functools import partial
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -73,13 +73,18 @@ def _participant_role(thread: Thread, agent: Agent) -> str | None:
     return None
 
 
-def _load_thread(session: Session, task_id: uuid.UUID, caller: Agent, *, lock: bool = False) -> tuple[Thread, str]:
-    """Return the thread and the caller's side; raise thread_not_found / not_a_participant."""
+def _load_thread(session: Session, task_id: uuid.UUID, caller: Agent, *, lock: bool = False,
+                 peer: Agent | None = None) -> tuple[Thread, str]:
+    """Return the thread and the caller's side; raise thread_not_found / not_a_participant.
+
+    With ``peer`` (the A2A binding, where the caller talks to one agent), only a thread
+    the caller sent to ``peer`` exists; any other is thread_not_found.
+    """
     stmt = select(Thread).where(Thread.id == task_id)
     if lock:
         stmt = stmt.with_for_update(of=Thread)
     thread = session.scalar(stmt)
-    if thread is None:
+    if thread is None or (peer is not None and (thread.sender_id, thread.recipient_id) != (caller.id, peer.id)):
         raise RelayError("thread_not_found", f"no thread {format_ulid(task_id)}")
     side = _participant_role(thread, caller)
     if side is None:
@@ -110,6 +115,9 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
     return message
 
 
+load_thread = _load_thread  # for sibling services (push configs) that scope to a thread the same way
+
+
 def _build_mark_read():
     stmt = insert(ReadPosition).values(thread_id=bindparam("thread_id"), agent_id=bindparam("agent_id"),
                                        last_read_sequence_no=bindparam("seq"), updated_at=bindparam("now"))
@@ -131,7 +139,7 @@ def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq:
     session.execute(_MARK_READ, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq, "now": now})
 
 
-def _create(session: Session, caller: Agent, params: dict) -> dict:
+def _create(session: Session, caller: Agent, params: dict, adopt_context: bool = False) -> dict:
     if params.get("recipient") is None:
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
     handle = normalize_handle(params["recipient"], "recipient")
@@ -153,7 +161,7 @@ def _create(session: Session, caller: Agent, params: dict) -> dict:
     if context_id is not None:
         known = session.scalar(select(exists().where(
             Thread.context_id == context_id, or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id))))
-        if not known:
+        if not known and not adopt_context:
             raise invalid("context_id", "names no context in which you already have a thread")
     else:
         context_id = new_ulid()
@@ -176,12 +184,12 @@ def _create(session: Session, caller: Agent, params: dict) -> dict:
 CREATE_ONLY = ("recipient", "intent", "proposed_action", "context_id")
 
 
-def _append(session: Session, caller: Agent, params: dict) -> dict:
+def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = None) -> dict:
     for name in CREATE_ONLY:
         if params.get(name) is not None:
             raise invalid(name, "is only allowed when creating a handoff (task_id is null)")
     # Lock the thread row: concurrent appends queue here, so sequence_no stays gapless.
-    thread, _side = _load_thread(session, params["task_id"], caller, lock=True)
+    thread, _side = _load_thread(session, params["task_id"], caller, lock=True, peer=peer)
     if thread.state in TERMINAL_STATES:
         raise RelayError("thread_terminal", f"the thread is {thread.state}; no more messages can be added",
                          {"state": thread.state})
@@ -197,7 +205,8 @@ def _append(session: Session, caller: Agent, params: dict) -> dict:
     }
 
 
-def send_message(caller: Agent, params: dict) -> dict:
+def send_message(caller: Agent, params: dict, *, peer: Agent | None = None, adopt_context: bool = False,
+                 then: Callable[[Session, dict], None] | None = None) -> dict:
     """Create a handoff (``task_id`` null) or append to one (seed 000, ``message/send``).
 
     Create raises invalid_params (recipient missing, yourself, unknown context_id),
@@ -205,10 +214,24 @@ def send_message(caller: Agent, params: dict) -> dict:
     thread_not_found, not_a_participant, thread_terminal. Either raises
     duplicate_idempotency_key when ``metadata.client_idempotency_key`` was used with
     other params.
+
+    The A2A binding passes ``peer`` (appends only to threads the caller sent to that
+    agent), ``adopt_context`` (a ``context_id`` the caller has never used starts a new
+    context with that id, A2A's client-chosen contextId) and ``then(session, result)``,
+    run in the same transaction after a first (not replayed) send.
     """
     key = (params.get("metadata") or {}).get("client_idempotency_key")
-    work = _create if params.get("task_id") is None else _append
-    return idempotency.run_once(caller, key, "message/send", params, lambda session: work(session, caller, params))
+
+    def work(session: Session) -> dict:
+        if params.get("task_id") is None:
+            result = _create(session, caller, params, adopt_context=adopt_context)
+        else:
+            result = _append(session, caller, params, peer=peer)
+        if then is not None:
+            then(session, result)
+        return result
+
+    return idempotency.run_once(caller, key, "message/send", params, work)
 
 
 def message_row(message: Message) -> dict[str, Any]:
@@ -224,13 +247,13 @@ def _status(thread: Thread) -> dict[str, Any]:
     return {"state": thread.state}
 
 
-def get_thread(caller: Agent, task_id: uuid.UUID) -> dict:
+def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None) -> dict:
     """Return the whole thread with its messages and mark it read for the caller (seed 000, ``tasks/get``).
 
-    Raises thread_not_found, not_a_participant.
+    Raises thread_not_found, not_a_participant (``peer``: see _load_thread).
     """
     with unit_of_work() as session:
-        thread, _side = _load_thread(session, task_id, caller)
+        thread, _side = _load_thread(session, task_id, caller, peer=peer)
         messages = list(session.scalars(
             select(Message).where(Message.thread_id == thread.id).order_by(Message.sequence_no)
             .options(db.joinedload(Message.author))
@@ -261,12 +284,18 @@ def thread_summary(t: Thread) -> dict[str, Any]:
 
 def list_threads(caller: Agent, role: str = "recipient", status: list[str] | None = None,
                  since: datetime | None = None, limit: int = 50,
-                 cursor: tuple[datetime, uuid.UUID] | None = None) -> dict:
+                 cursor: tuple[datetime, uuid.UUID] | None = None, *, peer: Agent | None = None,
+                 context_id: uuid.UUID | None = None, with_total: bool = False,
+                 with_messages: bool = False) -> dict:
     """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
 
     Newest activity first; keyset cursor on (updated_at, id); ``since`` is inclusive on
     the last activity; ``unread_messages`` counts the other side's messages after the
     caller's read position. Shape: ``{"items": [...], "next_cursor": str | None}``.
+
+    For the A2A binding's ListTasks: ``peer`` keeps the threads whose other side is that
+    agent, ``context_id`` one context; ``with_total`` adds ``total`` (rows matching the
+    filters, all pages) and ``with_messages`` each item's ``messages`` (oldest first).
     """
     column = Thread.recipient_id if role == "recipient" else Thread.sender_id
     unread = (
@@ -279,26 +308,44 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
                    .correlate(Thread).scalar_subquery(), 0))
         .correlate(Thread).scalar_subquery()
     )
-    stmt = select(Thread, unread).where(column == caller.id)
+    filters = [column == caller.id]
+    if peer is not None:
+        filters.append((Thread.sender_id if role == "recipient" else Thread.recipient_id) == peer.id)
+    if context_id is not None:
+        filters.append(Thread.context_id == context_id)
     if status:
-        stmt = stmt.where(Thread.state.in_(status))
+        filters.append(Thread.state.in_(status))
     if since is not None:
-        stmt = stmt.where(Thread.updated_at >= since)
+        filters.append(Thread.updated_at >= since)
+    stmt = select(Thread, unread).where(*filters)
     if cursor is not None:
         at, ident = cursor
         stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
     stmt = stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(limit + 1)
     with unit_of_work() as session:
         rows = session.execute(stmt).all()
-    page = rows[:limit]
-    items = [{**thread_summary(t), "unread_messages": n} for t, n in page]
+        page = rows[:limit]
+        items = [{**thread_summary(t), "unread_messages": n} for t, n in page]
+        if with_messages and page:
+            by_thread: dict[uuid.UUID, list[dict]] = {}
+            for m in session.scalars(select(Message).where(Message.thread_id.in_([t.id for t, _ in page]))
+                                     .order_by(Message.thread_id, Message.sequence_no)
+                                     .options(db.joinedload(Message.author))):
+                by_thread.setdefault(m.thread_id, []).append(message_row(m))
+            for item, (t, _n) in zip(items, page):
+                item["messages"] = by_thread.get(t.id, [])
+                item["result_summary"] = t.result_summary
+        total = session.scalar(select(func.count()).select_from(Thread).where(*filters)) if with_total else None
     last = page[-1][0] if page else None
     next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
-    return {"items": items, "next_cursor": next_cursor}
+    result: dict[str, Any] = {"items": items, "next_cursor": next_cursor}
+    if with_total:
+        result["total"] = total
+    return result
 
 
 def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | None = None,
-               result_summary: str | None = None) -> dict:
+               result_summary: str | None = None, *, peer: Agent | None = None) -> dict:
     """Move a thread along seed 000's state machine (``tasks/update``, ``tasks/cancel``).
 
     Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
@@ -311,7 +358,7 @@ def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | N
         raise invalid("transition", f"must be one of {', '.join(TRANSITIONS)}")
     source, target, who = TRANSITIONS[name]
     with unit_of_work() as session:
-        thread, side = _load_thread(session, task_id, caller)
+        thread, side = _load_thread(session, task_id, caller, peer=peer)
         if side != who:
             raise RelayError("not_authorized_transition", f"only the {who} may {name} a handoff",
                              {"transition": name, "required_role": who})

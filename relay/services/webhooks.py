@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from standardwebhooks import Webhook
 
@@ -79,7 +79,8 @@ def _own_endpoint(session, agent: Agent, endpoint_id: str | uuid.UUID, lock: boo
         eid = endpoint_id if isinstance(endpoint_id, uuid.UUID) else uuid.UUID(str(endpoint_id))
     except ValueError:
         raise invalid("webhook_id", "must be a UUID") from None
-    stmt = select(WebhookEndpoint).where(WebhookEndpoint.id == eid, WebhookEndpoint.agent_id == agent.id)
+    stmt = select(WebhookEndpoint).where(WebhookEndpoint.id == eid, WebhookEndpoint.agent_id == agent.id,
+                                         WebhookEndpoint.kind == "webhook")
     if lock:
         stmt = stmt.with_for_update()
     endpoint = session.scalar(stmt)
@@ -93,7 +94,8 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
     check_url(url)
     secret = new_secret()
     with unit_of_work() as session:
-        count = session.scalar(select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.agent_id == agent.id))
+        count = session.scalar(select(func.count()).select_from(WebhookEndpoint).where(
+            WebhookEndpoint.agent_id == agent.id, WebhookEndpoint.kind == "webhook"))
         if count >= MAX_ENDPOINTS_PER_AGENT:
             raise invalid("url", f"an agent may have at most {MAX_ENDPOINTS_PER_AGENT} webhooks")
         endpoint = WebhookEndpoint(agent_id=agent.id, url=url, events=list(events or EVENT_TYPES),
@@ -106,7 +108,8 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
 
 def list_endpoints(agent: Agent) -> list[dict]:
     """Return the agent's endpoints, oldest first."""
-    rows = db.session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.agent_id == agent.id)
+    rows = db.session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.agent_id == agent.id,
+                                                            WebhookEndpoint.kind == "webhook")
                               .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id))
     return [endpoint_view(e) for e in rows]
 
@@ -218,7 +221,10 @@ def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
         if event.type == TEST_EVENT:
             endpoints = endpoints.where(WebhookEndpoint.id == uuid.UUID(event.payload["endpoint_id"]))
         else:
-            endpoints = endpoints.where(WebhookEndpoint.events.contains([event.type]))
+            # An A2A push config hears its one task; a webhook every task of its agent.
+            endpoints = endpoints.where(WebhookEndpoint.events.contains([event.type]), or_(
+                WebhookEndpoint.kind == "webhook",
+                and_(WebhookEndpoint.kind == "a2a_push", WebhookEndpoint.thread_id == event.thread_id)))
         ids = list(session.scalars(endpoints))
         created: list[uuid.UUID] = []
         if ids:
@@ -266,6 +272,22 @@ def build_payload(event: Event) -> dict[str, Any]:
     return {"type": event.type, "timestamp": iso(event.created_at), "data": data}
 
 
+def build_push_payload(event: Event) -> dict[str, Any]:
+    """An A2A v1.0 ``StreamResponse`` for a push config: a statusUpdate or a message (re-read now)."""
+    from relay.models import Message
+    from relay.schemas import a2a
+    from relay.services.threads import message_row, thread_summary
+
+    thread = db.session.get(Thread, event.thread_id)
+    task = {**thread_summary(thread), "result_summary": thread.result_summary}
+    if event.type == "message.created":
+        message = db.session.get(Message, event.message_id)
+        if message is not None:
+            return a2a.message_event(message_row(message), task)
+    return a2a.status_update_event(task, {k: event.payload.get(k) for k in ("transition", "from", "to")
+                                          if k in event.payload})
+
+
 def _signature(endpoint: WebhookEndpoint, msg_id: str, when: datetime, body: str) -> str:
     signatures = [Webhook(crypto.decrypt(endpoint.secret_encrypted)).sign(msg_id, when, body)]
     if endpoint.previous_secret_encrypted and endpoint.previous_secret_expires_at \
@@ -311,7 +333,7 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
     delivery, endpoint, event = claimed
     s = _settings()
     with unit_of_work():
-        payload = build_payload(event)
+        payload = build_push_payload(event) if endpoint.kind == "a2a_push" else build_payload(event)
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     msg_id = event_id_text(event.id)
     now = datetime.now(timezone.utc)
@@ -320,6 +342,10 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
         target = outbound.resolve(endpoint.url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
         headers = {"webhook-id": msg_id, "webhook-timestamp": str(int(now.timestamp())),
                    "webhook-signature": _signature(endpoint, msg_id, now, body)}
+        if endpoint.kind == "a2a_push":
+            from relay.services.push import headers as push_headers
+
+            headers.update(push_headers(endpoint))
         outcome = outbound.post(target, body.encode("utf-8"), headers, timeout=s.webhook_timeout)
     except outbound.TargetRefused as exc:
         outcome = outbound.Outcome(None, f"refused: {exc}", None, 0)

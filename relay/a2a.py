@@ -1,0 +1,273 @@
+"""A2A v1.0 binding: agent cards and ``POST /a2a/agents/{handle}``, beside the seed dialect.
+
+A stock A2A client (``a2a-sdk``) talks to one relay agent as if it were an A2A server:
+the caller (bearer key) is the client and sender, ``{handle}`` the agent and recipient.
+Methods are A2A's PascalCase ones over the same JSON-RPC transport (relay/jsonrpc.py)
+and the same services as ``POST /a2a``, so blocking, idempotency (``messageId``), the
+rate limit and participant rules apply unchanged. What differs is the error shape: A2A's
+codes (-32001 TaskNotFound, -32002 TaskNotCancelable, -32004 UnsupportedOperation,
+-32009 VersionNotSupported) with a ``data`` array holding a ``google.rpc.ErrorInfo``
+whose ``reason`` is the A2A name and ``metadata.symbol`` the relay's symbol, answered
+with HTTP 200 (the SDK maps only errors it receives with a 2xx). The mapping is in
+relay/schemas/a2a.py and docs/a2a.md.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+from packaging.version import InvalidVersion, Version
+
+from relay import jsonrpc
+from relay.errors import RelayError
+from relay.jsonrpc import Dialect, Method
+from relay.models import Agent
+from relay.schemas import a2a as shapes
+from relay.schemas.a2a import (
+    CancelTaskRequest, GetTaskRequest, ListPushConfigsRequest, ListTasksRequest, NoParams, PushConfigIn,
+    PushConfigRef, SendMessageRequest,
+)
+from relay.services import push, threads
+from relay.services.agents import get_agent
+
+VERSION_HEADER = "A2A-Version"
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
+DOMAIN = "a2a-protocol.org"
+
+# relay symbol -> A2A JSON-RPC code. A symbol with no A2A meaning (a block, a reused
+# messageId, a bad key) answers -32600 InvalidRequest: the SDK raises InvalidRequestError
+# and keeps ErrorInfo.metadata (with the symbol), where an unknown code would lose it.
+A2A_CODES: dict[str, int] = {
+    "thread_not_found": -32001, "not_a_participant": -32001, "not_found": -32001,
+    "invalid_transition": -32002, "not_authorized_transition": -32002, "state_changed": -32002,
+    "unsupported_operation": -32004, "thread_terminal": -32004,
+    "version_not_supported": -32009,
+    "invalid_params": -32602, "invalid_intent_payload": -32602,
+    "parse_error": -32700, "method_not_found": -32601,
+    "internal_error": -32603, "service_unavailable": -32603,
+}
+REASONS: dict[int, str] = {
+    -32001: "TASK_NOT_FOUND", -32002: "TASK_NOT_CANCELABLE", -32004: "UNSUPPORTED_OPERATION",
+    -32009: "VERSION_NOT_SUPPORTED", -32602: "INVALID_PARAMS", -32600: "INVALID_REQUEST",
+    -32601: "METHOD_NOT_FOUND", -32603: "INTERNAL_ERROR", -32700: "PARSE_ERROR",
+}
+
+
+def _a2a_code(symbol: str, code: int) -> int:
+    return A2A_CODES.get(symbol, -32600)
+
+
+def _metadata_value(value: Any) -> str:
+    # google.rpc.ErrorInfo.metadata is map<string, string>.
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _a2a_data(code: int, data: dict) -> list[dict]:
+    """``[ErrorInfo, BadRequest?]``: the reason, the relay symbol and details; field errors as violations."""
+    metadata = {"symbol": data["symbol"]}
+    for key, value in data.items():
+        if key == "details" and isinstance(value, dict):
+            metadata.update({k: _metadata_value(v) for k, v in value.items()})
+        elif key not in ("symbol", "errors"):
+            metadata[key] = _metadata_value(value)
+    details: list[dict] = [{"@type": ERROR_INFO, "reason": REASONS.get(code, data["symbol"].upper()),
+                            "domain": DOMAIN, "metadata": metadata}]
+    if isinstance(data.get("errors"), dict):
+        details.append({"@type": BAD_REQUEST, "fieldViolations": [
+            {"field": field, "description": " ".join(reasons) if isinstance(reasons, list) else str(reasons)}
+            for field, reasons in data["errors"].items()]})
+    return details
+
+
+ERRORS_ONLY = Dialect(methods={}, code_for=_a2a_code, shape_data=_a2a_data)
+
+
+@lru_cache(maxsize=1)
+def relay_version() -> str:
+    """The installed package's version (the cards' ``version``)."""
+    try:
+        return version("handoff-relay")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def base_url() -> str:
+    """The public root URL: ``RELAY_PUBLIC_URL`` when set, else what this request reached."""
+    return (current_app.config["RELAY"].public_url or request.host_url).rstrip("/")
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def _send(caller: Agent, peer: Agent, req: dict) -> dict:
+    params, paths = shapes.send_params(req, peer.handle)
+    push_config = (req.get("configuration") or {}).get("taskPushNotificationConfig")
+    then = None
+    if push_config is not None:
+        params["push_config"] = push_config  # part of the idempotency digest: another config is another call
+
+        def then(session, result):
+            push.add_config(session, caller, shapes.task_id(result["task_id"], "message.taskId"), push_config)
+    try:
+        sent = threads.send_message(caller, params, peer=peer, adopt_context=True, then=then)
+    except RelayError as exc:
+        raise shapes.renamed(exc, paths) from None
+    history = (req.get("configuration") or {}).get("historyLength")
+    task = threads.get_thread(caller, shapes.task_id(sent["task_id"], "id"), peer=peer)
+    return {"task": shapes.task_out(task, history_length=history)}
+
+
+def _get(caller: Agent, peer: Agent, req: dict) -> dict:
+    task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer)
+    return shapes.task_out(task, history_length=req["historyLength"])
+
+
+def _list(caller: Agent, peer: Agent, req: dict) -> dict:
+    state = req["status"]
+    if state in shapes.OTHER_STATES:  # valid A2A states the relay never enters
+        return {"tasks": [], "nextPageToken": "", "pageSize": req["pageSize"], "totalSize": 0}
+    page = threads.list_threads(
+        caller, role="sender", peer=peer,
+        status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
+        context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
+        since=req["statusTimestampAfter"], limit=req["pageSize"], cursor=req["pageToken"],
+        with_total=True, with_messages=True)
+    tasks = [shapes.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
+             for item in page["items"]]
+    return {"tasks": tasks, "nextPageToken": page["next_cursor"] or "", "pageSize": req["pageSize"],
+            "totalSize": page["total"]}
+
+
+def _cancel(caller: Agent, peer: Agent, req: dict) -> dict:
+    task_id = shapes.task_id(req["id"], "id")
+    threads.transition(caller, task_id, "cancel", peer=peer)
+    return shapes.task_out(threads.get_thread(caller, task_id, peer=peer))
+
+
+def _create_push(caller: Agent, peer: Agent, req: dict) -> dict:
+    if not req.get("taskId"):
+        raise RelayError("invalid_params", "taskId: is required", {"taskId": ["is required"]})
+    config = push.create_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req)
+    return shapes.push_config_out(config)
+
+
+def _get_push(caller: Agent, peer: Agent, req: dict) -> dict:
+    return shapes.push_config_out(push.get_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req["id"]))
+
+
+def _list_push(caller: Agent, peer: Agent, req: dict) -> dict:
+    configs = push.list_configs(caller, peer, shapes.task_id(req["taskId"], "taskId"))
+    return {"configs": [shapes.push_config_out(c) for c in configs], "nextPageToken": ""}
+
+
+def _delete_push(caller: Agent, peer: Agent, req: dict) -> dict:
+    push.delete_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req["id"])
+    return {}
+
+
+def _unsupported(what: str):
+    def handler(caller: Agent, peer: Agent, req: dict) -> dict:
+        raise RelayError("unsupported_operation", f"{what} is not supported by this relay (capabilities.streaming "
+                         "is false): call SendMessage, then GetTask or a push notification config")
+    return handler
+
+
+def _extended_card(caller: Agent, peer: Agent, req: dict) -> dict:
+    raise RelayError("unsupported_operation", "this agent has no extended agent card (capabilities.extendedAgentCard is false)")
+
+
+# name -> (load schema, handler(caller, peer, params))
+METHODS = {
+    "SendMessage": (SendMessageRequest, _send),
+    "GetTask": (GetTaskRequest, _get),
+    "ListTasks": (ListTasksRequest, _list),
+    "CancelTask": (CancelTaskRequest, _cancel),
+    "CreateTaskPushNotificationConfig": (PushConfigIn, _create_push),
+    "GetTaskPushNotificationConfig": (PushConfigRef, _get_push),
+    "ListTaskPushNotificationConfigs": (ListPushConfigsRequest, _list_push),
+    "DeleteTaskPushNotificationConfig": (PushConfigRef, _delete_push),
+    "SendStreamingMessage": (NoParams, _unsupported("SendStreamingMessage")),
+    "SubscribeToTask": (NoParams, _unsupported("SubscribeToTask")),
+    "GetExtendedAgentCard": (NoParams, _extended_card),
+}
+
+
+def dialect_for(peer: Agent) -> Dialect:
+    """The A2A dialect with every method bound to ``peer``, the agent the client talks to."""
+    def bind(handler):
+        return lambda caller, params: handler(caller, peer, params)
+
+    return Dialect(methods={name: Method(schema(), bind(handler)) for name, (schema, handler) in METHODS.items()},
+                   code_for=_a2a_code, shape_data=_a2a_data)
+
+
+def check_version() -> None:
+    """Refuse a request whose ``A2A-Version`` is not 1.0 (patch ignored), as the spec asks.
+
+    A missing header means 0.3 in A2A, which is not served here. Raises version_not_supported.
+    """
+    raw = request.headers.get(VERSION_HEADER, "").strip()
+    try:
+        ok = bool(raw) and Version(raw).release[:2] == (1, 0)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        got = f"got {raw[:40]!r}" if raw else "it is missing (which means A2A 0.3)"
+        raise RelayError("version_not_supported", f"this endpoint serves A2A {shapes.PROTOCOL_VERSION} only: send "
+                         f"'{VERSION_HEADER}: {shapes.PROTOCOL_VERSION}'; {got}",
+                         {"supported": shapes.PROTOCOL_VERSION})
+
+
+def _peer(handle: str) -> Agent | None:
+    try:
+        agent = get_agent(handle.strip().lower())
+    except Exception:  # a malformed handle names no agent
+        return None
+    return agent if agent is not None and agent.disabled_at is None else None
+
+
+def rate_limited(limit) -> Response:
+    """429 with a whole-second Retry-After, shaped as an A2A error."""
+    return jsonrpc.rate_limited(limit, ERRORS_ONLY)
+
+
+bp = Blueprint("a2a_v1", __name__)
+
+
+def _card(card: dict) -> Response:
+    resp = Response(json.dumps(card), mimetype="application/json")
+    resp.headers["Cache-Control"] = "public, max-age=300"
+    return resp
+
+
+@bp.get("/.well-known/agent-card.json")
+def relay_card() -> Response:
+    """Return the relay's own agent card (where the per-agent cards are)."""
+    return _card(shapes.relay_card(base_url(), relay_version()))
+
+
+@bp.get("/a2a/agents/<handle>/.well-known/agent-card.json")
+def agent_card(handle: str) -> Response:
+    """Return one agent's A2A card; 404 when no such (enabled) agent."""
+    agent = _peer(handle)
+    if agent is None:
+        from relay.api import error_response
+
+        return error_response(404, "recipient_not_found", f"no agent {handle[:320]}")
+    org = agent.handle.split("@", 1)[1]
+    return _card(shapes.agent_card({"handle": agent.handle, "name": agent.name, "role": agent.role, "org": org},
+                                   base_url(), relay_version()))
+
+
+@bp.post("/a2a/agents/<handle>")
+def agent_rpc(handle: str) -> Response:
+    """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
+    peer = _peer(handle)
+    if peer is None:
+        return jsonrpc.relay_error_response(
+            ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404)
+    return jsonrpc.serve(dialect_for(peer), guard=check_version)

@@ -1,0 +1,405 @@
+"""A2A v1.0 shapes: load schemas for its JSON-RPC params and dumps of tasks, messages, cards.
+
+The A2A binding (relay/a2a.py) translates, it does not re-decide: a ``SendMessage`` is
+turned into seed 000's ``message/send`` params and loaded by ``MessageSendParams``, so
+every bound and artifact rule is the seed dialect's own. The mapping (docs/a2a.md):
+
+=================  ==========================================
+relay              A2A v1.0
+=================  ==========================================
+pending            TASK_STATE_SUBMITTED
+accepted           TASK_STATE_WORKING
+completed          TASK_STATE_COMPLETED
+cancelled          TASK_STATE_CANCELED
+caller message     ROLE_USER
+recipient message  ROLE_AGENT
+text part          ``{"text": ...}`` part
+artifact           ``{"data": {artifact}}`` part; Task.artifacts
+intent, proposed   message ``metadata.intent`` /
+_action            ``metadata.proposed_action``
+=================  ==========================================
+
+Field names are camelCase and unknown members are ignored, as proto3 JSON parsing does
+(A2A's types are protobuf messages), so newer clients' extra fields do not break calls.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates_schema
+
+from relay.errors import RelayError
+from relay.ids import parse_ulid
+from relay.schemas.common import AwareDateTime, Cursor, StrictBool, load_or_invalid
+from relay.schemas.handoffs import ARTIFACT_SCHEMAS, MAX_ARTIFACTS, MAX_IDEMPOTENCY_KEY, MAX_PARTS, MessageSendParams
+
+PROTOCOL_VERSION = "1.0"
+STATES = {"pending": "TASK_STATE_SUBMITTED", "accepted": "TASK_STATE_WORKING",
+          "completed": "TASK_STATE_COMPLETED", "cancelled": "TASK_STATE_CANCELED"}
+RELAY_STATES = {v: k for k, v in STATES.items()}
+# A2A states the relay never enters: a filter on them is valid and matches nothing.
+OTHER_STATES = ("TASK_STATE_FAILED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_REJECTED", "TASK_STATE_AUTH_REQUIRED")
+ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
+MAX_PAGE_SIZE = 100
+MAX_TOKEN = 1024
+# Idempotency keys of A2A sends live beside seed keys of the same agent; the prefix keeps
+# a messageId from ever replaying (or colliding with) a seed client_idempotency_key.
+KEY_PREFIX = "a2a:"
+MEDIA_JSON = "application/json"
+
+
+class _A2A(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+
+class Part(_A2A):
+    """A2A ``Part``: exactly one of ``text``, ``raw``, ``url``, ``data``."""
+
+    text = fields.String()
+    raw = fields.String()
+    url = fields.String()
+    data = fields.Raw(allow_none=True)
+    metadata = fields.Dict()
+    filename = fields.String()
+    mediaType = fields.String()
+
+    @validates_schema
+    def _one_content(self, data, **kwargs):
+        present = [k for k in ("text", "raw", "url", "data") if k in data]
+        if len(present) != 1:
+            raise ValidationError("must hold exactly one of text, raw, url, data")
+
+
+class MessageIn(_A2A):
+    """A2A ``Message`` as a client sends it."""
+
+    messageId = fields.String(required=True, validate=validate.Length(
+        min=1, max=MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX),
+        error=f"must be 1-{MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)} characters"))
+    contextId = fields.String(load_default=None)
+    taskId = fields.String(load_default=None)
+    role = fields.String(load_default="ROLE_USER", validate=validate.OneOf(
+        ("ROLE_USER", "ROLE_UNSPECIFIED"), error="must be ROLE_USER: the caller's messages are the user side"))
+    parts = fields.List(fields.Nested(Part), required=True, validate=validate.Length(
+        min=1, max=MAX_PARTS + MAX_ARTIFACTS, error=f"must hold 1-{MAX_PARTS + MAX_ARTIFACTS} parts"))
+    metadata = fields.Dict(load_default=dict)
+    extensions = fields.List(fields.String())
+    referenceTaskIds = fields.List(fields.String())
+
+
+class AuthenticationIn(_A2A):
+    scheme = fields.String(required=True, validate=[
+        validate.Length(min=1, max=64), validate.Regexp(r"^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$",
+                                                        error="must be an HTTP auth scheme such as Bearer")])
+    credentials = fields.String(load_default=None, validate=validate.Length(max=MAX_TOKEN))
+
+
+class PushConfigIn(_A2A):
+    """A2A ``TaskPushNotificationConfig``: where and how to POST a task's updates."""
+
+    id = fields.String(load_default=None, validate=validate.Length(min=1, max=255))
+    taskId = fields.String(load_default=None)
+    url = fields.String(required=True)
+    token = fields.String(load_default=None, validate=validate.Length(max=MAX_TOKEN))
+    authentication = fields.Nested(AuthenticationIn, load_default=None)
+
+
+class SendConfiguration(_A2A):
+    acceptedOutputModes = fields.List(fields.String())
+    taskPushNotificationConfig = fields.Nested(PushConfigIn, load_default=None)
+    historyLength = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=0))
+    returnImmediately = StrictBool()
+
+
+class SendMessageRequest(_A2A):
+    message = fields.Nested(MessageIn, required=True)
+    configuration = fields.Nested(SendConfiguration, load_default=dict)
+    metadata = fields.Dict()
+
+
+class GetTaskRequest(_A2A):
+    id = fields.String(required=True)
+    historyLength = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=0))
+
+
+class CancelTaskRequest(_A2A):
+    id = fields.String(required=True)
+    metadata = fields.Dict()
+
+
+class ListTasksRequest(_A2A):
+    contextId = fields.String(load_default=None)
+    status = fields.String(load_default=None, validate=validate.OneOf(
+        ("TASK_STATE_UNSPECIFIED", *STATES.values(), *OTHER_STATES), error="must be a TaskState such as TASK_STATE_WORKING"))
+    pageSize = fields.Integer(load_default=50, strict=True, validate=validate.Range(
+        min=1, max=MAX_PAGE_SIZE, error=f"must be 1-{MAX_PAGE_SIZE}"))
+    pageToken = Cursor(load_default=None)
+    historyLength = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
+    statusTimestampAfter = AwareDateTime(load_default=None)
+    includeArtifacts = StrictBool(load_default=False)
+
+
+class PushConfigRef(_A2A):
+    """``{taskId, id}``: Get/DeleteTaskPushNotificationConfig."""
+
+    taskId = fields.String(required=True)
+    id = fields.String(required=True, validate=validate.Length(min=1, max=255))
+
+
+class ListPushConfigsRequest(_A2A):
+    taskId = fields.String(required=True)
+    pageSize = fields.Integer(strict=True, validate=validate.Range(min=0, max=MAX_PAGE_SIZE))
+    pageToken = fields.String()
+
+
+class NoParams(_A2A):
+    """Methods that take nothing the relay reads (their params are ignored)."""
+
+
+def task_id(value: str, field: str) -> uuid.UUID:
+    """Parse an A2A task id (the relay's ULID, either form); raise invalid_params naming ``field``."""
+    try:
+        return parse_ulid(value)
+    except ValueError as exc:
+        raise RelayError("invalid_params", f"{field}: {exc}", {field: [str(exc)]}) from None
+
+
+def context_id(value: str, field: str = "message.contextId") -> uuid.UUID:
+    """Parse a contextId: a UUID (or the relay's 26-character ULID); anything else is invalid_params."""
+    try:
+        return parse_ulid(value)
+    except ValueError:
+        raise RelayError("invalid_params", f"{field}: must be a UUID", {field: ["must be a UUID"]}) from None
+
+
+def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]:
+    """Split A2A parts into seed text parts and artifacts; return them and a path map back."""
+    texts: list[dict] = []
+    artifacts: list[dict] = []
+    paths: dict[str, str] = {}
+    errors: dict[str, list[str]] = {}
+    for i, part in enumerate(message["parts"]):
+        where = f"message.parts.{i}"
+        if "text" in part:
+            paths[f"message.parts.{len(texts)}"] = where
+            texts.append({"type": "text", "text": part["text"]})
+        elif "data" in part:
+            data = part["data"]
+            if not isinstance(data, dict) or data.get("type") not in ARTIFACT_SCHEMAS:
+                errors[f"{where}.data"] = [f"must be a relay artifact: an object whose type is one of {', '.join(ARTIFACT_SCHEMAS)}"]
+                continue
+            paths[f"artifacts.{len(artifacts)}"] = f"{where}.data"
+            artifacts.append(data)
+        elif "url" in part:
+            paths[f"artifacts.{len(artifacts)}"] = f"{where}.url"
+            link = {"type": "link", "url": part["url"]}
+            if part.get("filename"):
+                link["title"] = part["filename"]
+            artifacts.append(link)
+        else:
+            errors[f"{where}.raw"] = ["raw (bytes) parts are not supported: send text, a url, or a data part holding an artifact"]
+    if errors:
+        raise RelayError("invalid_params", "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()),
+                         errors)
+    return texts, artifacts, paths
+
+
+# seed param path -> A2A path, for the fields the translation moves
+_MOVED = {"message.parts": "message.parts", "artifacts": "message.parts", "intent": "message.metadata.intent",
+          "proposed_action": "message.metadata.proposed_action", "context_id": "message.contextId",
+          "task_id": "message.taskId", "metadata.client_idempotency_key": "message.messageId",
+          "metadata": "message.metadata", "recipient": "agent", "message": "message", "params": "params"}
+
+
+def a2a_path(path: str, parts_map: dict[str, str]) -> str:
+    """Name a seed param path (``artifacts.2.path``) as the A2A field it came from."""
+    for seed in sorted(parts_map, key=len, reverse=True):
+        if path == seed or path.startswith(seed + "."):
+            return parts_map[seed] + path[len(seed):]
+    for seed in sorted(_MOVED, key=len, reverse=True):
+        if path == seed or path.startswith(seed + "."):
+            return _MOVED[seed] + path[len(seed):]
+    return path
+
+
+def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
+    """Return an invalid_params error whose field names are A2A's; other errors unchanged."""
+    if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
+        return exc
+    details = {a2a_path(k, parts_map): v for k, v in exc.details.items()}
+    message = "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in details.items())
+    return RelayError("invalid_params", message, details)
+
+
+def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
+    """Translate a loaded SendMessageRequest into seed 000 ``message/send`` params.
+
+    Returns the params (loaded by MessageSendParams, so every seed rule applies) and the
+    path map used to name errors by their A2A fields. Raises invalid_params.
+    """
+    message = request["message"]
+    texts, artifacts, paths = _relay_parts(message)
+    meta = dict(message.get("metadata") or {})
+    intent = meta.pop("intent", None)
+    proposed = meta.pop("proposed_action", None)
+    meta["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
+    creating = message.get("taskId") is None
+    seed: dict[str, Any] = {"message": {"role": "user", "parts": texts}, "metadata": meta}
+    if artifacts:
+        seed["artifacts"] = artifacts
+    if creating:
+        seed.update(recipient=recipient, intent=intent, proposed_action=proposed)
+    elif intent is not None or proposed is not None:
+        raise RelayError("invalid_params", "message.metadata: intent and proposed_action only open a task",
+                         {"message.metadata": ["intent and proposed_action are only allowed when opening a task (no taskId)"]})
+    try:
+        params = load_or_invalid(MessageSendParams(), seed)
+    except RelayError as exc:
+        raise renamed(exc, paths) from None
+    if creating:
+        params["context_id"] = context_id(message["contextId"]) if message.get("contextId") else None
+    else:
+        params["task_id"] = task_id(message["taskId"], "message.taskId")
+    return params, paths
+
+
+# --------------------------------------------------------------------------- dumps
+
+
+def _uuid_text(ulid_text: str) -> str:
+    return str(parse_ulid(ulid_text))
+
+
+def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
+    """A2A ``Message`` from a seed message row (``tasks/get`` shape) of ``task``."""
+    parts: list[dict[str, Any]] = [{"text": p.get("text", "")} for p in row.get("parts") or [] if p.get("text")]
+    parts += [{"data": a, "mediaType": MEDIA_JSON} for a in row.get("artifacts") or []]
+    metadata: dict[str, Any] = {**(row.get("payload") or {}), "sequenceNo": row["sequence_no"], "from": row["from"],
+                                "createdAt": row["created_at"]}
+    if opening:
+        metadata["intent"] = task.get("intent")
+        if task.get("proposed_action") is not None:
+            metadata["proposed_action"] = task["proposed_action"]
+    return {"messageId": row["id"], "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"],
+            "role": ROLES[row["role"]], "parts": parts, "metadata": metadata}
+
+
+def _result_message(task: dict) -> dict:
+    return {"messageId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay:result:{task['task_id']}")),
+            "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"], "role": "ROLE_AGENT",
+            "parts": [{"text": task["result_summary"]}], "metadata": {"resultSummary": True}}
+
+
+def status_out(task: dict) -> dict:
+    """A2A ``TaskStatus``: the state, when it last changed (last activity), and on completion
+    a ROLE_AGENT message holding the result summary."""
+    status: dict[str, Any] = {"state": STATES[task["status"]["state"]], "timestamp": task["updated_at"]}
+    if task["status"]["state"] == "completed" and task.get("result_summary"):
+        status["message"] = _result_message(task)
+    return status
+
+
+def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
+    """A2A ``Artifact`` list: each relay artifact as one ``data`` part, in message order."""
+    return [{"artifactId": f"{m['id']}:{i}", "name": a.get("type", "artifact"), "parts": [{"data": a, "mediaType": MEDIA_JSON}],
+             "metadata": {"messageId": m["id"], "sequenceNo": m["sequence_no"]}}
+            for m in messages for i, a in enumerate(m.get("artifacts") or [])]
+
+
+def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
+    """A2A ``Task`` from a seed thread dict with ``messages`` (tasks/get, or a list item with messages).
+
+    ``history_length``: None keeps every message, 0 none, N the newest N (A2A GetTask).
+    """
+    messages = task.get("messages") or []
+    out: dict[str, Any] = {
+        "id": task["task_id"], "contextId": _uuid_text(task["context_id"]), "status": status_out(task),
+        "metadata": {"intent": task.get("intent"), "sender": task["sender"], "recipient": task.get("recipient"),
+                     "createdAt": task["created_at"]},
+    }
+    if include_artifacts:
+        out["artifacts"] = artifacts_out(task, messages)
+    if history_length != 0:
+        kept = messages if history_length is None else messages[-history_length:]
+        out["history"] = [message_out(m, task, opening=m["sequence_no"] == 1) for m in kept]
+    return out
+
+
+def push_config_out(config: dict) -> dict:
+    """A2A ``TaskPushNotificationConfig`` (the credentials are never echoed)."""
+    out: dict[str, Any] = {"id": config["id"], "taskId": config["task_id"], "url": config["url"]}
+    if config.get("token"):
+        out["token"] = config["token"]
+    if config.get("auth_scheme"):
+        out["authentication"] = {"scheme": config["auth_scheme"]}
+    return out
+
+
+def status_update_event(task: dict, transition: dict) -> dict:
+    """A2A ``StreamResponse`` for a state change: ``{"statusUpdate": TaskStatusUpdateEvent}``."""
+    return {"statusUpdate": {"taskId": task["task_id"], "contextId": _uuid_text(task["context_id"]),
+                             "status": status_out(task), "metadata": transition}}
+
+
+def message_event(row: dict, task: dict) -> dict:
+    """A2A ``StreamResponse`` for a new message: ``{"message": Message}``."""
+    return {"message": message_out(row, task, opening=row["sequence_no"] == 1)}
+
+
+_SCHEME_SAFE = re.compile(r"[^a-z0-9]+")
+
+
+def agent_card(agent: dict, base_url: str, version: str) -> dict:
+    """A2A ``AgentCard`` of one relay agent (``agent``: handle, name, role, org)."""
+    url = f"{base_url}/a2a/agents/{agent['handle']}"
+    role = agent.get("role") or "general"
+    return {
+        "name": agent["name"] or agent["handle"],
+        "description": (f"{agent['name'] or agent['handle']} ({agent['handle']}), a {role} agent on the handoff relay. "
+                        "Send it a message to open a handoff; it accepts, replies and completes it."),
+        "version": version,
+        "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
+        "provider": {"organization": agent.get("org") or agent["handle"].split("@", 1)[1], "url": base_url},
+        "documentationUrl": f"{base_url}/api/v1/openapi.json",
+        "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
+        "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {
+            "scheme": "Bearer", "bearerFormat": "ah_live_ API key",
+            "description": "An API key of the calling agent, issued by `relay agents create` or `relay keys create`."}}},
+        "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
+        "defaultInputModes": ["text/plain", MEDIA_JSON],
+        "defaultOutputModes": ["text/plain", MEDIA_JSON],
+        "skills": [{
+            "id": "handoff-" + _SCHEME_SAFE.sub("-", role.lower()).strip("-") if role else "handoff",
+            "name": f"Take on {role} work",
+            "description": (f"Takes handoffs of {role} work: a text brief plus artifacts (file_diff, file_ref, "
+                            "test_command, api_contract, link as data parts). The task is SUBMITTED until the agent "
+                            "accepts it (WORKING) and COMPLETED with a result summary in the status message."),
+            "tags": ["handoff", role],
+            "examples": ["Refactored /users API; please update the client to the paginated shape."],
+            "inputModes": ["text/plain", MEDIA_JSON],
+            "outputModes": ["text/plain", MEDIA_JSON],
+        }],
+    }
+
+
+def relay_card(base_url: str, version: str) -> dict:
+    """A2A ``AgentCard`` of the relay itself: where the per-agent cards are."""
+    return {
+        "name": "Handoff relay",
+        "description": ("A relay that lets AI agents hand work to each other. Each agent has its own card at "
+                        f"{base_url}/a2a/agents/{{handle}}/.well-known/agent-card.json and its own A2A v1.0 "
+                        "JSON-RPC endpoint; the relay's own JSON-RPC dialect is POST /a2a."),
+        "version": version,
+        "supportedInterfaces": [],
+        "provider": {"organization": "handoff relay", "url": base_url},
+        "documentationUrl": f"{base_url}/api/v1/openapi.json",
+        "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
+        "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "bearerFormat": "ah_live_ API key"}}},
+        "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
+        "defaultInputModes": ["text/plain", MEDIA_JSON],
+        "defaultOutputModes": ["text/plain", MEDIA_JSON],
+        "skills": [],
+    }

@@ -1,0 +1,121 @@
+"""A2A push notification configs: per-task webhook endpoints of kind ``a2a_push``.
+
+A config is a row of ``webhook_endpoints`` bound to one thread, so its notifications go
+through the webhook outbox, deliveries, retries and auto-disable unchanged (relay/services/
+webhooks.py). Only the client that sent the task (the caller of the A2A binding) may
+configure it; the URL passes the same SSRF checks as a webhook's, at creation and at
+every delivery. The token and credentials are stored encrypted.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from relay import crypto
+from relay.errors import RelayError, invalid
+from relay.ids import format_ulid
+from relay.models import Agent, WebhookEndpoint
+from relay.services import threads, unit_of_work
+from relay.services.webhooks import EVENT_TYPES, check_url, new_secret
+
+KIND = "a2a_push"
+MAX_CONFIGS_PER_TASK = 10
+
+
+def config_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    """A config as the transport shows it: id, task_id, url, token, auth_scheme, enabled."""
+    return {
+        "id": endpoint.push_config_id, "task_id": format_ulid(endpoint.thread_id), "url": endpoint.url,
+        "token": crypto.decrypt(endpoint.token_encrypted) if endpoint.token_encrypted else None,
+        "auth_scheme": endpoint.auth_scheme, "enabled": endpoint.enabled,
+        "disabled_reason": endpoint.disabled_reason,
+    }
+
+
+def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: dict) -> dict:
+    """Insert a config for a thread the caller is known to have sent, in ``session``'s transaction.
+
+    ``config``: ``url`` (checked), optional ``id`` (a new UUID when absent), ``token``,
+    ``authentication`` ``{scheme, credentials}``. Raises invalid_params (url refused, id
+    taken on this task, more than MAX_CONFIGS_PER_TASK).
+    """
+    check_url(config["url"])
+    count = session.scalar(select(func.count()).select_from(WebhookEndpoint)
+                           .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id))
+    if count >= MAX_CONFIGS_PER_TASK:
+        raise invalid("url", f"a task may have at most {MAX_CONFIGS_PER_TASK} push notification configs")
+    config_id = config.get("id") or str(uuid.uuid4())
+    taken = session.scalar(select(WebhookEndpoint.id).where(
+        WebhookEndpoint.thread_id == thread_id, WebhookEndpoint.push_config_id == config_id))
+    if taken is not None:
+        raise invalid("id", f"this task already has a push notification config {config_id}")
+    auth = config.get("authentication") or {}
+    endpoint = WebhookEndpoint(
+        agent_id=caller.id, kind=KIND, thread_id=thread_id, push_config_id=config_id, url=config["url"],
+        events=list(EVENT_TYPES), description="A2A push notification config", enabled=True,
+        secret_encrypted=crypto.encrypt(new_secret()),
+        token_encrypted=crypto.encrypt(config["token"]) if config.get("token") else None,
+        auth_scheme=auth.get("scheme"),
+        auth_credentials_encrypted=crypto.encrypt(auth["credentials"]) if auth.get("credentials") else None,
+    )
+    session.add(endpoint)
+    session.flush()
+    return config_view(endpoint)
+
+
+def _configs(thread_id: uuid.UUID):
+    return select(WebhookEndpoint).where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id)
+
+
+def create_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config: dict) -> dict:
+    """Add a push notification config to a task the caller sent to ``peer``.
+
+    Raises thread_not_found (not such a task) and add_config's errors.
+    """
+    with unit_of_work() as session:
+        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        return add_config(session, caller, thread.id, config)
+
+
+def get_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -> dict:
+    """Return one config of the task; raise thread_not_found or not_found."""
+    with unit_of_work() as session:
+        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        endpoint = session.scalar(_configs(thread.id).where(WebhookEndpoint.push_config_id == config_id))
+        if endpoint is None:
+            raise RelayError("not_found", f"task {format_ulid(thread.id)} has no push notification config {config_id}")
+        return config_view(endpoint)
+
+
+def list_configs(caller: Agent, peer: Agent, task_id: uuid.UUID) -> list[dict]:
+    """Return the task's configs, oldest first (at most MAX_CONFIGS_PER_TASK, so one page)."""
+    with unit_of_work() as session:
+        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        rows = session.scalars(_configs(thread.id).order_by(WebhookEndpoint.created_at, WebhookEndpoint.id))
+        return [config_view(e) for e in rows]
+
+
+def delete_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -> None:
+    """Delete one config of the task (and its delivery log); raise thread_not_found or not_found."""
+    with unit_of_work() as session:
+        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        endpoint = session.scalar(_configs(thread.id).where(WebhookEndpoint.push_config_id == config_id)
+                                  .with_for_update())
+        if endpoint is None:
+            raise RelayError("not_found", f"task {format_ulid(thread.id)} has no push notification config {config_id}")
+        session.delete(endpoint)
+
+
+def headers(endpoint: WebhookEndpoint) -> dict[str, str]:
+    """The A2A headers of a push: ``X-A2A-Notification-Token`` and ``Authorization`` when configured."""
+    out: dict[str, str] = {}
+    if endpoint.token_encrypted:
+        out["X-A2A-Notification-Token"] = crypto.decrypt(endpoint.token_encrypted)
+    if endpoint.auth_scheme:
+        credentials = crypto.decrypt(endpoint.auth_credentials_encrypted) if endpoint.auth_credentials_encrypted else ""
+        out["Authorization"] = f"{endpoint.auth_scheme} {credentials}".strip()
+    return out
+
