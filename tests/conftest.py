@@ -9,10 +9,12 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
+import psycopg2.errors
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -153,7 +155,16 @@ def _clean_tables(database_url):
         cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")
         names = [r[0] for r in cur.fetchall()]
         if names:
-            cur.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE")
+            # A live stack's worker (tests/live.py) may still be writing search vectors or
+            # deliveries; PostgreSQL then picks the TRUNCATE as a deadlock victim. Retry.
+            for attempt in range(10):
+                try:
+                    cur.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE")
+                    break
+                except psycopg2.errors.DeadlockDetected:
+                    if attempt == 9:
+                        raise
+                    time.sleep(0.2)
     conn.close()
 
 

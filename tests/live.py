@@ -1,9 +1,9 @@
 """A live relay for end-to-end tests: the Procfile's ``web`` and ``worker`` lines as subprocesses.
 
 The stack serves the test session's database (``base_env``) on a free loopback port.
-Its worker consumes the default queue, which the in-process test app never uses (its
-enqueues go to a queue private to the session), and no beat runs, so a live stack never
-touches events written by the in-process tests. Use it module-scoped:
+Its worker consumes the default queue of a Redis database of its own, which the
+in-process test app never uses, and no beat runs, so a live stack never touches events
+written by the in-process tests. Use it module-scoped:
 
     @pytest.fixture(scope="module")
     def relay_url(base_env):
@@ -13,6 +13,7 @@ touches events written by the in-process tests. Use it module-scoped:
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -82,11 +83,21 @@ class LiveStack:
             proc.wait(timeout=10)
 
 
+def _private_redis_db(url: str) -> str:
+    # A Redis database of its own (8-15) per stack: its worker then never takes another
+    # stack's tasks (the default queue is per database), even with two test sessions on
+    # one Redis server.
+    base, _, tail = url.rpartition("/")
+    db = 8 + secrets.randbelow(8)
+    return f"{base}/{db}" if tail.isdigit() else f"{url.rstrip('/')}/{db}"
+
+
 @contextmanager
 def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator[str]:
     """Run gunicorn (and a Celery worker) on ``base_env``'s servers; yield the base URL."""
     env = {**base_env, "HOST": "127.0.0.1", "PORT": str(free_port()), "WEB_CONCURRENCY": "2",
-           "CELERY_CONCURRENCY": "2", "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}", **extra}
+           "CELERY_CONCURRENCY": "2", "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
+           "REDIS_URL": _private_redis_db(base_env["REDIS_URL"]), **extra}
     with tempfile.TemporaryDirectory(prefix="relay-live-") as logdir:
         env.setdefault("RELAY_HOME", logdir)
         stack = LiveStack(env, Path(logdir))

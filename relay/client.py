@@ -1,0 +1,968 @@
+"""A Python client for the handoff relay, speaking only its public HTTP API.
+
+The client needs nothing but the standard library, ``requests`` and
+``standardwebhooks``; it never imports the server's services, models or schemas, so it
+can be copied into an agent's own code base. (Importing it as ``relay.client`` runs
+``relay/__init__.py``, which imports Flask; the client itself does not use it.)
+
+JSON-RPC 2.0 methods of seed 000 (``POST /a2a``)::
+
+    with RelayClient("http://127.0.0.1:8000", "ah_live_...") as bob:
+        sent = bob.send("frank@acme", "Refactored /users; new shape {items, next_cursor}")
+        ...
+    with RelayClient("http://127.0.0.1:8000", "ah_live_...") as frank:
+        for task in frank.inbox(status=["pending"]).items:
+            handoff = frank.get(task.task_id)          # marks it read
+            frank.accept(task.task_id, session_id="s-1")
+            frank.reply(task.task_id, "on it")
+            frank.complete(task.task_id, "client updated")
+
+The messages feed of seed 004 (``GET /api/v1/identities/{handle}/a2a/messages``):
+:meth:`RelayClient.messages`, :meth:`RelayClient.search` and
+:meth:`RelayClient.catch_up` (the seed's recovery loop after downtime).
+
+Errors: every failure the relay answers raises a subclass of :class:`RelayError`, one
+per error symbol (``ThreadNotFound`` for ``thread_not_found``, ...), for both
+transports. Transient failures (connection errors, timeouts, HTTP 5xx, HTTP 429) are
+retried with exponential backoff; domain errors never are. See :class:`RelayClient`.
+
+Webhooks: :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
+from urllib.parse import quote
+
+import requests
+
+__all__ = [
+    "RelayClient", "verify_webhook",
+    # results
+    "AgentRef", "Identity", "Message", "Handoff", "TaskSummary", "SendResult", "TransitionResult", "FeedRow",
+    "Page",
+    # errors
+    "RelayError", "RelayConnectionError", "WebhookVerificationError", "ERROR_SYMBOLS", "error_class",
+    "ParseError", "InvalidRequest", "PayloadTooLarge", "MethodNotFound", "InvalidParams", "InternalError",
+    "Unauthenticated", "Forbidden", "RateLimited", "RecipientNotFound", "NotAParticipant", "ThreadNotFound",
+    "ThreadTerminal", "InvalidTransition", "NotAuthorizedTransition", "StateChanged", "DuplicateIdempotencyKey",
+    "InvalidIntentPayload", "TeammateBlocked", "IdentityNotFound", "AgentExists", "KeyNotFound", "NotFound",
+    "ServiceUnavailable", "UnsupportedOperation", "VersionNotSupported",
+]
+
+T = TypeVar("T")
+
+
+# =========================================================================== errors
+
+class RelayError(Exception):
+    """An error answered by the relay (or, for subclasses noted below, met on the way to it).
+
+    Attributes:
+        symbol: the relay's error symbol (``thread_not_found``, ...): JSON-RPC's
+            ``error.data.symbol`` or REST's ``error.code``; None when the answer carried none.
+        code: the JSON-RPC error code (``-32006``, ...); for a REST answer the code the
+            relay documents for the symbol; None when unknown.
+        message: the relay's human-readable message.
+        data: JSON-RPC ``error.data`` or REST ``error.details`` (field errors for
+            ``invalid_params``, the current state for ``invalid_transition``, ...).
+        request_id: the ``X-Request-Id`` response header: quote it when reporting a problem.
+        http_status: the HTTP status of the answer (200 for most JSON-RPC errors).
+        attempts: how many HTTP requests this call made (more than 1 after retries).
+    """
+
+    default_symbol: str | None = None
+
+    def __init__(self, message: str, *, symbol: str | None = None, code: int | None = None, data: Any = None,
+                 request_id: str | None = None, http_status: int | None = None, attempts: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.symbol = symbol if symbol is not None else self.default_symbol
+        self.code = code if code is not None else ERROR_SYMBOLS.get(self.symbol or "", (None, None))[0]
+        self.data = data
+        self.request_id = request_id
+        self.http_status = http_status
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        where = f" (request {self.request_id})" if self.request_id else ""
+        return f"{self.symbol or 'error'}: {self.message}{where}"
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(symbol={self.symbol!r}, code={self.code!r}, message={self.message!r}, "
+                f"http_status={self.http_status!r}, request_id={self.request_id!r})")
+
+
+class RelayConnectionError(RelayError):
+    """The relay could not be reached (connection refused or dropped, timeout) after every retry.
+
+    ``symbol`` is ``connection_error``; the underlying ``requests`` exception is ``__cause__``.
+    """
+
+    default_symbol = "connection_error"
+
+
+class WebhookVerificationError(RelayError):
+    """A webhook delivery's signature, timestamp or headers did not verify (:func:`verify_webhook`)."""
+
+    default_symbol = "webhook_verification_failed"
+
+
+# symbol -> (JSON-RPC code, HTTP status): the relay's error table as it documents it
+# (seed 000's codes, DESIGN.md's statuses). Kept here rather than imported so the client
+# never depends on server code; tests/test_client.py asserts it matches relay.errors.
+ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
+    "parse_error": (-32700, 400),
+    "invalid_request": (-32600, 400),
+    "payload_too_large": (-32600, 413),
+    "method_not_found": (-32601, 404),
+    "invalid_params": (-32602, 422),
+    "internal_error": (-32603, 500),
+    "unauthenticated": (-32001, 401),
+    "forbidden": (-32002, 403),
+    "rate_limited": (-32003, 429),
+    "recipient_not_found": (-32004, 404),
+    "not_a_participant": (-32005, 403),
+    "thread_not_found": (-32006, 404),
+    "thread_terminal": (-32007, 409),
+    "invalid_transition": (-32008, 409),
+    "not_authorized_transition": (-32009, 403),
+    "state_changed": (-32010, 409),
+    "duplicate_idempotency_key": (-32011, 409),
+    "invalid_intent_payload": (-32012, 422),
+    "teammate_blocked": (-32013, 403),
+    "identity_not_found": (-32014, 404),
+    "agent_exists": (-32015, 409),
+    "key_not_found": (-32016, 404),
+    "not_found": (-32017, 404),
+    "service_unavailable": (-32603, 503),
+    # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
+    "unsupported_operation": (-32018, 400),
+    "version_not_supported": (-32019, 400),
+}
+
+_CLASSES: dict[str, type[RelayError]] = {}
+
+
+def _error(name: str, symbol: str, doc: str) -> type[RelayError]:
+    cls = type(name, (RelayError,), {"__doc__": doc, "default_symbol": symbol, "__module__": __name__})
+    _CLASSES[symbol] = cls
+    return cls
+
+
+ParseError = _error("ParseError", "parse_error", "-32700: the request body was not JSON.")
+InvalidRequest = _error("InvalidRequest", "invalid_request", "-32600: not a valid JSON-RPC request.")
+PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large",
+                         "HTTP 413: the request body is over the relay's limit (1 MiB by default); "
+                         "``data.limit_bytes`` says the limit.")
+MethodNotFound = _error("MethodNotFound", "method_not_found", "-32601: no such JSON-RPC method.")
+InvalidParams = _error("InvalidParams", "invalid_params",
+                       "-32602 / HTTP 422: a parameter is malformed or out of range; ``data`` names each "
+                       "field and why (JSON-RPC: ``data['errors']``).")
+InternalError = _error("InternalError", "internal_error",
+                       "-32603 / HTTP 500: a relay bug; quote ``request_id`` when reporting it.")
+Unauthenticated = _error("Unauthenticated", "unauthenticated", "-32001 / HTTP 401: missing, malformed or revoked API key.")
+Forbidden = _error("Forbidden", "forbidden", "-32002 / HTTP 403: this key may not read that identity.")
+
+
+class RateLimited(RelayError):
+    """-32003 / HTTP 429: over the per-agent rate limit, still so after the client's retries.
+
+    ``retry_after`` is the number of whole seconds the relay asked to wait (the
+    ``Retry-After`` header), or None if it gave none.
+    """
+
+    default_symbol = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+_CLASSES["rate_limited"] = RateLimited
+RecipientNotFound = _error("RecipientNotFound", "recipient_not_found", "-32004: no (enabled) agent has the recipient handle.")
+NotAParticipant = _error("NotAParticipant", "not_a_participant",
+                         "-32005 / HTTP 403: the caller is neither the sender nor the recipient of the thread.")
+ThreadNotFound = _error("ThreadNotFound", "thread_not_found", "-32006 / HTTP 404: no thread has that (well-formed) id.")
+ThreadTerminal = _error("ThreadTerminal", "thread_terminal",
+                        "-32007 / HTTP 409: the thread is completed or cancelled; no more messages.")
+InvalidTransition = _error("InvalidTransition", "invalid_transition",
+                           "-32008 / HTTP 409: the transition is not valid from the thread's current state "
+                           "(``data['state']``).")
+NotAuthorizedTransition = _error("NotAuthorizedTransition", "not_authorized_transition",
+                                 "-32009 / HTTP 403: the other participant performs this transition "
+                                 "(accept/complete: recipient; cancel: sender).")
+StateChanged = _error("StateChanged", "state_changed",
+                      "-32010 / HTTP 409: another call changed the thread first (compare-and-set lost); read it again.")
+DuplicateIdempotencyKey = _error("DuplicateIdempotencyKey", "duplicate_idempotency_key",
+                                 "-32011 / HTTP 409: this client_idempotency_key was used with different params.")
+InvalidIntentPayload = _error("InvalidIntentPayload", "invalid_intent_payload",
+                              "-32012: proposed_action given without intent propose_action, or missing with it.")
+TeammateBlocked = _error("TeammateBlocked", "teammate_blocked", "-32013: the recipient has blocked the caller.")
+IdentityNotFound = _error("IdentityNotFound", "identity_not_found",
+                          "HTTP 404: no identity with that handle is visible to the caller.")
+AgentExists = _error("AgentExists", "agent_exists", "HTTP 409: an agent with that handle already exists.")
+KeyNotFound = _error("KeyNotFound", "key_not_found", "HTTP 404: no such API key.")
+NotFound = _error("NotFound", "not_found", "HTTP 404: no such resource.")
+ServiceUnavailable = _error("ServiceUnavailable", "service_unavailable",
+                            "HTTP 503 (-32603): the relay's database or a proxy in front of it is unavailable; "
+                            "retried by the client before being raised.")
+UnsupportedOperation = _error("UnsupportedOperation", "unsupported_operation",
+                              "-32018: the operation is not supported (the relay's A2A v1.0 binding).")
+VersionNotSupported = _error("VersionNotSupported", "version_not_supported",
+                             "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).")
+
+# An answer without a symbol (a proxy's HTML 502, ...) is classified by its HTTP status.
+_STATUS_SYMBOL = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+                  413: "payload_too_large", 422: "invalid_params", 429: "rate_limited", 500: "internal_error",
+                  502: "service_unavailable", 503: "service_unavailable", 504: "service_unavailable"}
+# Codes that name one symbol only, for a JSON-RPC error whose data lost its symbol.
+_CODE_SYMBOL = {code: s for s, (code, _) in ERROR_SYMBOLS.items()
+                if [c for c, _ in ERROR_SYMBOLS.values()].count(code) == 1}
+
+
+def error_class(symbol: str | None) -> type[RelayError]:
+    """The exception class for a relay error symbol; :class:`RelayError` for an unknown one."""
+    return _CLASSES.get(symbol or "", RelayError)
+
+
+# =========================================================================== results
+
+def _ts(value: Any) -> datetime | None:
+    # The relay writes ISO 8601 with a 'Z' and microseconds; fromisoformat (3.11+) reads it.
+    if value is None:
+        return None
+    return datetime.fromisoformat(value)
+
+
+def _state(obj: Mapping[str, Any]) -> str:
+    status = obj.get("status")
+    return status.get("state") if isinstance(status, dict) else obj.get("task_state")
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    """An agent as threads and feed rows name it: ``handle`` (``local@org``), ``name``, ``role``."""
+
+    handle: str
+    name: str | None = None
+    role: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> AgentRef | None:
+        if not d:
+            return None
+        return cls(handle=d["handle"], name=d.get("name"), role=d.get("role"))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller, from ``GET /api/v1/identities/me``."""
+
+    handle: str
+    name: str | None
+    role: str | None
+    org: str | None
+    created_at: datetime | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Identity:
+        return cls(handle=d["handle"], name=d.get("name"), role=d.get("role"), org=d.get("org"),
+                   created_at=_ts(d.get("created_at")), raw=dict(d))
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a thread as ``tasks/get`` lists it (seed 000's ``messages[]``).
+
+    ``author`` is the writer's handle (the wire's ``from``); ``role`` is ``caller`` when
+    the thread's sender wrote it, ``agent`` when the recipient did; ``body`` is the text
+    parts joined; ``payload`` is the metadata it was sent with, minus
+    ``client_idempotency_key``.
+    """
+
+    id: str
+    sequence_no: int
+    author: str
+    role: str | None
+    body: str
+    parts: list
+    artifacts: list
+    payload: dict
+    created_at: datetime
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Message:
+        return cls(id=d["id"], sequence_no=d["sequence_no"], author=d.get("from"), role=d.get("role"),
+                   body=d.get("body", ""), parts=list(d.get("parts") or []), artifacts=list(d.get("artifacts") or []),
+                   payload=dict(d.get("payload") or {}), created_at=_ts(d["created_at"]), raw=dict(d))
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A whole thread, from ``tasks/get`` (seed 000): its state, participants and messages.
+
+    ``task_id`` and ``thread_id`` are the same 26-character ULID; ``state`` is
+    ``pending``, ``accepted``, ``completed`` or ``cancelled``; ``artifacts`` collects every
+    message's artifacts; ``messages`` are in ``sequence_no`` order.
+    """
+
+    task_id: str
+    thread_id: str
+    context_id: str | None
+    state: str
+    sender: AgentRef | None
+    recipient: AgentRef | None
+    summary: str | None
+    intent: str | None
+    artifacts: list
+    proposed_action: dict | None
+    messages: tuple[Message, ...]
+    result_summary: str | None
+    version: int | None
+    accepted_at: datetime | None
+    completed_at: datetime | None
+    cancelled_at: datetime | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Handoff:
+        return cls(
+            task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
+            state=_state(d), sender=AgentRef.from_json(d.get("sender")), recipient=AgentRef.from_json(d.get("recipient")),
+            summary=d.get("summary"), intent=d.get("intent"), artifacts=list(d.get("artifacts") or []),
+            proposed_action=d.get("proposed_action"),
+            messages=tuple(Message.from_json(m) for m in d.get("messages") or []),
+            result_summary=d.get("result_summary"), version=d.get("version"),
+            accepted_at=_ts(d.get("accepted_at")), completed_at=_ts(d.get("completed_at")),
+            cancelled_at=_ts(d.get("cancelled_at")), created_at=_ts(d.get("created_at")),
+            updated_at=_ts(d.get("updated_at")), raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """One ``tasks/list`` item: a thread without its messages.
+
+    ``unread_messages`` counts the other side's messages after the caller's read
+    position (a new handoff shows 1 in the recipient's inbox until ``get`` reads it).
+    """
+
+    task_id: str
+    thread_id: str
+    context_id: str | None
+    state: str
+    sender: AgentRef | None
+    recipient: AgentRef | None
+    summary_preview: str | None
+    intent: str | None
+    unread_messages: int
+    created_at: datetime | None
+    updated_at: datetime | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TaskSummary:
+        return cls(
+            task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
+            state=_state(d), sender=AgentRef.from_json(d.get("sender")), recipient=AgentRef.from_json(d.get("recipient")),
+            summary_preview=d.get("summary_preview"), intent=d.get("intent"),
+            unread_messages=int(d.get("unread_messages") or 0), created_at=_ts(d.get("created_at")),
+            updated_at=_ts(d.get("updated_at")), raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What ``message/send`` answered, for a new handoff or an append.
+
+    ``idempotency_key`` is the ``client_idempotency_key`` the call carried (generated by
+    the client unless given): sending again with it returns this same result.
+    """
+
+    task_id: str
+    thread_id: str
+    context_id: str | None
+    state: str | None
+    message_id: str | None
+    sequence_no: int | None
+    created_at: datetime | None
+    idempotency_key: str
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], idempotency_key: str) -> SendResult:
+        return cls(task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
+                   state=_state(d), message_id=d.get("message_id"), sequence_no=d.get("sequence_no"),
+                   created_at=_ts(d.get("created_at")), idempotency_key=idempotency_key, raw=dict(d))
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    """What ``tasks/update`` / ``tasks/cancel`` answered: the thread's new state and times."""
+
+    task_id: str
+    thread_id: str
+    context_id: str | None
+    state: str
+    version: int | None
+    result_summary: str | None
+    accepted_at: datetime | None
+    completed_at: datetime | None
+    cancelled_at: datetime | None
+    updated_at: datetime | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TransitionResult:
+        return cls(task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
+                   state=_state(d), version=d.get("version"), result_summary=d.get("result_summary"),
+                   accepted_at=_ts(d.get("accepted_at")), completed_at=_ts(d.get("completed_at")),
+                   cancelled_at=_ts(d.get("cancelled_at")), updated_at=_ts(d.get("updated_at")), raw=dict(d))
+
+
+@dataclass(frozen=True)
+class FeedRow:
+    """One row of the messages feed (seed 004): a message plus the task around it.
+
+    ``author`` is the writer's handle (the wire's ``from``); ``role`` is ``caller`` or
+    ``agent`` (who wrote it); ``task_state`` is the task's state *now*, not when the
+    message was written; ``caller``/``target`` are the task's requester and worker;
+    ``metadata`` is what the message was sent with, minus ``client_idempotency_key``.
+    """
+
+    id: str
+    task_id: str
+    context_id: str | None
+    task_state: str | None
+    sequence_no: int
+    role: str | None
+    author: str | None
+    body: str
+    parts: list
+    artifacts: list
+    metadata: dict
+    created_at: datetime
+    caller: AgentRef | None
+    target: AgentRef | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FeedRow:
+        return cls(id=d["id"], task_id=d["task_id"], context_id=d.get("context_id"), task_state=d.get("task_state"),
+                   sequence_no=d["sequence_no"], role=d.get("role"), author=d.get("from"), body=d.get("body", ""),
+                   parts=list(d.get("parts") or []), artifacts=list(d.get("artifacts") or []),
+                   metadata=dict(d.get("metadata") or {}), created_at=_ts(d["created_at"]),
+                   caller=AgentRef.from_json(d.get("caller")), target=AgentRef.from_json(d.get("target")), raw=dict(d))
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list: ``items`` and the opaque ``next_cursor`` (None on the last page)."""
+
+    items: tuple[T, ...]
+    next_cursor: str | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+# =========================================================================== the client
+
+def _when(value: datetime | str | None, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            # The relay refuses naive times, and guessing a zone here would silently shift a catch-up.
+            raise ValueError(f"{name} must be timezone-aware, got {value!r}")
+        return value.isoformat()
+    raise TypeError(f"{name} must be a datetime or an ISO 8601 string, got {type(value).__name__}")
+
+
+def _text_message(text: str) -> dict[str, Any]:
+    return {"role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def _retry_after(resp: requests.Response) -> float | None:
+    raw = resp.headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:  # the HTTP-date form
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class RelayClient:
+    """A client of one relay for one agent (its API key).
+
+    Args:
+        base_url: the relay's root, e.g. ``"https://relay.example.com"``.
+        api_key: the agent's key (``ah_live_...``), sent as ``Authorization: Bearer``.
+        timeout: seconds to wait for a connection and, separately, for the answer.
+        max_retries: retries after the first attempt of one call (so at most
+            ``max_retries + 1`` HTTP requests).
+        backoff: seconds before the first retry; doubles each retry (capped at
+            ``max_backoff``) with up to 25 % random jitter so many clients do not retry
+            in step.
+        session: a ``requests.Session`` to use (closed by :meth:`close` only if the
+            client made it itself).
+
+    Retries. A call is retried when the relay could not answer it: a connection error
+    (refused, reset, or dropped before the answer), a timeout, an HTTP 5xx, a JSON-RPC
+    ``service_unavailable`` error, or HTTP 429 (after the ``Retry-After`` seconds; a
+    wait longer than ``max_retry_wait`` is not slept but raised as :class:`RateLimited`).
+    Domain errors (4xx, JSON-RPC errors other than ``service_unavailable``) are raised
+    at once. An attempt that failed in transit may still have been carried out:
+
+    * ``send``/``reply`` are safe to retry because every call carries a
+      ``client_idempotency_key`` (generated unless given) that stays the same across
+      the client's retries of that call; the relay answers a replay with the first
+      result (DESIGN.md, "Idempotency"), so a retry never makes a second thread.
+    * ``accept``/``complete``/``cancel`` are not idempotent at the relay. If an attempt
+      was carried out but its answer was lost, the retry answers
+      :class:`InvalidTransition` (the thread already moved) or :class:`StateChanged`;
+      the client raises that as it is (``attempts > 1`` on the exception tells you a
+      retry happened): read the thread with :meth:`get` to see where it stands.
+    * reads are always safe to retry.
+
+    Tests may replace ``_sleep`` (``time.sleep`` by default) to observe or skip waits.
+    The client is a context manager; leaving it closes its session. Use one client per
+    thread: a ``requests.Session`` is not guaranteed to be thread-safe.
+    """
+
+    #: cap on one exponential-backoff wait, seconds
+    max_backoff: float = 30.0
+    #: the longest ``Retry-After`` the client will sleep through, seconds
+    max_retry_wait: float = 60.0
+
+    def __init__(self, base_url: str, api_key: str, timeout: float = 10.0, max_retries: int = 4,
+                 backoff: float = 0.5, session: requests.Session | None = None):
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._own_session = session is None
+        self.session = session if session is not None else requests.Session()
+        self._sleep: Callable[[float], None] = time.sleep
+        self._ids = itertools.count(1)
+        self._handle: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the HTTP session if this client created it."""
+        if self._own_session:
+            self.session.close()
+
+    def __enter__(self) -> RelayClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RelayClient({self.base_url!r}, handle={self._handle!r})"
+
+    # ------------------------------------------------------------------ JSON-RPC methods (seed 000)
+
+    def send(self, recipient: str, text: str, *, intent: str = "inform", artifacts: Sequence[dict] | None = None,
+             proposed_action: dict | None = None, metadata: Mapping[str, Any] | None = None,
+             context_id: str | None = None, idempotency_key: str | None = None) -> SendResult:
+        """Open a handoff to ``recipient`` (``message/send`` with no ``task_id``).
+
+        ``intent`` is ``inform``, ``ask_question`` or ``propose_action`` (then
+        ``proposed_action={"description", "target_files", "rationale", "suggested_diff"?}``
+        is required). ``artifacts`` are dicts such as
+        ``{"type": "file_diff", "path": ..., "diff": ...}``. ``context_id`` joins a context
+        in which the caller already has a thread. ``idempotency_key`` (else
+        ``metadata["client_idempotency_key"]``, else a new uuid4) makes the call safe to
+        repeat: the same key with the same params returns the first result.
+
+        Returns :class:`SendResult` (``state`` ``pending``, ``sequence_no`` 1).
+        Raises :class:`RecipientNotFound`, :class:`TeammateBlocked`,
+        :class:`InvalidIntentPayload`, :class:`InvalidParams` (e.g. sending to yourself,
+        an unknown ``context_id``), :class:`DuplicateIdempotencyKey`, or a transport error.
+        """
+        params: dict[str, Any] = {"recipient": recipient, "intent": intent, "message": _text_message(text),
+                                  "artifacts": list(artifacts or []), "proposed_action": proposed_action}
+        if context_id is not None:
+            params["context_id"] = context_id
+        return self._send_message(params, metadata, idempotency_key)
+
+    def reply(self, task_id: str, text: str, *, artifacts: Sequence[dict] | None = None,
+              metadata: Mapping[str, Any] | None = None, idempotency_key: str | None = None) -> SendResult:
+        """Append a message to thread ``task_id`` (``message/send`` with ``task_id``).
+
+        Either participant may reply while the thread is pending or accepted.
+        Idempotency as in :meth:`send`. Returns :class:`SendResult` (its ``sequence_no``
+        is the message's place in the thread). Raises :class:`ThreadNotFound`,
+        :class:`NotAParticipant`, :class:`ThreadTerminal`, :class:`InvalidParams`,
+        :class:`DuplicateIdempotencyKey`, or a transport error.
+        """
+        params = {"task_id": task_id, "message": _text_message(text), "artifacts": list(artifacts or [])}
+        return self._send_message(params, metadata, idempotency_key)
+
+    def get(self, task_id: str) -> Handoff:
+        """Read a whole thread (``tasks/get``); this marks it read for the caller.
+
+        Raises :class:`ThreadNotFound`, :class:`NotAParticipant`, :class:`InvalidParams`
+        (a malformed id).
+        """
+        return Handoff.from_json(self._rpc("tasks/get", {"task_id": task_id}))
+
+    def inbox(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50,
+              cursor: str | None = None) -> Page[TaskSummary]:
+        """One page of threads addressed to the caller (``tasks/list``, ``filter.role=recipient``).
+
+        ``status``: one state or several (``pending``, ``accepted``, ``completed``,
+        ``cancelled``); ``since``: inclusive, on the thread's last activity (an aware
+        datetime or ISO 8601 string); ``limit`` 1-200. Newest activity first; pass the
+        page's ``next_cursor`` as ``cursor`` for the next one. Raises :class:`InvalidParams`.
+        """
+        return self._list("recipient", status, since, limit, cursor)
+
+    def sent(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50,
+             cursor: str | None = None) -> Page[TaskSummary]:
+        """One page of threads the caller opened (``tasks/list``, ``filter.role=sender``); as :meth:`inbox`."""
+        return self._list("sender", status, since, limit, cursor)
+
+    def iter_inbox(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None,
+                   limit: int = 50) -> Iterator[TaskSummary]:
+        """Every inbox thread across all pages, newest activity first (follows ``next_cursor``)."""
+        return self._iter_list("recipient", status, since, limit)
+
+    def iter_sent(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None,
+                  limit: int = 50) -> Iterator[TaskSummary]:
+        """Every thread the caller opened, across all pages, newest activity first."""
+        return self._iter_list("sender", status, since, limit)
+
+    def accept(self, task_id: str, session_id: str | None = None) -> TransitionResult:
+        """Accept a pending handoff (``tasks/update`` ``accept``; recipient only).
+
+        ``session_id`` is recorded in the audit trail. Raises
+        :class:`NotAuthorizedTransition` (the sender called), :class:`InvalidTransition`
+        (not pending), :class:`StateChanged` (lost a race), :class:`ThreadNotFound`,
+        :class:`NotAParticipant`. Not idempotent: see the class docstring on retries.
+        """
+        params: dict[str, Any] = {"task_id": task_id, "transition": "accept"}
+        if session_id is not None:
+            params["session_id"] = session_id
+        return TransitionResult.from_json(self._rpc("tasks/update", params))
+
+    def complete(self, task_id: str, result_summary: str) -> TransitionResult:
+        """Complete an accepted handoff (``tasks/update`` ``complete``; recipient only).
+
+        ``result_summary`` (at most 8192 characters) says what was done. Errors as :meth:`accept`.
+        """
+        return TransitionResult.from_json(self._rpc(
+            "tasks/update", {"task_id": task_id, "transition": "complete", "result_summary": result_summary}))
+
+    def cancel(self, task_id: str) -> TransitionResult:
+        """Cancel a pending handoff (``tasks/cancel``; sender only). Errors as :meth:`accept`."""
+        return TransitionResult.from_json(self._rpc("tasks/cancel", {"task_id": task_id}))
+
+    # ------------------------------------------------------------------ REST
+
+    def whoami(self) -> Identity:
+        """The caller (``GET /api/v1/identities/me``); its handle is cached for the feed.
+
+        Raises :class:`Unauthenticated` for a bad key.
+        """
+        ident = Identity.from_json(self._rest("GET", "/api/v1/identities/me"))
+        self._handle = ident.handle
+        return ident
+
+    @property
+    def handle(self) -> str:
+        """The caller's handle (one ``whoami`` request the first time)."""
+        if self._handle is None:
+            self.whoami()
+        return self._handle  # type: ignore[return-value]
+
+    def block(self, handle: str) -> None:
+        """Block ``handle``: its new handoffs to the caller fail with ``teammate_blocked``.
+
+        Existing threads carry on (DESIGN.md, "Decisions"). Raises :class:`IdentityNotFound`
+        / :class:`InvalidParams` for a handle that names no agent / is malformed.
+        """
+        self._rest("PUT", f"{self._identity_path(None)}/blocks/{quote(handle, safe='@')}")
+
+    def unblock(self, handle: str) -> None:
+        """Unblock ``handle`` (no error if it was not blocked)."""
+        self._rest("DELETE", f"{self._identity_path(None)}/blocks/{quote(handle, safe='@')}")
+
+    def messages(self, handle: str | None = None, *, direction: str | None = None, q: str | None = None,
+                 since: datetime | str | None = None, task_id: str | None = None, context_id: str | None = None,
+                 role: str | None = None, requester_handle: str | None = None, worker_handle: str | None = None,
+                 limit: int = 100) -> Iterator[FeedRow]:
+        """Every feed row matching the filters, newest first, across all pages (seed 004).
+
+        ``GET /api/v1/identities/{handle}/a2a/messages``, following ``next_cursor`` until
+        it is null (a short page is not the end: pages also stop at a byte budget).
+        ``handle`` defaults to the caller's own (a key reads only its own identity).
+        Filters: ``direction`` ``inbound``/``outbound``/``both`` (who owns the task);
+        ``role`` ``caller``/``agent`` (who wrote the message); ``q`` full-text search,
+        1-500 characters; ``since`` inclusive on ``created_at``; ``task_id``,
+        ``context_id``, ``requester_handle``, ``worker_handle``; ``limit`` rows per page, 1-100.
+
+        Lazy: requests are made as the iterator is consumed, so errors
+        (:class:`Forbidden`, :class:`IdentityNotFound`, :class:`InvalidParams`) surface on
+        the first ``next()``.
+        """
+        query: dict[str, Any] = {"direction": direction, "q": q, "since": _when(since, "since"), "task_id": task_id,
+                                 "context_id": context_id, "role": role, "requester_handle": requester_handle,
+                                 "worker_handle": worker_handle, "limit": limit}
+        query = {k: v for k, v in query.items() if v is not None}
+        return self._iter_feed(handle, query)
+
+    def messages_page(self, handle: str | None = None, *, cursor: str | None = None, **filters: Any) -> Page[FeedRow]:
+        """One page of the feed (filters as :meth:`messages`); ``next_cursor`` None on the last page."""
+        if "since" in filters:
+            filters["since"] = _when(filters["since"], "since")
+        query = {k: v for k, v in {**filters, "cursor": cursor}.items() if v is not None}
+        body = self._rest("GET", f"{self._identity_path(handle)}/a2a/messages", params=query)
+        return Page(items=tuple(FeedRow.from_json(r) for r in body.get("items", [])),
+                    next_cursor=body.get("next_cursor"), raw=body)
+
+    def search(self, q: str, **filters: Any) -> Iterator[FeedRow]:
+        """Feed rows whose text matches ``q`` (PostgreSQL ``websearch_to_tsquery``: any text is
+        valid; quotes, ``-word``, ``or``), newest first, all pages. Same as ``messages(q=q, ...)``."""
+        return self.messages(q=q, **filters)
+
+    def catch_up(self, since: datetime | str, *, seen: Iterable[str] = (), **filters: Any) -> list[FeedRow]:
+        """Every message at or after ``since``, each once, **oldest first** (seed 004, "Catching up after downtime").
+
+        The seed's recovery loop: page the feed with ``since`` (inclusive, so the message
+        at the saved time comes back: pass ids already processed in ``seen`` to drop
+        them), follow ``next_cursor`` until it is null (a short page does not mean the
+        end), and deduplicate on message ``id``. The feed walks newest first; the result
+        is reversed so it can be processed in order and its last row's ``created_at``
+        saved as the next ``since``. ``filters`` are :meth:`messages`'s (e.g.
+        ``direction="inbound"``, ``limit=100``).
+        """
+        skip = set(seen)
+        rows: list[FeedRow] = []
+        for row in self.messages(since=since, **filters):
+            if row.id in skip:
+                continue
+            skip.add(row.id)
+            rows.append(row)
+        rows.reverse()
+        return rows
+
+    # ------------------------------------------------------------------ internals
+
+    def _send_message(self, params: dict[str, Any], metadata: Mapping[str, Any] | None,
+                      idempotency_key: str | None) -> SendResult:
+        meta = dict(metadata or {})
+        given = meta.get("client_idempotency_key")
+        if idempotency_key is not None and given is not None and given != idempotency_key:
+            raise ValueError("idempotency_key and metadata['client_idempotency_key'] differ")
+        # Fixed before the first attempt so every retry of this call carries the same key.
+        key = idempotency_key or given or str(uuid.uuid4())
+        meta["client_idempotency_key"] = key
+        params["metadata"] = meta
+        return SendResult.from_json(self._rpc("message/send", params), key)
+
+    def _list(self, role: str, status: str | Sequence[str] | None, since: datetime | str | None, limit: int,
+              cursor: str | None) -> Page[TaskSummary]:
+        flt: dict[str, Any] = {"role": role}
+        if status is not None:
+            flt["status"] = [status] if isinstance(status, str) else list(status)
+        if since is not None:
+            flt["since"] = _when(since, "since")
+        result = self._rpc("tasks/list", {"filter": flt, "page": {"limit": limit, "cursor": cursor}})
+        return Page(items=tuple(TaskSummary.from_json(t) for t in result.get("items", [])),
+                    next_cursor=result.get("next_cursor"), raw=result)
+
+    def _iter_list(self, role: str, status: Any, since: Any, limit: int) -> Iterator[TaskSummary]:
+        cursor = None
+        while True:
+            page = self._list(role, status, since, limit, cursor)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def _iter_feed(self, handle: str | None, query: dict[str, Any]) -> Iterator[FeedRow]:
+        path = f"{self._identity_path(handle)}/a2a/messages"
+        cursor = None
+        while True:
+            body = self._rest("GET", path, params={**query, **({"cursor": cursor} if cursor else {})})
+            for r in body.get("items", []):
+                yield FeedRow.from_json(r)
+            cursor = body.get("next_cursor")
+            if not cursor:  # null only on the last page (seed 004): a short page is not the end
+                return
+
+    def _identity_path(self, handle: str | None) -> str:
+        return f"/api/v1/identities/{quote(handle or self.handle, safe='@')}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
+
+    def _delay(self, attempt: int) -> float:
+        base = min(self.max_backoff, self.backoff * (2 ** attempt))
+        return base + random.uniform(0, base / 4)
+
+    def _rpc(self, method: str, params: dict[str, Any]) -> Any:
+        """Call one JSON-RPC method; return its ``result`` or raise the error's class."""
+        envelope = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
+
+        def rpc_unavailable(resp: requests.Response) -> bool:
+            # -32603 service_unavailable comes with HTTP 200 inside a JSON-RPC answer when the
+            # database dropped mid-request: the relay asks to retry, like a 503.
+            if resp.status_code != 200:
+                return False
+            try:
+                err = resp.json().get("error") or {}
+            except (ValueError, AttributeError):
+                return False
+            data = err.get("data")
+            return isinstance(data, dict) and data.get("symbol") == "service_unavailable"
+
+        resp, attempts = self._exchange("POST", "/a2a", json_body=envelope, retry_also=rpc_unavailable)
+        doc = self._json(resp)
+        if resp.status_code == 200 and isinstance(doc, dict) and "result" in doc and "error" not in doc:
+            return doc["result"]
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            err = doc["error"]
+            data = err.get("data")
+            symbol = data.get("symbol") if isinstance(data, dict) else None
+            code = err.get("code") if isinstance(err.get("code"), int) else None
+            if symbol is None:
+                symbol = _CODE_SYMBOL.get(code) or _STATUS_SYMBOL.get(resp.status_code)
+            raise self._make_error(resp, attempts, symbol, code, str(err.get("message") or ""), data)
+        raise self._make_error(resp, attempts, _STATUS_SYMBOL.get(resp.status_code), None,
+                               f"unexpected answer to {method} (HTTP {resp.status_code}): {resp.text[:200]}", None)
+
+    def _rest(self, verb: str, path: str, params: Mapping[str, Any] | None = None,
+              json_body: Any = None) -> Any:
+        """One REST call; return its JSON body (None for 204) or raise the error's class."""
+        resp, attempts = self._exchange(verb, path, params=params, json_body=json_body)
+        if 200 <= resp.status_code < 300:
+            return self._json(resp) if resp.content else None
+        doc = self._json(resp)
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict):
+            symbol = err.get("code") if isinstance(err.get("code"), str) else None
+            raise self._make_error(resp, attempts, symbol or _STATUS_SYMBOL.get(resp.status_code), None,
+                                   str(err.get("message") or ""), err.get("details"))
+        raise self._make_error(resp, attempts, _STATUS_SYMBOL.get(resp.status_code), None,
+                               f"HTTP {resp.status_code} from {verb} {path}: {resp.text[:200]}", None)
+
+    @staticmethod
+    def _json(resp: requests.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    def _make_error(self, resp: requests.Response, attempts: int, symbol: str | None, code: int | None,
+                    message: str, data: Any) -> RelayError:
+        request_id = resp.headers.get("X-Request-Id")
+        if request_id is None and isinstance(data, dict) and isinstance(data.get("request_id"), str):
+            request_id = data["request_id"]
+        kw: dict[str, Any] = dict(symbol=symbol, code=code, data=data, request_id=request_id,
+                                  http_status=resp.status_code, attempts=attempts)
+        cls = error_class(symbol)
+        if cls is RateLimited:
+            retry_after = _retry_after(resp)
+            if retry_after is None and isinstance(data, dict) and isinstance(data.get("retry_after"), (int, float)):
+                retry_after = float(data["retry_after"])
+            return RateLimited(message, retry_after=retry_after, **kw)
+        return cls(message, **kw)
+
+    def _exchange(self, verb: str, path: str, *, params: Mapping[str, Any] | None = None, json_body: Any = None,
+                  retry_also: Callable[[requests.Response], bool] | None = None) -> tuple[requests.Response, int]:
+        """Make the HTTP request, retrying transient failures; return the last answer and the attempt count.
+
+        The same body (hence the same idempotency key) is sent on every attempt.
+        Raises :class:`RelayConnectionError` when no attempt got an answer.
+        """
+        url = self.base_url + path
+        attempt = 0
+        while True:
+            attempt += 1
+            retries_left = attempt <= self.max_retries
+            try:
+                resp = self.session.request(verb, url, params=params, json=json_body, headers=self._headers(),
+                                            timeout=self.timeout, allow_redirects=False)
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                # ConnectionError covers refused, reset and dropped-before-answer
+                # (RemoteDisconnected); requests' pool discards that connection, so the
+                # retry opens a fresh one.
+                if not retries_left:
+                    raise RelayConnectionError(f"{verb} {url} failed after {attempt} attempt(s): {exc}",
+                                               attempts=attempt) from exc
+                self._sleep(self._delay(attempt - 1))
+                continue
+            if resp.status_code == 429:
+                wait = _retry_after(resp)
+                if not retries_left or (wait is not None and wait > self.max_retry_wait):
+                    return resp, attempt
+                # Retry-After is whole seconds rounded up, so sleeping it is enough; the jitter
+                # keeps clients that were refused together from returning together.
+                self._sleep((wait if wait is not None else self._delay(attempt - 1))
+                            + random.uniform(0, self.backoff / 4))
+                continue
+            if resp.status_code >= 500 or (retry_also is not None and retry_also(resp)):
+                if not retries_left:
+                    return resp, attempt
+                self._sleep(self._delay(attempt - 1))
+                continue
+            return resp, attempt
+
+
+# =========================================================================== webhooks
+
+def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes | str) -> dict:
+    """Verify a webhook delivery and return its parsed payload.
+
+    ``secret`` is the endpoint's ``whsec_...`` secret (shown once when the endpoint is
+    created or its secret rotated); ``headers`` the delivery's HTTP headers (any case:
+    ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``); ``body`` the raw request
+    body exactly as received (bytes or str; re-serialised JSON will not verify).
+
+    The relay signs per Standard Webhooks (DESIGN.md, "Events, webhooks"): HMAC-SHA256
+    over ``id.timestamp.body``, ``v1,<base64>``, and during a secret rotation with both
+    secrets (either verifies). A timestamp more than 5 minutes from now is refused, which
+    stops replays. Dedupe deliveries on ``webhook-id``: it is the same on every attempt.
+
+    Returns the payload ``{"type": "message.created" | "task.updated", "timestamp", "data"}``.
+    Raises :class:`WebhookVerificationError` for a bad or missing signature, a stale
+    timestamp, a malformed header or secret, or a body that is not JSON.
+    """
+    import standardwebhooks
+
+    try:
+        payload = standardwebhooks.Webhook(secret).verify(body, dict(headers))
+    except Exception as exc:  # the library also lets ValueError/binascii.Error out of malformed headers
+        raise WebhookVerificationError(f"webhook did not verify: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise WebhookVerificationError("webhook payload is not a JSON object")
+    return payload

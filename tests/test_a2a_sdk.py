@@ -1,0 +1,202 @@
+"""The official ``a2a-sdk`` client, unmodified, against a live relay (gunicorn + Celery worker).
+
+Issue #8's "done when": a stock A2A v1.0 client resolves a relay agent's card, hands it
+work and follows it to completion while the recipient works through the seed dialect.
+Each test drives ``a2a.client`` over real HTTP on loopback; the recipient's side uses
+plain ``POST /a2a`` calls, as an agent on the seed dialect would.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+import pytest
+import requests
+from a2a.client import ClientConfig, ClientFactory
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, Role, SendMessageRequest, TaskPushNotificationConfig,
+    TaskState,
+)
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, VersionNotSupportedError
+from google.protobuf.json_format import MessageToDict
+
+from tests.conftest import bearer
+from tests.live import live_relay
+from tests.receiver import Receiver
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def relay_url(base_env):
+    with live_relay(base_env) as url:
+        yield url
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _client(relay_url: str, handle: str, key: str, **headers: str):
+    """A stock SDK client built from the agent's card URL, with the caller's bearer key."""
+    http = httpx.AsyncClient(headers={**bearer(key), **headers}, timeout=20)
+    factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+    return await factory.create_from_url(f"{relay_url}/a2a/agents/{handle}"), http
+
+
+async def _send(client, text: str, **message_fields):
+    request = SendMessageRequest(message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER,
+                                                 parts=[Part(text=text)], **message_fields))
+    events = [event async for event in client.send_message(request)]
+    assert len(events) == 1 and events[0].HasField("task"), events
+    return events[0].task
+
+
+def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
+    """One call of the seed dialect (the recipient's side), over HTTP."""
+    resp = requests.post(f"{relay_url}/a2a", headers=bearer(key), timeout=20,
+                         json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    body = resp.json()
+    assert "result" in body, body
+    return body["result"]
+
+
+def test_card_round_trip_through_the_seed_dialect(relay_url, make_agent):
+    alice, alice_key = make_agent("alice@sdk", name="Alice", role="frontend")
+    bob, bob_key = make_agent("bob@sdk", name="Bob", role="backend")
+
+    async def scenario():
+        client, http = await _client(relay_url, bob, alice_key)
+        try:
+            assert client._card.name == "Bob"  # the card came from /a2a/agents/bob@sdk/.well-known/agent-card.json
+            task = await _send(client, "Refactored /users; please adopt the paginated shape.")
+            assert task.status.state == TaskState.TASK_STATE_SUBMITTED
+            got = await client.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state == TaskState.TASK_STATE_SUBMITTED
+            assert [m.role for m in got.history] == [Role.ROLE_USER]
+
+            seed(relay_url, bob_key, "tasks/update", {"task_id": task.id, "transition": "accept", "session_id": "s-1"})
+            got = await client.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state == TaskState.TASK_STATE_WORKING
+
+            seed(relay_url, bob_key, "message/send", {"task_id": task.id, "message": {
+                "parts": [{"type": "text", "text": "On it; the client is updated."}]}})
+            seed(relay_url, bob_key, "tasks/update", {"task_id": task.id, "transition": "complete",
+                                                      "result_summary": "Client uses { items, next_cursor }."})
+            done = await client.get_task(GetTaskRequest(id=task.id))
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+            assert done.status.message.role == Role.ROLE_AGENT
+            assert done.status.message.parts[0].text == "Client uses { items, next_cursor }."
+            assert [m.role for m in done.history] == [Role.ROLE_USER, Role.ROLE_AGENT]
+            assert done.context_id == task.context_id
+        finally:
+            await client.close()
+            await http.aclose()
+
+    run(scenario())
+
+
+def test_list_tasks_pages_each_task_once(relay_url, make_agent):
+    _alice, alice_key = make_agent("alice@sdk")
+    bob, _bob_key = make_agent("bob@sdk")
+
+    async def scenario():
+        client, http = await _client(relay_url, bob, alice_key)
+        try:
+            sent = [(await _send(client, f"task {i}")).id for i in range(5)]
+            seen, token, pages = [], "", 0
+            while True:
+                page = await client.list_tasks(ListTasksRequest(page_size=2, page_token=token))
+                pages += 1
+                assert page.total_size == 5
+                seen += [t.id for t in page.tasks]
+                token = page.next_page_token
+                if not token:
+                    break
+            assert pages == 3
+            assert seen == list(reversed(sent))  # newest status first, each once
+        finally:
+            await client.close()
+            await http.aclose()
+
+    run(scenario())
+
+
+def test_cancel_pending_task_then_not_cancelable(relay_url, make_agent):
+    _alice, alice_key = make_agent("alice@sdk")
+    bob, _bob_key = make_agent("bob@sdk")
+
+    async def scenario():
+        client, http = await _client(relay_url, bob, alice_key)
+        try:
+            task = await _send(client, "never mind soon")
+            cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
+            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+            with pytest.raises(TaskNotCancelableError) as info:
+                await client.cancel_task(CancelTaskRequest(id=task.id))
+            assert info.value.data["symbol"] == "invalid_transition"
+        finally:
+            await client.close()
+            await http.aclose()
+
+    run(scenario())
+
+
+def test_sdk_raises_its_own_errors(relay_url, make_agent):
+    _alice, alice_key = make_agent("alice@sdk")
+    bob, _bob_key = make_agent("bob@sdk")
+
+    async def scenario():
+        client, http = await _client(relay_url, bob, alice_key)
+        try:
+            with pytest.raises(TaskNotFoundError) as info:
+                await client.get_task(GetTaskRequest(id=str(uuid.uuid4())))
+            assert info.value.data["symbol"] == "thread_not_found"
+        finally:
+            await client.close()
+            await http.aclose()
+        # The factory only sets A2A-Version when the caller has not: an old client says 0.3.
+        old, http = await _client(relay_url, bob, alice_key, **{"A2A-Version": "0.3"})
+        try:
+            with pytest.raises(VersionNotSupportedError):
+                await old.get_task(GetTaskRequest(id=str(uuid.uuid4())))
+        finally:
+            await old.close()
+            await http.aclose()
+
+    run(scenario())
+
+
+def test_push_notification_config_receives_state_change(relay_url, make_agent):
+    _alice, alice_key = make_agent("alice@sdk")
+    bob, bob_key = make_agent("bob@sdk")
+
+    async def scenario(rx: Receiver):
+        client, http = await _client(relay_url, bob, alice_key)
+        try:
+            task = await _send(client, "tell me when you start")
+            config = await client.create_task_push_notification_config(TaskPushNotificationConfig(
+                task_id=task.id, url=rx.url("/a2a-push"), token="tok-8"))
+            assert config.task_id == task.id and config.token == "tok-8" and config.id
+            return task
+        finally:
+            await client.close()
+            await http.aclose()
+
+    with Receiver() as rx:
+        task = run(scenario(rx))
+        seed(relay_url, bob_key, "tasks/update", {"task_id": task.id, "transition": "accept"})
+        [push] = rx.wait_for(1, timeout=30, path="/a2a-push")
+        assert push.header("X-A2A-Notification-Token") == "tok-8"
+        update = json.loads(push.body)["statusUpdate"]
+        assert update["taskId"] == task.id and update["contextId"] == task.context_id
+        assert update["status"]["state"] == "TASK_STATE_WORKING"
+        # The body parses as the SDK's own StreamResponse.
+        from a2a.types.a2a_pb2 import StreamResponse
+        from google.protobuf.json_format import ParseDict
+
+        parsed = ParseDict(json.loads(push.body), StreamResponse())
+        assert parsed.status_update.status.state == TaskState.TASK_STATE_WORKING
+        assert MessageToDict(parsed)["statusUpdate"]["taskId"] == task.id
