@@ -177,11 +177,21 @@ def celery_app(app):
 @pytest.fixture
 def celery_worker(celery_app):
     """A real Celery worker (threads pool) consuming from real Redis for one test."""
+    import logging
+
     from celery.contrib.testing.worker import start_worker
 
-    with start_worker(celery_app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=15, loglevel="WARNING") as worker:
-        yield worker
+    # start_worker's loglevel lowers the root logger for the whole process; later tests
+    # read the INFO request log line, so put the root logger back as it was.
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        with start_worker(celery_app, pool="threads", concurrency=4, perform_ping_check=False,
+                          shutdown_timeout=15, loglevel="WARNING") as worker:
+            yield worker
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
 
 
 @pytest.fixture
