@@ -14,7 +14,7 @@ relay/schemas/a2a.py and docs/a2a.md.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -103,15 +103,17 @@ def base_url() -> str:
 # --------------------------------------------------------------------------- methods
 
 
+def _add_push_config(caller: Agent, config: dict, session, result: dict) -> None:
+    push.add_config(session, caller, shapes.task_id(result["task_id"], "message.taskId"), config)
+
+
 def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     params, paths = shapes.send_params(req, peer.handle)
     push_config = (req.get("configuration") or {}).get("taskPushNotificationConfig")
     then = None
     if push_config is not None:
         params["push_config"] = push_config  # part of the idempotency digest: another config is another call
-
-        def then(session, result):
-            push.add_config(session, caller, shapes.task_id(result["task_id"], "message.taskId"), push_config)
+        then = partial(_add_push_config, caller, push_config)
     try:
         sent = threads.send_message(caller, params, peer=peer, adopt_context=True, then=then)
     except RelayError as exc:

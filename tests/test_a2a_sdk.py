@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -39,11 +40,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def _client(relay_url: str, handle: str, key: str, **headers: str):
+@asynccontextmanager
+async def sdk_client(relay_url: str, handle: str, key: str, **headers: str):
     """A stock SDK client built from the agent's card URL, with the caller's bearer key."""
-    http = httpx.AsyncClient(headers={**bearer(key), **headers}, timeout=20)
-    factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
-    return await factory.create_from_url(f"{relay_url}/a2a/agents/{handle}"), http
+    async with httpx.AsyncClient(headers={**bearer(key), **headers}, timeout=20) as http:
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+        client = await factory.create_from_url(f"{relay_url}/a2a/agents/{handle}")
+        try:
+            yield client
+        finally:
+            await client.close()
 
 
 async def _send(client, text: str, **message_fields):
@@ -68,8 +74,7 @@ def test_card_round_trip_through_the_seed_dialect(relay_url, make_agent):
     bob, bob_key = make_agent("bob@sdk", name="Bob", role="backend")
 
     async def scenario():
-        client, http = await _client(relay_url, bob, alice_key)
-        try:
+        async with sdk_client(relay_url, bob, alice_key) as client:
             assert client._card.name == "Bob"  # the card came from /a2a/agents/bob@sdk/.well-known/agent-card.json
             task = await _send(client, "Refactored /users; please adopt the paginated shape.")
             assert task.status.state == TaskState.TASK_STATE_SUBMITTED
@@ -91,9 +96,6 @@ def test_card_round_trip_through_the_seed_dialect(relay_url, make_agent):
             assert done.status.message.parts[0].text == "Client uses { items, next_cursor }."
             assert [m.role for m in done.history] == [Role.ROLE_USER, Role.ROLE_AGENT]
             assert done.context_id == task.context_id
-        finally:
-            await client.close()
-            await http.aclose()
 
     run(scenario())
 
@@ -103,8 +105,7 @@ def test_list_tasks_pages_each_task_once(relay_url, make_agent):
     bob, _bob_key = make_agent("bob@sdk")
 
     async def scenario():
-        client, http = await _client(relay_url, bob, alice_key)
-        try:
+        async with sdk_client(relay_url, bob, alice_key) as client:
             sent = [(await _send(client, f"task {i}")).id for i in range(5)]
             seen, token, pages = [], "", 0
             while True:
@@ -117,9 +118,6 @@ def test_list_tasks_pages_each_task_once(relay_url, make_agent):
                     break
             assert pages == 3
             assert seen == list(reversed(sent))  # newest status first, each once
-        finally:
-            await client.close()
-            await http.aclose()
 
     run(scenario())
 
@@ -129,17 +127,13 @@ def test_cancel_pending_task_then_not_cancelable(relay_url, make_agent):
     bob, _bob_key = make_agent("bob@sdk")
 
     async def scenario():
-        client, http = await _client(relay_url, bob, alice_key)
-        try:
+        async with sdk_client(relay_url, bob, alice_key) as client:
             task = await _send(client, "never mind soon")
             cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
             assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
             with pytest.raises(TaskNotCancelableError) as info:
                 await client.cancel_task(CancelTaskRequest(id=task.id))
             assert info.value.data["symbol"] == "invalid_transition"
-        finally:
-            await client.close()
-            await http.aclose()
 
     run(scenario())
 
@@ -149,22 +143,14 @@ def test_sdk_raises_its_own_errors(relay_url, make_agent):
     bob, _bob_key = make_agent("bob@sdk")
 
     async def scenario():
-        client, http = await _client(relay_url, bob, alice_key)
-        try:
+        async with sdk_client(relay_url, bob, alice_key) as client:
             with pytest.raises(TaskNotFoundError) as info:
                 await client.get_task(GetTaskRequest(id=str(uuid.uuid4())))
             assert info.value.data["symbol"] == "thread_not_found"
-        finally:
-            await client.close()
-            await http.aclose()
         # The factory only sets A2A-Version when the caller has not: an old client says 0.3.
-        old, http = await _client(relay_url, bob, alice_key, **{"A2A-Version": "0.3"})
-        try:
+        async with sdk_client(relay_url, bob, alice_key, **{"A2A-Version": "0.3"}) as old:
             with pytest.raises(VersionNotSupportedError):
                 await old.get_task(GetTaskRequest(id=str(uuid.uuid4())))
-        finally:
-            await old.close()
-            await http.aclose()
 
     run(scenario())
 
@@ -174,16 +160,12 @@ def test_push_notification_config_receives_state_change(relay_url, make_agent):
     bob, bob_key = make_agent("bob@sdk")
 
     async def scenario(rx: Receiver):
-        client, http = await _client(relay_url, bob, alice_key)
-        try:
+        async with sdk_client(relay_url, bob, alice_key) as client:
             task = await _send(client, "tell me when you start")
             config = await client.create_task_push_notification_config(TaskPushNotificationConfig(
                 task_id=task.id, url=rx.url("/a2a-push"), token="tok-8"))
             assert config.task_id == task.id and config.token == "tok-8" and config.id
             return task
-        finally:
-            await client.close()
-            await http.aclose()
 
     with Receiver() as rx:
         task = run(scenario(rx))

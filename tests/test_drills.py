@@ -36,7 +36,6 @@ import psycopg2
 import pytest
 import redis
 import requests
-from honcho.environ import parse_procfile
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
@@ -44,10 +43,10 @@ from relay.embedded import free_port
 from relay.ids import format_ulid
 from relay.migrate import upgrade
 from tests.conftest import migrated_database
+from tests.live import LiveStack
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
 SENDER, RECIPIENT = "alice@drill", "bob@drill"
 RPC_TIMEOUT = 20  # seconds a single HTTP call may take before the drill counts it as a hang
 
@@ -230,42 +229,11 @@ class Receiver:
 # --------------------------------------------------------------------------- the stack
 
 
-class Stack:
-    """The Procfile's web, worker and beat processes, each in its own process group, logs kept."""
-
-    def __init__(self, env: dict, logdir: Path):
-        self.env = env
-        self.logdir = logdir
-        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
-        self.port = int(env["PORT"])
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def start(self, name: str) -> subprocess.Popen:
-        log = self.logdir / f"{name}-{len(self.procs)}.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(["/bin/sh", "-c", f"exec {PROCFILE[name]}"], env=self.env, cwd=ROOT,
-                                    start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append((name, proc, log))
-        return proc
+class Stack(LiveStack):
+    """The Procfile's web, worker and beat processes (tests/live.py), plus what the drills need."""
 
     def proc(self, name: str) -> subprocess.Popen:
         return [p for n, p, _ in self.procs if n == name][-1]
-
-    def log(self, name: str) -> str:
-        return "".join(path.read_text(errors="replace") for n, _, path in self.procs if n == name)
-
-    def wait_healthy(self) -> None:
-        web = self.proc("web")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert web.poll() is None, f"gunicorn exited:\n{self.log('web')[-3000:]}"
-            try:
-                if requests.get(f"{self.base}/healthz", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"no /healthz on {self.base}")
 
     @staticmethod
     def kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -273,21 +241,6 @@ class Stack:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
-
-    def stop_all(self) -> None:
-        # SIGTERM to each leader (gunicorn master, celery main process) for a warm shutdown;
-        # then SIGKILL whatever is left of its process group.
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc, _ in reversed(self.procs):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill_group(proc, signal.SIGKILL)
-                proc.wait(timeout=10)
-            # A SIGKILLed worker's pool children are in its group too; make sure none is left.
-            self.kill_group(proc, signal.SIGKILL)
 
     def tails(self) -> str:
         return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-2500:]}" for _, _, path in self.procs)
