@@ -14,6 +14,7 @@ relay/schemas/a2a.py and docs/a2a.md.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -76,10 +77,14 @@ def _a2a_data(code: int, data: dict) -> list[dict]:
             metadata[key] = _metadata_value(value)
     details: list[dict] = [{"@type": ERROR_INFO, "reason": REASONS.get(code, data["symbol"].upper()),
                             "domain": DOMAIN, "metadata": metadata}]
-    if isinstance(data.get("errors"), dict):
+    violations = data.get("errors")
+    if not isinstance(violations, dict) and code == -32602 and isinstance(data.get("details"), dict) \
+            and "field" in data["details"]:  # invalid_intent_payload names its one field
+        violations = {data["details"]["field"]: [str(data["details"].get("reason", "does not match the intent"))]}
+    if isinstance(violations, dict):
         details.append({"@type": BAD_REQUEST, "fieldViolations": [
             {"field": field, "description": " ".join(reasons) if isinstance(reasons, list) else str(reasons)}
-            for field, reasons in data["errors"].items()]})
+            for field, reasons in violations.items()]})
     return details
 
 
@@ -112,6 +117,7 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     push_config = (req.get("configuration") or {}).get("taskPushNotificationConfig")
     then = None
     if push_config is not None:
+        paths.update({name: f"configuration.taskPushNotificationConfig.{name}" for name in ("url", "id")})
         params["push_config"] = push_config  # part of the idempotency digest: another config is another call
         then = partial(_add_push_config, caller, push_config)
     try:
@@ -136,7 +142,9 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
         caller, role="sender", peer=peer,
         status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
         context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
-        since=req["statusTimestampAfter"], limit=req["pageSize"], cursor=req["pageToken"],
+        # "After": the service's since is inclusive, and PostgreSQL keeps microseconds.
+        since=req["statusTimestampAfter"] + timedelta(microseconds=1) if req["statusTimestampAfter"] else None,
+        limit=req["pageSize"], cursor=req["pageToken"],
         with_total=True, with_messages=True)
     tasks = [shapes.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
              for item in page["items"]]
@@ -162,8 +170,12 @@ def _get_push(caller: Agent, peer: Agent, req: dict) -> dict:
 
 
 def _list_push(caller: Agent, peer: Agent, req: dict) -> dict:
+    # A task holds at most push.MAX_CONFIGS_PER_TASK configs, so an offset token is enough.
     configs = push.list_configs(caller, peer, shapes.task_id(req["taskId"], "taskId"))
-    return {"configs": [shapes.push_config_out(c) for c in configs], "nextPageToken": ""}
+    start = int(req["pageToken"] or 0)
+    end = start + req["pageSize"] if req["pageSize"] else len(configs)
+    return {"configs": [shapes.push_config_out(c) for c in configs[start:end]],
+            "nextPageToken": str(end) if end < len(configs) else ""}
 
 
 def _delete_push(caller: Agent, peer: Agent, req: dict) -> dict:

@@ -86,8 +86,12 @@ def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> d
 
 
 def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Response:
-    """A whole HTTP answer holding one error (no request id could be read)."""
-    return _response(_relay_error(dialect, None, exc), status=status)
+    """A whole HTTP answer holding one error, with the request's id when it can be read."""
+    try:
+        doc = parse_body()
+    except BodyTooLarge:
+        doc = None
+    return _response(_relay_error(dialect, _readable_id(doc), exc), status=status)
 
 
 def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:

@@ -28,12 +28,14 @@ import re
 import uuid
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates_schema
 
 from relay.errors import RelayError
 from relay.ids import parse_ulid
 from relay.schemas.common import AwareDateTime, Cursor, StrictBool, load_or_invalid
-from relay.schemas.handoffs import ARTIFACT_SCHEMAS, MAX_ARTIFACTS, MAX_IDEMPOTENCY_KEY, MAX_PARTS, MessageSendParams
+from relay.schemas.handoffs import (
+    ARTIFACT_SCHEMAS, MAX_ARTIFACTS, MAX_IDEMPOTENCY_KEY, MAX_PARTS, RESERVED_KEY_PREFIX, MessageSendParams,
+)
 
 PROTOCOL_VERSION = "1.0"
 STATES = {"pending": "TASK_STATE_SUBMITTED", "accepted": "TASK_STATE_WORKING",
@@ -44,15 +46,22 @@ OTHER_STATES = ("TASK_STATE_FAILED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_RE
 ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
 MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
-# Idempotency keys of A2A sends live beside seed keys of the same agent; the prefix keeps
-# a messageId from ever replaying (or colliding with) a seed client_idempotency_key.
-KEY_PREFIX = "a2a:"
+KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; seed keys may not use it
 MEDIA_JSON = "application/json"
 
 
 class _A2A(Schema):
     class Meta:
         unknown = EXCLUDE
+
+    # proto3 JSON writes an unset string as "" (a2a-java does): "" means absent here.
+    _UNSET_IF_EMPTY: tuple[str, ...] = ()
+
+    @pre_load
+    def _empty_is_unset(self, data, **kwargs):
+        if isinstance(data, dict) and self._UNSET_IF_EMPTY:
+            return {k: v for k, v in data.items() if not (k in self._UNSET_IF_EMPTY and v == "")}
+        return data
 
 
 class Part(_A2A):
@@ -75,6 +84,8 @@ class Part(_A2A):
 
 class MessageIn(_A2A):
     """A2A ``Message`` as a client sends it."""
+
+    _UNSET_IF_EMPTY = ("contextId", "taskId")
 
     messageId = fields.String(required=True, validate=validate.Length(
         min=1, max=MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX),
@@ -99,6 +110,8 @@ class AuthenticationIn(_A2A):
 
 class PushConfigIn(_A2A):
     """A2A ``TaskPushNotificationConfig``: where and how to POST a task's updates."""
+
+    _UNSET_IF_EMPTY = ("id", "taskId", "token")
 
     id = fields.String(load_default=None, validate=validate.Length(min=1, max=255))
     taskId = fields.String(load_default=None)
@@ -131,6 +144,8 @@ class CancelTaskRequest(_A2A):
 
 
 class ListTasksRequest(_A2A):
+    _UNSET_IF_EMPTY = ("contextId", "pageToken", "status")
+
     contextId = fields.String(load_default=None)
     status = fields.String(load_default=None, validate=validate.OneOf(
         ("TASK_STATE_UNSPECIFIED", *STATES.values(), *OTHER_STATES), error="must be a TaskState such as TASK_STATE_WORKING"))
@@ -150,9 +165,12 @@ class PushConfigRef(_A2A):
 
 
 class ListPushConfigsRequest(_A2A):
+    _UNSET_IF_EMPTY = ("pageToken",)
+
     taskId = fields.String(required=True)
-    pageSize = fields.Integer(strict=True, validate=validate.Range(min=0, max=MAX_PAGE_SIZE))
-    pageToken = fields.String()
+    pageSize = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0, max=MAX_PAGE_SIZE))
+    pageToken = fields.String(load_default=None, validate=validate.Regexp(
+        r"^[0-9]{1,4}$", error="is not a pageToken returned by this API"))
 
 
 class NoParams(_A2A):
@@ -201,6 +219,8 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
             artifacts.append(link)
         else:
             errors[f"{where}.raw"] = ["raw (bytes) parts are not supported: send text, a url, or a data part holding an artifact"]
+    if not texts and not errors:
+        errors["message.parts"] = ["must hold at least one text part (data and url parts carry artifacts)"]
     if errors:
         raise RelayError("invalid_params", "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()),
                          errors)
@@ -226,7 +246,14 @@ def a2a_path(path: str, parts_map: dict[str, str]) -> str:
 
 
 def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
-    """Return an invalid_params error whose field names are A2A's; other errors unchanged."""
+    """Return an invalid_params error whose field names are A2A's; other errors unchanged.
+
+    invalid_intent_payload keeps its symbol and gains the A2A path of its field
+    (``details.field``), which the transport lists as a field violation.
+    """
+    if exc.symbol == "invalid_intent_payload" and isinstance(exc.details, dict) and "field" in exc.details:
+        return RelayError(exc.symbol, exc.message, {**exc.details, "field": a2a_path(exc.details["field"], parts_map),
+                                                    "reason": exc.message})
     if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
         return exc
     details = {a2a_path(k, parts_map): v for k, v in exc.details.items()}
@@ -245,7 +272,6 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     meta = dict(message.get("metadata") or {})
     intent = meta.pop("intent", None)
     proposed = meta.pop("proposed_action", None)
-    meta["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
     creating = message.get("taskId") is None
     seed: dict[str, Any] = {"message": {"role": "user", "parts": texts}, "metadata": meta}
     if artifacts:
@@ -255,14 +281,23 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     elif intent is not None or proposed is not None:
         raise RelayError("invalid_params", "message.metadata: intent and proposed_action only open a task",
                          {"message.metadata": ["intent and proposed_action are only allowed when opening a task (no taskId)"]})
+    if "client_idempotency_key" in meta:
+        raise RelayError("invalid_params", "message.metadata.client_idempotency_key: messageId is the idempotency key here",
+                         {"message.metadata.client_idempotency_key": ["is not used here: messageId is the idempotency key"]})
     try:
         params = load_or_invalid(MessageSendParams(), seed)
     except RelayError as exc:
         raise renamed(exc, paths) from None
+    # Set after loading: the seed schema refuses the reserved prefix from seed clients.
+    params["metadata"]["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
     if creating:
         params["context_id"] = context_id(message["contextId"]) if message.get("contextId") else None
     else:
         params["task_id"] = task_id(message["taskId"], "message.taskId")
+        if message.get("contextId"):
+            # Checked against the task by the service (expect_context): A2A rejects a
+            # taskId whose task is in another context.
+            params["expect_context_id"] = context_id(message["contextId"])
     return params, paths
 
 
@@ -283,7 +318,11 @@ def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
         metadata["intent"] = task.get("intent")
         if task.get("proposed_action") is not None:
             metadata["proposed_action"] = task["proposed_action"]
-    return {"messageId": row["id"], "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"],
+    # A message sent over A2A keeps the messageId its author chose; others show the relay's id.
+    message_id = row.get("a2a_message_id") or row["id"]
+    if message_id != row["id"]:
+        metadata["relayMessageId"] = row["id"]
+    return {"messageId": message_id, "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"],
             "role": ROLES[row["role"]], "parts": parts, "metadata": metadata}
 
 

@@ -20,6 +20,9 @@ MAX_URL = 2048
 MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
 TRANSITIONS = ("accept", "complete", "cancel")
+# Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
+# same agent; seed clients may not use the prefix, so neither can replay the other's call.
+RESERVED_KEY_PREFIX = "a2a:"
 
 
 def _text(max_len: int, required: bool = True, **kw) -> fields.String:
@@ -150,6 +153,9 @@ class Metadata(fields.Dict):
         key = value.get("client_idempotency_key")
         if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY):
             raise ValidationError({"client_idempotency_key": [f"must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"]})
+        if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
+            raise ValidationError({"client_idempotency_key": [
+                f"must not start with {RESERVED_KEY_PREFIX!r}: that prefix holds A2A messageIds (docs/a2a.md)"]})
         return value
 
 

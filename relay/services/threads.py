@@ -19,7 +19,7 @@ from relay.extensions import db
 from relay.ids import format_ulid, new_ulid
 from relay.models import TERMINAL_STATES, Agent, AuditEvent, Block, Event, Message, ReadPosition, Thread
 from relay.schemas.common import encode_cursor, iso
-from relay.schemas.handoffs import agent_ref
+from relay.schemas.handoffs import RESERVED_KEY_PREFIX, agent_ref
 from relay.services import after_commit, dispatch, idempotency, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
@@ -163,6 +163,9 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
             Thread.context_id == context_id, or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id))))
         if not known and not adopt_context:
             raise invalid("context_id", "names no context in which you already have a thread")
+        if not known and session.scalar(select(exists().where(Thread.context_id == context_id))):
+            # Adopting an id other agents already use would put this thread in their context.
+            raise invalid("context_id", "names a context of other agents; choose a new UUID")
     else:
         context_id = new_ulid()
     _serialize_feed_writes(session, caller.id, recipient.id)
@@ -190,6 +193,9 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
             raise invalid(name, "is only allowed when creating a handoff (task_id is null)")
     # Lock the thread row: concurrent appends queue here, so sequence_no stays gapless.
     thread, _side = _load_thread(session, params["task_id"], caller, lock=True, peer=peer)
+    expected = params.get("expect_context_id")
+    if expected is not None and expected != thread.context_id:
+        raise invalid("context_id", "does not match the task's context")
     if thread.state in TERMINAL_STATES:
         raise RelayError("thread_terminal", f"the thread is {thread.state}; no more messages can be added",
                          {"state": thread.state})
@@ -216,8 +222,9 @@ def send_message(caller: Agent, params: dict, *, peer: Agent | None = None, adop
     other params.
 
     The A2A binding passes ``peer`` (appends only to threads the caller sent to that
-    agent), ``adopt_context`` (a ``context_id`` the caller has never used starts a new
-    context with that id, A2A's client-chosen contextId) and ``then(session, result)``,
+    agent), ``adopt_context`` (a ``context_id`` nobody uses yet starts a new context with
+    that id, A2A's client-chosen contextId), ``params["expect_context_id"]`` (an append
+    whose thread is in another context is invalid_params) and ``then(session, result)``,
     run in the same transaction after a first (not replayed) send.
     """
     key = (params.get("metadata") or {}).get("client_idempotency_key")
@@ -235,12 +242,20 @@ def send_message(caller: Agent, params: dict, *, peer: Agent | None = None, adop
 
 
 def message_row(message: Message) -> dict[str, Any]:
-    """A message as ``tasks/get`` lists it (seed 000): id, sequence_no, from, body, payload..."""
-    return {
+    """A message as ``tasks/get`` lists it (seed 000): id, sequence_no, from, body, payload...
+
+    A message sent over the A2A binding also carries ``a2a_message_id``, the messageId
+    its author chose (its idempotency key, minus the reserved prefix).
+    """
+    row = {
         "id": str(message.id), "sequence_no": message.sequence_no, "from": message.author.handle,
         "role": message.role, "body": message.body, "parts": message.parts, "artifacts": message.artifacts,
         "payload": _payload(message.meta), "created_at": iso(message.created_at),
     }
+    key = message.meta.get("client_idempotency_key")
+    if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
+        row["a2a_message_id"] = key[len(RESERVED_KEY_PREFIX):]
+    return row
 
 
 def _status(thread: Thread) -> dict[str, Any]:
