@@ -1,0 +1,915 @@
+"""The ``relay-agent`` command: an agent's own handoff CLI, on the public API only.
+
+Every command talks to the relay through :class:`relay.client.RelayClient` (JSON-RPC at
+``POST /a2a`` and the REST feed); nothing of the server (services, models, Flask) is
+used here, so this command works against any relay the agent can reach.
+
+Configuration comes from the environment: ``RELAY_URL`` (the relay's root URL) and
+``RELAY_API_KEY`` (the agent's ``ah_live_...`` key); ``--url``/``--key`` override them.
+
+Exit status: 0 success; 1 the relay answered an error or could not be reached (one
+``error: SYMBOL: message (hint: ...)`` line on stderr); 2 a usage error; 3
+``RELAY_URL``/``RELAY_API_KEY`` missing or malformed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import click
+
+from relay.client import (
+    FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult, TaskSummary,
+    TransitionResult,
+)
+
+STATES = ("pending", "accepted", "completed", "cancelled")
+INTENTS = ("inform", "ask_question", "propose_action")
+# The feed's oldest possible position: a first `watch` without --since prints the whole feed.
+BEGINNING = "1970-01-01T00:00:00+00:00"
+
+EXIT_RELAY = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+
+
+# =========================================================================== errors
+
+class ConfigMissing(Exception):
+    """RELAY_URL / RELAY_API_KEY missing or malformed: exit 3."""
+
+
+class LocalError(Exception):
+    """A problem on this side (state file, input), reported as one line with exit 1."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class OneLineUsage(Exception):
+    """A usage error reported as one line (exit 2)."""
+
+
+# A short hint per common error symbol: what the agent should do next.
+HINTS: dict[str, str] = {
+    "unauthenticated": "check RELAY_API_KEY: it must be the ah_live_... key the operator printed with "
+                       "'relay agents create'; it may have been revoked or the agent disabled",
+    "forbidden": "a key reads only its own identity's feed",
+    "recipient_not_found": "check the handle (local@org, e.g. bob@acme); the operator creates agents with "
+                           "'relay agents create'",
+    "not_a_participant": "only the thread's sender and recipient may read or reply to it; check the task id "
+                         "and that RELAY_API_KEY is the right agent's key",
+    "thread_not_found": "check the task id: 'relay-agent inbox' and 'relay-agent inbox --sent' list yours",
+    "thread_terminal": "start a new handoff with relay-agent send",
+    "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept needs pending, "
+                          "complete needs accepted, cancel needs pending",
+    "not_authorized_transition": "the recipient accepts and completes a handoff; only the sender cancels it",
+    "state_changed": "someone changed the thread first; check it with 'relay-agent show TASK_ID' and retry",
+    "duplicate_idempotency_key": "that --idempotency-key was already used with a different message; use a new key",
+    "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
+                              "--rationale; other intents take none of them",
+    "teammate_blocked": "the recipient has blocked you; ask its owner",
+    "invalid_params": "fix the named field and retry",
+    "payload_too_large": "send less: split the diff or link to it with --link",
+    "identity_not_found": "check the handle",
+    "internal_error": "a relay bug: retry later, and quote the request id to the operator",
+    "service_unavailable": "the relay's database is unavailable: retry shortly",
+}
+
+
+def _flatten(errors: Any, prefix: str = "") -> list[str]:
+    """Field errors as ``field.sub: reason`` strings (marshmallow's nested dicts)."""
+    if isinstance(errors, dict):
+        out: list[str] = []
+        for k, v in errors.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(errors, (list, tuple)):
+        if all(isinstance(e, str) for e in errors):
+            return [f"{prefix}: {' '.join(errors)}" if prefix else " ".join(errors)]
+        out = []
+        for e in errors:
+            out += _flatten(e, prefix)
+        return out
+    return [f"{prefix}: {errors}" if prefix else str(errors)]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def format_error(exc: RelayError, url: str | None = None) -> str:
+    """The one stderr line for a relay error: ``error: SYMBOL: message (hint: ...)``."""
+    symbol = exc.symbol or "error"
+    message = exc.message
+    if isinstance(exc, RelayConnectionError):
+        cause = exc.__cause__
+        reason = "timed out" if "Timeout" in type(cause).__name__ else (
+            "connection refused" if "refused" in str(cause).lower() else _one_line(str(cause))[:160] or "no answer")
+        message = f"cannot reach the relay at {url or 'RELAY_URL'} ({reason}, {exc.attempts} attempts)"
+        hint = "is RELAY_URL right, and is the relay up? ('curl $RELAY_URL/healthz' should answer)"
+    elif isinstance(exc, RateLimited):
+        wait = f"{int(exc.retry_after + 0.999)} s" if exc.retry_after is not None else "a minute"
+        hint = f"wait {wait} and retry"
+    else:
+        hint = HINTS.get(symbol, "")
+        if symbol == "invalid_params" and isinstance(exc.data, dict):
+            fields = _flatten(exc.data.get("errors", exc.data))  # JSON-RPC data.errors, REST details
+            fields = [f for f in fields if not f.startswith("symbol:") and f not in (message or "")]
+            if fields:
+                message = f"{message}: {'; '.join(fields)}" if message else "; ".join(fields)
+        if symbol in ("internal_error", "service_unavailable") and exc.request_id:
+            hint = f"{hint}; request id {exc.request_id}"
+    line = f"error: {symbol}: {_one_line(message)}"
+    return f"{line} (hint: {hint})" if hint else line
+
+
+# =========================================================================== output helpers
+
+def _dump(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+def _when(dt: datetime | None) -> str:
+    """A time as ``2026-04-25 10:00:03Z`` (UTC), or ``-``."""
+    if dt is None:
+        return "-"
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _agent(ref: Any) -> str:
+    if ref is None:
+        return "-"
+    extra = ", ".join(x for x in (ref.name, ref.role) if x)
+    return f"{ref.handle} ({extra})" if extra else ref.handle
+
+
+def _width() -> int:
+    return max(60, shutil.get_terminal_size((120, 24)).columns)
+
+
+def _table(headers: Sequence[str], rows: list[Sequence[str]]) -> None:
+    """Aligned columns; the last column is cut to the terminal width."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
+    used = sum(widths) + 2 * len(widths)
+    # Cut to the terminal; piped (an agent reading the output) the last column is left whole.
+    room = max(20, _width() - used) if sys.stdout.isatty() else 10_000
+
+    def line(cells: Sequence[str]) -> str:
+        last = _one_line(cells[-1])
+        if len(last) > room:
+            last = last[:room - 1] + "…"
+        return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths)) + "  " + last
+
+    click.echo(line(headers).rstrip())
+    for r in rows:
+        click.echo(line(r).rstrip())
+
+
+def _block(pairs: Iterable[tuple[str, Any]]) -> None:
+    """``key  value`` lines with the keys aligned; None values are skipped."""
+    pairs = [(k, v) for k, v in pairs if v is not None]
+    width = max(len(k) for k, _ in pairs)
+    for k, v in pairs:
+        click.echo(f"{k.ljust(width)}  {v}")
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else prefix.rstrip() for line in str(text).splitlines()) or prefix.rstrip()
+
+
+def _artifact_lines(artifact: dict) -> list[str]:
+    kind = artifact.get("type")
+    if kind == "file_diff":
+        diff = str(artifact.get("diff", ""))
+        plus = sum(1 for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+        minus = sum(1 for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
+        return [f"[file_diff] {artifact.get('path')}  (+{plus} -{minus})", _indent(diff, "      ")]
+    if kind == "file_ref":
+        where = str(artifact.get("path"))
+        if artifact.get("line_start") is not None:
+            where += f":{artifact['line_start']}"
+            if artifact.get("line_end") not in (None, artifact["line_start"]):
+                where += f"-{artifact['line_end']}"
+        extra = "  ".join(str(artifact[k]) for k in ("ref", "description") if artifact.get(k))
+        return [f"[file_ref] {where}" + (f"  {extra}" if extra else "")]
+    if kind == "test_command":
+        cwd = f"  (in {artifact['cwd']})" if artifact.get("cwd") else ""
+        desc = f"  {artifact['description']}" if artifact.get("description") else ""
+        return [f"[test_command] {artifact.get('command')}{cwd}{desc}"]
+    if kind == "link":
+        title = f"  {artifact['title']}" if artifact.get("title") else ""
+        return [f"[link] {artifact.get('url')}{title}"]
+    if kind == "api_contract":
+        spec = artifact.get("spec")
+        spec_text = spec if isinstance(spec, str) else json.dumps(spec, indent=2, ensure_ascii=False)
+        fmt = f" ({artifact['format']})" if artifact.get("format") else ""
+        return [f"[api_contract] {artifact.get('name')}{fmt}", _indent(spec_text, "      ")]
+    return [f"[{kind}] {json.dumps(artifact, ensure_ascii=False)}"]
+
+
+def _print_message_body(text: str, artifacts: list, metadata: dict | None = None) -> None:
+    click.echo(_indent(text))
+    for artifact in artifacts:
+        for ln in _artifact_lines(artifact if isinstance(artifact, dict) else {"type": "?", "value": artifact}):
+            click.echo(ln if ln.startswith("      ") else "    " + ln)
+    if metadata:
+        click.echo(f"    metadata: {json.dumps(metadata, ensure_ascii=False)}")
+
+
+def _print_sent(result: SendResult, to: str | None) -> None:
+    _block([
+        ("task_id", result.task_id),
+        ("state", result.state),
+        ("to", to),
+        ("message", f"#{result.sequence_no}" if result.sequence_no is not None else None),
+        ("message_id", result.message_id),
+        ("context_id", result.context_id),
+        ("created", _when(result.created_at) if result.created_at else None),
+    ])
+
+
+def _print_transition(verb: str, result: TransitionResult) -> None:
+    click.echo(f"{verb} {result.task_id}: state is now {result.state}")
+
+
+# =========================================================================== artifacts
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_FILE_REF = re.compile(r"^(?P<path>.+?):(?P<start>\d+)(?:-(?P<end>\d+))?$")
+
+
+def _header_path(line: str, prefix: str) -> str | None:
+    """The path of a ``--- a/x`` / ``+++ b/x`` header (timestamps after a tab dropped); None for /dev/null."""
+    raw = line[4:].split("\t", 1)[0].strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        raw = raw[1:-1]
+    if raw == "/dev/null" or not raw:
+        return None
+    return raw[len(prefix):] if prefix and raw.startswith(prefix) else raw
+
+
+def split_diff(text: str) -> list[tuple[str | None, str]]:
+    """Split a unified diff into ``(path, diff)`` per file.
+
+    A file starts at ``diff --git`` or at a ``---``/``+++`` header pair outside a hunk
+    (hunk lengths from ``@@ -a,b +c,d @@`` are followed, so a removed line that starts
+    with ``--`` is not taken for a header). The path is the ``+++ b/...`` file (git's
+    ``a/``/``b/`` prefixes dropped), the ``---`` file for a deletion, or git's ``rename
+    to``/``diff --git`` name; None when the text has no file header at all.
+    """
+    lines = text.splitlines(keepends=True)
+    sections: list[dict] = []
+    preamble: list[str] = []
+    cur: dict | None = None
+    old = new = 0
+
+    def start(line: str) -> dict:
+        sec = {"lines": preamble[:] if not sections else [], "git": None, "minus": None, "plus": None,
+               "has_minus": False, "has_plus": False, "rename": None}
+        preamble.clear()
+        sec["lines"].append(line)
+        sections.append(sec)
+        return sec
+
+    for i, line in enumerate(lines):
+        body = line.rstrip("\r\n")
+        if cur is not None and (old > 0 or new > 0):
+            c = body[:1]
+            if c in (" ", ""):
+                old, new = old - 1, new - 1
+            elif c == "-":
+                old -= 1
+            elif c == "+":
+                new -= 1
+            elif c != "\\":
+                old = new = 0  # a malformed hunk ended early: read this line as a header
+            if old > 0 or new > 0 or c in (" ", "", "-", "+", "\\"):
+                cur["lines"].append(line)
+                continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if body.startswith("diff --git "):
+            cur = start(line)
+            cur["git"] = body
+            continue
+        if body.startswith("--- ") and nxt.startswith("+++ ") and (cur is None or cur["has_plus"]):
+            cur = start(line)
+            cur["has_minus"] = True
+            cur["minus_line"] = body
+            continue
+        if cur is None:
+            preamble.append(line)
+            continue
+        cur["lines"].append(line)
+        if body.startswith("--- ") and not cur["has_minus"]:
+            cur["has_minus"], cur["minus_line"] = True, body
+        elif body.startswith("+++ ") and not cur["has_plus"]:
+            cur["has_plus"], cur["plus_line"] = True, body
+        elif body.startswith("rename to "):
+            cur["rename"] = body[len("rename to "):].strip()
+        else:
+            m = _HUNK.match(body)
+            if m:
+                old = int(m.group(1)) if m.group(1) is not None else 1
+                new = int(m.group(2)) if m.group(2) is not None else 1
+
+    if not sections:
+        return [(None, text)]
+    out: list[tuple[str | None, str]] = []
+    for sec in sections:
+        git = sec["git"] is not None or sec.get("minus_line", "").startswith("--- a/")
+        path = None
+        if sec.get("plus_line"):
+            path = _header_path(sec["plus_line"], "b/" if git else "")
+        if path is None and sec.get("minus_line"):
+            path = _header_path(sec["minus_line"], "a/" if git else "")
+        if path is None and sec["rename"]:
+            path = sec["rename"]
+        if path is None and sec["git"]:
+            m = re.match(r'^diff --git "?a/.*?"? "?b/(.*?)"?$', sec["git"])
+            path = m.group(1) if m else None
+        out.append((path, "".join(sec["lines"])))
+    if preamble:  # trailing lines after the last file (e.g. a signature) stay with it
+        path, diff = out[-1]
+        out[-1] = (path, diff + "".join(preamble))
+    return out
+
+
+def diff_artifacts(stream: Any, fallback_path: str | None) -> list[dict]:
+    """``file_diff`` artifacts for one ``--artifact-file-diff`` argument (see :func:`split_diff`)."""
+    name = getattr(stream, "name", "-")
+    text = stream.read()
+    if not text.strip():
+        raise OneLineUsage(f"--artifact-file-diff {name}: the diff is empty")
+    given = None if name in ("-", "<stdin>") else name
+    artifacts = []
+    for path, diff in split_diff(text):
+        path = path or fallback_path or given
+        if not path:
+            raise OneLineUsage("--artifact-file-diff -: the diff on stdin has no '+++ b/PATH' header; "
+                               "name the file with --diff-path PATH")
+        artifacts.append({"type": "file_diff", "path": path, "diff": diff})
+    return artifacts
+
+
+def file_ref_artifact(spec: str) -> dict:
+    """``PATH``, ``PATH:LINE`` or ``PATH:START-END`` as a ``file_ref`` artifact."""
+    m = _FILE_REF.match(spec)
+    if not m:
+        if not spec.strip():
+            raise OneLineUsage("--file-ref: the path is empty")
+        return {"type": "file_ref", "path": spec}
+    start = int(m.group("start"))
+    end = int(m.group("end")) if m.group("end") else start
+    if start < 1 or end < start:
+        raise OneLineUsage(f"--file-ref {spec}: lines must be START-END with 1 <= START <= END")
+    ref = {"type": "file_ref", "path": m.group("path"), "line_start": start}
+    if m.group("end"):
+        ref["line_end"] = end
+    return ref
+
+
+def _artifact_options(fn: Callable) -> Callable:
+    """The artifact options shared by ``send`` and ``reply``."""
+    options = [
+        click.option("--artifact-file-diff", "diffs", multiple=True, metavar="PATH",
+                     type=click.File("r", encoding="utf-8", errors="replace"),
+                     help="Attach a unified diff read from PATH ('-' for stdin) as file_diff artifacts: one per "
+                          "file in the diff, each named by its '+++ b/...' header (the '---' path for a deleted "
+                          "file); a diff without headers is named --diff-path, else PATH. Repeatable."),
+        click.option("--diff-path", metavar="PATH",
+                     help="The file path for a diff that has no ---/+++ headers (needed for such a diff on stdin)."),
+        click.option("--file-ref", "file_refs", multiple=True, metavar="PATH[:LINE|:START-END]",
+                     help="Point at a file, optionally at a line or line range (src/a.py:10-20). Repeatable."),
+        click.option("--test-command", "test_commands", multiple=True, metavar="CMD",
+                     help="A command that checks the work, e.g. 'pytest -q tests/test_users.py'. Repeatable."),
+        click.option("--link", "links", multiple=True, metavar="URL",
+                     help="An http(s) link (PR, issue, doc). Repeatable."),
+        click.option("--idempotency-key", metavar="KEY",
+                     help="Make a retried command safe: the same KEY with the same message returns the first "
+                          "result instead of sending twice (default: a fresh key per command)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _collect_artifacts(diffs: Sequence[Any], diff_path: str | None, file_refs: Sequence[str],
+                       test_commands: Sequence[str], links: Sequence[str]) -> list[dict]:
+    artifacts: list[dict] = []
+    for stream in diffs:
+        artifacts += diff_artifacts(stream, diff_path)
+    artifacts += [file_ref_artifact(spec) for spec in file_refs]
+    for cmd in test_commands:
+        if not cmd.strip():
+            raise OneLineUsage("--test-command: the command is empty")
+        artifacts.append({"type": "test_command", "command": cmd})
+    for url in links:
+        if not re.match(r"^https?://", url):
+            raise OneLineUsage(f"--link {url}: must be an http:// or https:// URL")
+        artifacts.append({"type": "link", "url": url})
+    return artifacts
+
+
+# =========================================================================== the client
+
+# The URL in use, for the connection-error line main() prints after the context is gone.
+_SEEN: dict[str, str] = {}
+
+def _client(ctx: click.Context) -> RelayClient:
+    """The RelayClient for RELAY_URL/RELAY_API_KEY (or --url/--key); exit 3 when either is missing."""
+    obj = ctx.find_root().ensure_object(dict)
+    if obj.get("client") is None:
+        url, key = obj.get("url"), obj.get("key")
+        missing = [name for name, value in (("RELAY_URL", url), ("RELAY_API_KEY", key)) if not value]
+        if missing:
+            example = {"RELAY_URL": "RELAY_URL=https://your-relay.example.com",
+                       "RELAY_API_KEY": "RELAY_API_KEY=<the ah_live_... key 'relay agents create' printed>"}
+            flags = "/".join({"RELAY_URL": "--url", "RELAY_API_KEY": "--key"}[m] for m in missing)
+            raise ConfigMissing(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
+                                f"(hint: export {' and '.join(example[m] for m in missing)}, or pass {flags})")
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise ConfigMissing(f"RELAY_URL must be an http:// or https:// URL, got {url!r} "
+                                "(hint: e.g. RELAY_URL=http://127.0.0.1:8000)")
+        _SEEN["url"] = url
+        obj["client"] = RelayClient(url, key)
+        ctx.find_root().call_on_close(obj["client"].close)
+    return obj["client"]
+
+
+# =========================================================================== commands
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--url", envvar="RELAY_URL", metavar="URL", show_envvar=True,
+              help="The relay's root URL, e.g. http://127.0.0.1:8000 (default: $RELAY_URL).")
+@click.option("--key", envvar="RELAY_API_KEY", metavar="KEY", show_envvar=True,
+              help="This agent's API key, ah_live_... (default: $RELAY_API_KEY).")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, key: str | None) -> None:
+    """Hand work to other agents, and take work from them, through a handoff relay.
+
+    \b
+    Set RELAY_URL and RELAY_API_KEY (your key, from 'relay agents create'), then:
+      relay-agent whoami                                  # check the key
+      relay-agent send bob@acme "Please add pagination" --file-ref src/api.py:10-20
+      relay-agent inbox                                   # handoffs sent to you
+      relay-agent show TASK_ID                            # read one (marks it read)
+      relay-agent reply TASK_ID "Question: ..."           # either side, while open
+      relay-agent accept TASK_ID                          # recipient: pending -> accepted
+      relay-agent complete TASK_ID --summary "Done: ..."  # recipient: accepted -> completed
+      relay-agent cancel TASK_ID                          # sender: pending -> cancelled
+      relay-agent watch                                   # print new messages as they come
+
+    \b
+    Every command takes --json for scripts (one JSON document; watch: one per line).
+    Exit status: 0 ok; 1 the relay refused or could not be reached (one 'error:
+    SYMBOL: message (hint: ...)' line on stderr); 2 usage error; 3 RELAY_URL or
+    RELAY_API_KEY missing.
+    """
+    ctx.ensure_object(dict).update(url=url, key=key, client=None)
+
+
+@cli.command(short_help="Print the agent your key belongs to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def whoami(ctx: click.Context, as_json: bool) -> None:
+    """Print the agent RELAY_API_KEY belongs to (handle, name, role, org).
+
+    Use it to check the key and the URL before anything else.
+    """
+    ident = _client(ctx).whoami()
+    if as_json:
+        _dump(ident.raw)
+        return
+    _block([("handle", ident.handle), ("name", ident.name or "-"), ("role", ident.role or "-"),
+            ("org", ident.org or "-"), ("relay", _client(ctx).base_url)])
+
+
+@cli.command(short_help="Open a new handoff to another agent.")
+@click.argument("handle")
+@click.argument("text")
+@click.option("--intent", type=click.Choice(INTENTS), default="inform", show_default=True,
+              help="inform (FYI), ask_question (you expect an answer) or propose_action (you propose a change the "
+                   "recipient should make; needs the three --proposed/--target/--rationale options).")
+@click.option("--proposed-description", metavar="TEXT", help="propose_action: what the change is.")
+@click.option("--target-file", "target_files", multiple=True, metavar="PATH",
+              help="propose_action: a file the recipient will touch. Repeatable.")
+@click.option("--rationale", metavar="TEXT", help="propose_action: why the change is needed.")
+@click.option("--context-id", metavar="ID",
+              help="Join an existing context (one in which you already have a thread) instead of starting a new one.")
+@_artifact_options
+@click.pass_context
+def send(ctx: click.Context, handle: str, text: str, intent: str, proposed_description: str | None,
+         target_files: tuple[str, ...], rationale: str | None, context_id: str | None, diffs, diff_path,
+         file_refs, test_commands, links, idempotency_key, as_json: bool) -> None:
+    """Open a new handoff to HANDLE (local@org) with TEXT as its brief.
+
+    Prints the new task id (the thread starts 'pending'). Attach the work with
+    --artifact-file-diff, --file-ref, --test-command and --link.
+
+    \b
+    Example:
+      relay-agent send bob@acme "Refactored /users; please update the client" \\
+        --artifact-file-diff users.diff --file-ref src/api/users.py:10-20 \\
+        --test-command "pytest -q tests/test_users.py" --link https://example.com/pr/1
+    """
+    proposal = {"--proposed-description": proposed_description, "--target-file": target_files or None,
+                "--rationale": rationale}
+    if intent == "propose_action":
+        missing = [name for name, value in proposal.items() if not value]
+        if missing:
+            raise OneLineUsage(f"--intent propose_action needs --proposed-description, --target-file and "
+                               f"--rationale; missing: {', '.join(missing)}")
+        proposed_action = {"description": proposed_description, "target_files": list(target_files),
+                           "rationale": rationale}
+    else:
+        given = [name for name, value in proposal.items() if value]
+        if given:
+            raise OneLineUsage(f"{', '.join(given)}: only for --intent propose_action (the intent is {intent})")
+        proposed_action = None
+    artifacts = _collect_artifacts(diffs, diff_path, file_refs, test_commands, links)
+    if proposed_action is not None and diffs:
+        proposed_action["suggested_diff"] = "".join(a["diff"] for a in artifacts if a["type"] == "file_diff")
+    result = _client(ctx).send(handle, text, intent=intent, artifacts=artifacts, proposed_action=proposed_action,
+                               context_id=context_id, idempotency_key=idempotency_key)
+    if as_json:
+        _dump(result.raw)
+    else:
+        _print_sent(result, handle.strip().lower())
+
+
+@cli.command(short_help="List handoffs sent to you (--sent: opened by you).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATES),
+              help="Only threads in this state. Repeatable (default: all states).")
+@click.option("--sent", is_flag=True, help="List the handoffs you opened instead of those sent to you.")
+@click.option("--limit", type=click.IntRange(1, 200), default=50, show_default=True,
+              help="At most this many threads, newest activity first.")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's tasks/list answer.")
+@click.pass_context
+def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int, as_json: bool) -> None:
+    """List handoffs sent to you (or, with --sent, opened by you), newest activity first.
+
+    UNREAD counts the other side's messages you have not read yet; 'relay-agent show
+    TASK_ID' reads a thread and marks it read. Typical loop for a recipient: inbox
+    --status pending, show, accept, work, complete.
+    """
+    client = _client(ctx)
+    status = list(statuses) or None
+    page: Page[TaskSummary] = (client.sent if sent else client.inbox)(status=status, limit=limit)
+    if as_json:
+        _dump(page.raw)
+        return
+    if not page.items:
+        click.echo("no handoffs" + (" opened by you" if sent else " in your inbox")
+                   + (f" ({', '.join(statuses)})" if statuses else ""))
+        return
+    rows = []
+    for t in page.items:
+        other = t.recipient if sent else t.sender
+        rows.append([t.task_id, t.state, other.handle if other else "-", str(t.unread_messages),
+                     _when(t.updated_at), t.intent or "-", t.summary_preview or ""])
+    _table(["TASK_ID", "STATE", "TO" if sent else "FROM", "UNREAD", "UPDATED", "INTENT", "SUMMARY"], rows)
+    if page.next_cursor:
+        click.echo(f"(more threads than --limit {limit}; filter with --status or raise --limit)")
+
+
+@cli.command(short_help="Print a handoff and its messages (marks it read).")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's tasks/get answer.")
+@click.pass_context
+def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Print a handoff with all its messages and artifacts (diffs in full); marks it read.
+
+    The header gives the state, both participants, the intent, any proposed action
+    and, once completed, the result summary.
+    """
+    handoff: Handoff = _client(ctx).get(task_id)
+    if as_json:
+        _dump(handoff.raw)
+        return
+    _block([
+        ("task_id", handoff.task_id),
+        ("state", handoff.state),
+        ("from", _agent(handoff.sender)),
+        ("to", _agent(handoff.recipient)),
+        ("intent", handoff.intent or "-"),
+        ("context_id", handoff.context_id),
+        ("created", _when(handoff.created_at)),
+        ("accepted", _when(handoff.accepted_at) if handoff.accepted_at else None),
+        ("completed", _when(handoff.completed_at) if handoff.completed_at else None),
+        ("cancelled", _when(handoff.cancelled_at) if handoff.cancelled_at else None),
+        ("result", handoff.result_summary),
+    ])
+    action = handoff.proposed_action
+    if action:
+        click.echo("proposed action:")
+        click.echo(f"    description: {action.get('description')}")
+        click.echo(f"    target files: {', '.join(action.get('target_files') or [])}")
+        click.echo(f"    rationale: {action.get('rationale')}")
+        suggested = action.get("suggested_diff")
+        if suggested:
+            first = handoff.messages[0].artifacts if handoff.messages else []
+            if suggested == "".join(a.get("diff", "") for a in first if a.get("type") == "file_diff"):
+                click.echo("    suggested diff: the file_diff artifacts of message #1")
+            else:
+                click.echo("    suggested diff:")
+                click.echo(_indent(suggested, "      "))
+    click.echo("")
+    click.echo(f"messages ({len(handoff.messages)}):")
+    for m in handoff.messages:
+        click.echo(f"  #{m.sequence_no}  {m.author}  ({m.role or '-'})  {_when(m.created_at)}")
+        _print_message_body(m.body, m.artifacts, m.payload)
+
+
+@cli.command(short_help="Add a message to a handoff.")
+@click.argument("task_id")
+@click.argument("text")
+@_artifact_options
+@click.pass_context
+def reply(ctx: click.Context, task_id: str, text: str, diffs, diff_path, file_refs, test_commands, links,
+          idempotency_key, as_json: bool) -> None:
+    """Add a message (TEXT, plus any artifacts) to handoff TASK_ID.
+
+    Either participant may reply while the thread is pending or accepted; a completed
+    or cancelled thread takes no more messages (start a new one with send).
+    """
+    artifacts = _collect_artifacts(diffs, diff_path, file_refs, test_commands, links)
+    result = _client(ctx).reply(task_id, text, artifacts=artifacts, idempotency_key=idempotency_key)
+    if as_json:
+        _dump(result.raw)
+    else:
+        _print_sent(result, None)
+
+
+@cli.command(short_help="Accept a pending handoff (recipient).")
+@click.argument("task_id")
+@click.option("--session-id", metavar="ID", help="Your session's id, recorded in the thread's audit trail.")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def accept(ctx: click.Context, task_id: str, session_id: str | None, as_json: bool) -> None:
+    """Accept a pending handoff sent to you (recipient only): pending -> accepted.
+
+    Accept before working on it; finish with 'relay-agent complete'.
+    """
+    result = _client(ctx).accept(task_id, session_id=session_id)
+    _dump(result.raw) if as_json else _print_transition("accepted", result)
+
+
+@cli.command(short_help="Complete an accepted handoff (recipient).")
+@click.argument("task_id")
+@click.option("--summary", required=True, metavar="TEXT",
+              help="What was done (the sender reads it as the result; at most 8192 characters).")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def complete(ctx: click.Context, task_id: str, summary: str, as_json: bool) -> None:
+    """Complete an accepted handoff (recipient only): accepted -> completed.
+
+    The thread is then closed: no more messages.
+    """
+    result = _client(ctx).complete(task_id, summary)
+    _dump(result.raw) if as_json else _print_transition("completed", result)
+
+
+@cli.command(short_help="Cancel a pending handoff (sender).")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Cancel a handoff you opened while it is still pending (sender only): pending -> cancelled."""
+    result = _client(ctx).cancel(task_id)
+    _dump(result.raw) if as_json else _print_transition("cancelled", result)
+
+
+def _row_line(row: FeedRow) -> str:
+    other = None
+    if row.caller and row.target:
+        other = row.target.handle if row.author == row.caller.handle else row.caller.handle
+    return (f"{_when(row.created_at)}  {row.author} -> {other or '-'}  task {row.task_id} #{row.sequence_no}"
+            f"  [{row.task_state}]")
+
+
+@cli.command(short_help="Full-text search over your messages.")
+@click.argument("query")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="At most this many messages, newest first.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"items": [feed rows]}.')
+@click.pass_context
+def search(ctx: click.Context, query: str, limit: int, as_json: bool) -> None:
+    """Full-text search over every message you can see (yours and those sent to you).
+
+    QUERY is web-search syntax: words, "quoted phrases", -excluded, or. Artifact text
+    (diffs, paths, commands) is searched too. Newest first; 'relay-agent show TASK_ID'
+    opens a hit's thread.
+    """
+    if not 1 <= len(query) <= 500:
+        raise OneLineUsage("QUERY must be 1-500 characters")
+    rows: list[FeedRow] = []
+    for row in _client(ctx).search(query, limit=min(limit, 100)):
+        rows.append(row)
+        if len(rows) >= limit:
+            break
+    if as_json:
+        _dump({"items": [r.raw for r in rows]})
+        return
+    if not rows:
+        click.echo(f"no messages match {query!r}")
+        return
+    _table(["TASK_ID", "#", "FROM", "STATE", "TIME", "TEXT"],
+           [[r.task_id, str(r.sequence_no), r.author or "-", r.task_state or "-", _when(r.created_at), r.body]
+            for r in rows])
+
+
+# --------------------------------------------------------------------------- watch
+
+def default_state_file(handle: str) -> Path:
+    """``$XDG_STATE_HOME/relay-agent/<handle>.json``, else ``~/.local/state/relay-agent/<handle>.json``."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "relay-agent" / f"{handle}.json"
+
+
+def load_state(path: Path) -> dict | None:
+    """The saved position ``{"since": ISO, "seen": [ids at exactly since]}``, or None if there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LocalError(f"cannot read the state file {path}: {exc.strerror}", "check its permissions")
+    try:
+        state = json.loads(text)
+        datetime.fromisoformat(state["since"])
+        if not isinstance(state.get("seen", []), list):
+            raise ValueError("seen")
+    except (ValueError, KeyError, TypeError):
+        raise LocalError(f"the state file {path} is not a relay-agent watch state",
+                         "delete it to start over, or pass --state-file")
+    return state
+
+
+def save_state(path: Path, state: dict) -> None:
+    """Write the state atomically (a crash never leaves half a file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump(state, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LocalError(f"cannot write the state file {path}: {exc.strerror}",
+                         "check the directory's permissions or pass --state-file")
+
+
+def advance(state: dict, rows: list[FeedRow]) -> dict:
+    """The position after ``rows`` (oldest first): the newest ``created_at`` and the ids at exactly it.
+
+    The feed's ``since`` is inclusive, so the ids at the saved time are kept to drop
+    those rows next time; ids at an older time are no longer needed.
+    """
+    if not rows:
+        return state
+    newest = max(rows, key=lambda r: r.created_at)
+    since = datetime.fromisoformat(state["since"])
+    at_newest = [r.id for r in rows if r.created_at == newest.created_at]
+    if newest.created_at == since:
+        at_newest = list(dict.fromkeys([*state.get("seen", []), *at_newest]))
+    return {**state, "since": newest.raw.get("created_at") or newest.created_at.isoformat(), "seen": at_newest}
+
+
+def _parse_since(value: str, client: RelayClient) -> dict:
+    if value == "now":
+        # Skip everything already in the feed: start at its newest row, which is then 'seen'.
+        newest = next(iter(client.messages(limit=1)), None)
+        if newest is None:
+            return {"since": BEGINNING, "seen": []}
+        return {"since": newest.raw.get("created_at") or newest.created_at.isoformat(), "seen": [newest.id]}
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise OneLineUsage(f"--since {value}: not an ISO 8601 time (e.g. 2026-04-25T10:00:00Z) or 'now'")
+    if when.tzinfo is None:
+        raise OneLineUsage(f"--since {value}: give a time zone (e.g. 2026-04-25T10:00:00Z)")
+    return {"since": when.isoformat(), "seen": []}
+
+
+def _print_row(row: FeedRow, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(row.raw, ensure_ascii=False))
+    else:
+        click.echo(_row_line(row))
+        _print_message_body(row.body, row.artifacts, row.metadata)
+    sys.stdout.flush()
+
+
+# Errors a long-running watch reports and outlives; anything else ends it.
+_TRANSIENT = ("connection_error", "rate_limited", "service_unavailable", "internal_error")
+
+
+@cli.command(short_help="Print new messages as they arrive.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="SECONDS",
+              help="Seconds between polls.")
+@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
+              help="Where the position is saved "
+                   "(default: $XDG_STATE_HOME/relay-agent/HANDLE.json, else ~/.local/state/relay-agent/HANDLE.json).")
+@click.option("--since", metavar="TIME",
+              help="Start at TIME (ISO 8601 with a zone) or 'now' (skip the backlog) instead of the saved "
+                   "position; without a saved position the whole feed is printed.")
+@click.option("--include-own", is_flag=True, help="Print your own messages too (default: only the other sides').")
+@click.option("--once", is_flag=True, help="Poll once, print what is new, save the position and exit (cron, scripts).")
+@click.option("--json", "as_json", is_flag=True, help="Print each message as one JSON object per line (a feed row).")
+@click.pass_context
+def watch(ctx: click.Context, interval: float, state_file: Path | None, since: str | None, include_own: bool,
+          once: bool, as_json: bool) -> None:
+    """Print new messages on your threads as they arrive, oldest first, each once.
+
+    Polls the messages feed every --interval seconds. After every batch the position
+    (the newest message time plus the ids at exactly that time) is saved to the state
+    file, so a restarted watch resumes where it stopped: nothing is printed twice and
+    nothing is missed. Ctrl-C stops it (exit 0). Transient relay errors are reported
+    on stderr and retried at the next poll; with --once they end the command (exit 1).
+    """
+    client = _client(ctx)
+    me = client.handle
+    path = state_file or default_state_file(me)
+    state = _parse_since(since, client) if since is not None else load_state(path)
+    if state is None:
+        state = {"since": BEGINNING, "seen": []}
+    state = {"handle": me, "url": client.base_url, **state}
+
+    try:
+        while True:
+            try:
+                rows = client.catch_up(state["since"], seen=state.get("seen", []), limit=100)
+            except RelayError as exc:
+                if once or exc.symbol not in _TRANSIENT:
+                    raise
+                click.echo(format_error(exc, client.base_url).replace("error:", "warning:", 1)
+                           + f" [retrying in {interval:g} s]", err=True)
+                rows = None
+            if rows is not None:
+                for row in rows:
+                    if include_own or row.author != me:
+                        _print_row(row, as_json)
+                state = advance(state, rows)
+                save_state(path, state)
+            if once:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+# =========================================================================== entry point
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``relay-agent`` console script: run the command, map every failure to one stderr line."""
+    code = 0
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="relay-agent", standalone_mode=False,
+                 obj={})
+    except RelayError as exc:
+        click.echo(format_error(exc, _SEEN.get("url")), err=True)
+        code = EXIT_RELAY
+    except ConfigMissing as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = EXIT_CONFIG
+    except OneLineUsage as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = EXIT_USAGE
+    except LocalError as exc:
+        click.echo(f"error: {exc.message}" + (f" (hint: {exc.hint})" if exc.hint else ""), err=True)
+        code = EXIT_RELAY
+    except click.ClickException as exc:
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "relay-agent"
+        hint = f" (hint: {where} --help)" if isinstance(exc, click.UsageError) else ""
+        click.echo(f"error: {_one_line(exc.format_message())}{hint}", err=True)
+        code = exc.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        code = 130
+    except BrokenPipeError:
+        # The reader went away (relay-agent inbox | head): nothing more to say.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        code = 0
+    except Exception as exc:  # never a traceback: one line, with what to report
+        click.echo(f"error: internal: {type(exc).__name__}: {_one_line(str(exc))[:300]} "
+                   "(hint: a relay-agent bug; rerun with --json or report this line)", err=True)
+        code = EXIT_RELAY
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,593 @@
+"""relay-mcp: the handoff relay as Model Context Protocol tools for a coding agent.
+
+An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets nine
+tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``accept``,
+``complete``, ``cancel``, ``search_messages`` and ``catch_up``. Each one is a call of
+:class:`relay.client.RelayClient` on the relay's public HTTP API, made with the agent's
+own key; this module imports nothing of the server (no services, models or Flask).
+
+Configuration, from the environment only:
+
+* ``RELAY_URL``: the relay's base URL (``https://relay.example.com``);
+* ``RELAY_API_KEY``: the agent's key (``ah_live_...``, from ``relay agents create``).
+
+Transports (official MCP Python SDK, ``mcp`` 2.x, ``MCPServer``)::
+
+    relay-mcp                                   # stdio (what an agent's mcpServers entry runs)
+    relay-mcp --http [--host 127.0.0.1] [--port 8765]   # streamable HTTP at http://HOST:PORT/mcp
+
+Results are JSON objects (``structuredContent``, with the same JSON as text). A relay
+error is returned as a tool error (``isError: true``) whose text is one line,
+``symbol: message (hint: ...)``; the server keeps running. The HTTP transport has no
+authentication of its own: whoever reaches it acts as the key's agent, so it listens on
+loopback unless ``--host`` says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import ipaddress
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Annotated, Any, Callable, Literal, Union
+
+import anyio.to_thread
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from relay.client import FeedRow, RelayClient, RelayError, TaskSummary
+
+__all__ = ["build_server", "main", "TOOL_NAMES"]
+
+log = logging.getLogger("relay.mcp")
+
+EXIT_CONFIG = 3
+TOOL_NAMES = ("send_handoff", "reply", "list_inbox", "get_thread", "accept", "complete", "cancel",
+              "search_messages", "catch_up")
+#: feed rows (search_messages, catch_up) carry at most this much of each message's text
+BODY_PREVIEW = 2000
+#: artifact fields left out of feed rows (get_thread returns them whole)
+_BULKY_ARTIFACT_FIELDS = ("diff", "spec")
+
+INSTRUCTIONS = """\
+Tools for the handoff relay, where AI agents hand work to each other. You act as the agent whose \
+API key this server holds. A handoff (thread, identified by task_id) is opened with send_handoff to \
+another agent's handle (local@org); both sides add messages with reply. The recipient accepts a pending \
+handoff (accept), does the work, then completes it with a result summary (complete); the sender may \
+cancel it while it is still pending (cancel). States: pending -> accepted -> completed, or pending -> \
+cancelled; completed and cancelled are final. Check your inbox with list_inbox, read a whole thread with \
+get_thread (this marks it read), find old messages with search_messages, and after a break fetch \
+everything new with catch_up. Errors come back as one line: "symbol: message (hint: ...)"."""
+
+
+# =========================================================================== tool argument types
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileDiff(_Strict):
+    """A change to one file, as a unified diff."""
+
+    type: Literal["file_diff"]
+    path: str = Field(description="Repository-relative path of the file, e.g. 'src/api/users.py'.")
+    diff: str = Field(description="Unified diff of the change ('@@ -1,5 +1,8 @@ ...').")
+
+
+class FileRef(_Strict):
+    """A pointer to a file (optionally a line range) the recipient should look at."""
+
+    type: Literal["file_ref"]
+    path: str = Field(description="Repository-relative path of the file.")
+    line_start: int | None = Field(None, ge=1, description="First line of interest (1-based).")
+    line_end: int | None = Field(None, ge=1, description="Last line of interest; not before line_start.")
+    ref: str | None = Field(None, description="Git ref (branch, tag or commit) the path refers to.")
+    description: str | None = Field(None, description="What to look at there.")
+
+
+class TestCommand(_Strict):
+    """A shell command that checks the work, e.g. the test to run."""
+
+    __test__ = False  # not a pytest class
+    type: Literal["test_command"]
+    command: str = Field(description="The command line, e.g. 'pytest tests/test_users.py -q'.")
+    cwd: str | None = Field(None, description="Directory to run it in, relative to the repository root.")
+    description: str | None = Field(None, description="What passing means.")
+
+
+class ApiContract(_Strict):
+    """An API shape both sides must agree on."""
+
+    type: Literal["api_contract"]
+    name: str = Field(description="Name of the API or endpoint, e.g. 'GET /users'.")
+    spec: str | dict[str, Any] = Field(description="The contract: text (OpenAPI YAML, a type signature...) "
+                                                   "or a JSON object (a JSON Schema, an OpenAPI fragment...).")
+    format: str | None = Field(None, description="Format of spec, e.g. 'openapi', 'jsonschema', 'typescript'.")
+
+
+class Link(_Strict):
+    """A URL (issue, pull request, document) relevant to the handoff."""
+
+    type: Literal["link"]
+    url: str = Field(description="http(s) URL.")
+    title: str | None = Field(None, description="Short title of the page.")
+
+
+Artifact = Annotated[Union[FileDiff, FileRef, TestCommand, ApiContract, Link], Field(discriminator="type")]
+
+
+class ProposedAction(_Strict):
+    """The change the sender proposes the recipient make (required with intent 'propose_action')."""
+
+    description: str = Field(description="Human-readable summary of the proposed change.")
+    target_files: list[str] = Field(min_length=1, description="Paths the recipient's agent will touch.")
+    rationale: str = Field(description="Why this change is needed.")
+    suggested_diff: str | None = Field(None, description="Optional unified diff; the recipient may draft its own.")
+
+
+TaskId = Annotated[str, Field(description="The handoff's task_id: the 26-character ULID returned by send_handoff "
+                                          "and shown by list_inbox, e.g. '01HXYZ4K2VNJQP7R8MWDB3CSTF'.")]
+ArtifactList = Annotated[
+    list[Artifact] | None,
+    Field(description="Optional structured attachments (at most 50), each an object with a 'type': "
+                      "file_diff {path, diff}; file_ref {path, line_start?, line_end?, ref?, description?}; "
+                      "test_command {command, cwd?, description?}; api_contract {name, spec, format?}; "
+                      "link {url, title?}."),
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(description="Optional key (up to 255 characters, e.g. a UUID; not starting with 'a2a:') that makes "
+                      "the call safe to repeat: "
+                      "calling again with the same key and the same arguments returns the first result "
+                      "instead of sending twice. Leave it out and one is generated (returned as idempotency_key)."),
+]
+
+
+# =========================================================================== errors as one line
+
+_HINTS: dict[str, str] = {
+    "unauthenticated": "RELAY_API_KEY is missing, malformed or revoked; ask the relay's operator for a key "
+                       "(relay agents create ...) and restart relay-mcp",
+    "forbidden": "this key may only act as its own agent",
+    "rate_limited": "too many requests for this agent; wait and call again",
+    "recipient_not_found": "check the handle (local@org, lower case); ask the user for the right one",
+    "not_a_participant": "only the thread's sender and recipient can read it or reply; check task_id",
+    "thread_not_found": "check task_id; list_inbox (sent=true for threads you opened) shows your threads",
+    "thread_terminal": "the thread is completed or cancelled; open a new handoff with send_handoff "
+                       "(pass its context_id to keep the work together)",
+    "invalid_transition": "accept needs a pending thread, complete an accepted one, cancel a pending one; "
+                          "get_thread shows its state",
+    "not_authorized_transition": "accept and complete are the recipient's to do; cancel is the sender's",
+    "state_changed": "another call changed the thread first; get_thread, then decide again",
+    "duplicate_idempotency_key": "this idempotency_key was already used with other arguments; use a new key "
+                                 "or leave it out",
+    "invalid_intent_payload": "give proposed_action with intent 'propose_action', and only then",
+    "teammate_blocked": "the recipient has blocked you; do not retry, tell the user",
+    "invalid_params": "fix the named argument and call again",
+    "payload_too_large": "send less: shorten the text, split it over several replies or drop large artifacts",
+    "identity_not_found": "no such agent is visible to you",
+    "connection_error": "the relay at RELAY_URL did not answer; try again later",
+    "service_unavailable": "the relay is temporarily unavailable; try again later",
+    "internal_error": "a relay fault, not your call's; try again later",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _field_errors(data: Any, prefix: str = "") -> list[str]:
+    """``{"message": {"parts": ["..."]}}`` -> ``["message.parts: ..."]``."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            out.extend(_field_errors(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(data, list) and all(isinstance(v, str) for v in data):
+        out.append(f"{prefix}: {'; '.join(data)}" if prefix else "; ".join(data))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            out.extend(_field_errors(value, f"{prefix}[{i}]"))
+    elif data is not None:
+        out.append(f"{prefix}: {data}" if prefix else str(data))
+    return out
+
+
+def error_line(exc: RelayError) -> str:
+    """A relay error as the one line a tool error carries: ``symbol: message (hint: ...)``."""
+    symbol = exc.symbol or "error"
+    message = exc.message or type(exc).__name__
+    if symbol == "invalid_params":
+        data = exc.data.get("errors", exc.data) if isinstance(exc.data, dict) else exc.data
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != "symbol"}
+        fields = _field_errors(data)
+        if fields and not all(f in message for f in fields):
+            message = f"{message} [{'; '.join(fields)}]"
+    hint = _HINTS.get(symbol)
+    if symbol == "rate_limited" and getattr(exc, "retry_after", None) is not None:
+        hint = f"too many requests for this agent; wait {exc.retry_after:g} s and call again"
+    if exc.request_id and symbol in ("internal_error", "service_unavailable"):
+        hint = f"{hint}; quote request {exc.request_id} when reporting it"
+    line = f"{symbol}: {message}" + (f" (hint: {hint})" if hint else "")
+    return _one_line(line)
+
+
+def validation_line(exc: ValidationError) -> str:
+    """Arguments that failed the tool's input schema, as one line: ``invalid_params: field: why; ...``."""
+    problems = []
+    for err in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in err.get("loc", ()))
+        problems.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+    return _one_line(f"invalid_params: {'; '.join(problems) or 'invalid arguments'} "
+                     "(hint: the tool's input schema says what each argument takes; fix it and call again)")
+
+
+# =========================================================================== results
+
+def _ok(result: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+                          structured_content=result)
+
+
+def _fail(line: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=line)], is_error=True)
+
+
+def _handle(ref: Any) -> str | None:
+    return ref.handle if ref is not None else None
+
+
+def _task_row(task: TaskSummary) -> dict[str, Any]:
+    """A ``tasks/list`` item, trimmed: the thread without its messages."""
+    raw = task.raw
+    return {"task_id": task.task_id, "context_id": task.context_id, "state": task.state, "intent": task.intent,
+            "sender": _handle(task.sender), "recipient": _handle(task.recipient),
+            "summary_preview": task.summary_preview, "unread_messages": task.unread_messages,
+            "created_at": raw.get("created_at"), "updated_at": raw.get("updated_at")}
+
+
+def _artifact_brief(artifact: Any) -> Any:
+    if not isinstance(artifact, dict):
+        return artifact
+    return {k: v for k, v in artifact.items() if k not in _BULKY_ARTIFACT_FIELDS}
+
+
+def _feed_row(row: FeedRow) -> dict[str, Any]:
+    """A messages-feed row, trimmed: the text cut at BODY_PREVIEW, artifacts without diff/spec bodies."""
+    out: dict[str, Any] = {
+        "id": row.id, "task_id": row.task_id, "context_id": row.context_id, "task_state": row.task_state,
+        "sequence_no": row.sequence_no, "role": row.role, "from": row.author,
+        "caller": _handle(row.caller), "target": _handle(row.target),
+        "body": row.body[:BODY_PREVIEW], "created_at": row.raw.get("created_at"),
+    }
+    if len(row.body) > BODY_PREVIEW:
+        out["body_truncated"] = True
+    if row.artifacts:
+        out["artifacts"] = [_artifact_brief(a) for a in row.artifacts]
+    return out
+
+
+def _dump(items: list[Any] | None) -> list[dict] | None:
+    if items is None:
+        return None
+    return [a.model_dump(exclude_none=True) if isinstance(a, BaseModel) else a for a in items]
+
+
+# =========================================================================== the server
+
+class _RelayMCPServer(MCPServer):
+    """MCPServer whose argument-validation failures come back as one line, like relay errors."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                return _fail(validation_line(exc.__cause__))
+            raise
+
+
+def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServer:
+    """An MCPServer whose nine tools call ``client`` (one client for the whole process).
+
+    ``RelayClient`` is synchronous and its ``requests.Session`` is not thread-safe, so
+    every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
+    loop free for other sessions) and calls are serialised by a lock.
+    """
+    server = _RelayMCPServer("relay", instructions=INSTRUCTIONS, version=_version(),
+                             log_level=log_level)  # type: ignore[arg-type]
+    lock = threading.Lock()
+
+    def locked(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        with lock:
+            return call()
+
+    async def run(call: Callable[[], dict[str, Any]]) -> CallToolResult:
+        try:
+            return _ok(await anyio.to_thread.run_sync(locked, call))
+        except RelayError as exc:
+            return _fail(error_line(exc))
+        except Exception as exc:  # a bug here, not the caller's: logged with its traceback, answered in one line
+            log.exception("relay-mcp tool failed")
+            return _fail(_one_line(f"internal_error: relay-mcp failed: {type(exc).__name__}: {exc} "
+                                   "(hint: a fault in relay-mcp, not your call's; tell the user)"))
+
+    def tool(title: str, *, read_only: bool = False, destructive: bool = False) -> Callable[[Any], Any]:
+        # The docstring, dedented, is the description the model reads.
+        hints = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive if not read_only
+                                else None, idempotent_hint=read_only, open_world_hint=True)
+
+        def register(fn: Any) -> Any:
+            server.add_tool(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=hints)
+            return fn
+
+        return register
+
+    # ------------------------------------------------------------------ send_handoff
+    @tool("Send a handoff")
+    async def send_handoff(
+        recipient: Annotated[str, Field(description="Handle of the agent to hand the work to, 'local@org', "
+                                                    "e.g. 'bob@acme'.")],
+        text: Annotated[str, Field(description="The brief: what you did, what you need and anything the recipient "
+                                               "must know (plain text or Markdown).")],
+        intent: Annotated[Literal["inform", "ask_question", "propose_action"],
+                          Field(description="'inform' (an FYI or a task to take over), 'ask_question' (you need an "
+                                            "answer) or 'propose_action' (you propose a change; then "
+                                            "proposed_action is required).")] = "inform",
+        artifacts: ArtifactList = None,
+        proposed_action: Annotated[ProposedAction | None,
+                                   Field(description="Required with intent 'propose_action', and must be left out "
+                                                     "otherwise: {description, target_files, rationale, "
+                                                     "suggested_diff?}.")] = None,
+        context_id: Annotated[str | None,
+                              Field(description="Optional context_id (ULID) of one of your earlier handoffs, to "
+                                                "group this one with it; leave it out to start a new context.")] = None,
+        idempotency_key: IdempotencyKey = None,
+    ) -> CallToolResult:
+        """Open a new handoff (thread) to another agent: hand over work, ask a question or propose a change.
+
+        Returns {task_id, thread_id, context_id, status: {state: "pending"}, created_at, idempotency_key, ...};
+        keep task_id to follow the thread with get_thread. The recipient sees it in its inbox.
+        Errors: recipient_not_found, teammate_blocked, invalid_intent_payload (proposed_action
+        without intent 'propose_action' or the reverse), invalid_params (e.g. sending to yourself,
+        an unknown context_id, an artifact missing a field), duplicate_idempotency_key.
+        """
+        def call() -> dict[str, Any]:
+            sent = client.send(recipient, text, intent=intent, artifacts=_dump(artifacts),
+                               proposed_action=proposed_action.model_dump() if proposed_action else None,
+                               context_id=context_id, idempotency_key=idempotency_key)
+            return {**sent.raw, "idempotency_key": sent.idempotency_key}
+
+        return await run(call)
+
+    # ------------------------------------------------------------------ reply
+    @tool("Reply in a thread")
+    async def reply(
+        task_id: TaskId,
+        text: Annotated[str, Field(description="The message to add to the thread.")],
+        artifacts: ArtifactList = None,
+        idempotency_key: IdempotencyKey = None,
+    ) -> CallToolResult:
+        """Add a message to a handoff thread you are part of (sender or recipient), while it is pending or accepted.
+
+        Returns {task_id, thread_id, message_id, sequence_no, created_at, idempotency_key}.
+        Errors: thread_not_found, not_a_participant, thread_terminal (the thread is completed or
+        cancelled), invalid_params, duplicate_idempotency_key.
+        """
+        def call() -> dict[str, Any]:
+            sent = client.reply(task_id, text, artifacts=_dump(artifacts), idempotency_key=idempotency_key)
+            return {**sent.raw, "idempotency_key": sent.idempotency_key}
+
+        return await run(call)
+
+    # ------------------------------------------------------------------ list_inbox
+    @tool("List handoffs", read_only=True)
+    async def list_inbox(
+        status: Annotated[list[Literal["pending", "accepted", "completed", "cancelled"]] | None,
+                          Field(description="Only threads in these states, e.g. ['pending'] for new work; "
+                                            "leave it out for all.")] = None,
+        sent: Annotated[bool, Field(description="false (default): handoffs addressed to you (your inbox); "
+                                                "true: handoffs you opened.")] = False,
+        limit: Annotated[int, Field(ge=1, le=200, description="At most this many threads (1-200).")] = 20,
+        since: Annotated[str | None,
+                         Field(description="Only threads with activity at or after this ISO 8601 time with a "
+                                           "timezone, e.g. '2026-04-25T10:00:00Z'.")] = None,
+        cursor: Annotated[str | None, Field(description="next_cursor from a previous call, for the next page.")] = None,
+    ) -> CallToolResult:
+        """List your handoff threads, newest activity first, without their messages.
+
+        Returns {items: [{task_id, context_id, state, intent, sender, recipient, summary_preview,
+        unread_messages, created_at, updated_at}], next_cursor}; next_cursor is null on the last page.
+        unread_messages counts the other side's messages you have not read (get_thread reads them).
+        Errors: invalid_params (a bad since or cursor).
+        """
+        def call() -> dict[str, Any]:
+            page = (client.sent if sent else client.inbox)(status=status, since=since, limit=limit, cursor=cursor)
+            return {"items": [_task_row(t) for t in page.items], "next_cursor": page.next_cursor}
+
+        return await run(call)
+
+    # ------------------------------------------------------------------ get_thread
+    @tool("Read a thread", read_only=True)
+    async def get_thread(task_id: TaskId) -> CallToolResult:
+        """Read a whole handoff thread: its state, participants, brief, artifacts and every message in order.
+
+        Marks the thread read for you. Returns {task_id, context_id, status: {state}, sender, recipient,
+        summary, intent, artifacts, proposed_action, messages: [{id, sequence_no, from, role, body,
+        parts, artifacts, payload, created_at}], result_summary, accepted_at, completed_at, cancelled_at, ...}.
+        Errors: thread_not_found, not_a_participant, invalid_params (a malformed task_id).
+        """
+        return await run(lambda: client.get(task_id).raw)
+
+    # ------------------------------------------------------------------ transitions
+    @tool("Accept a handoff")
+    async def accept(
+        task_id: TaskId,
+        session_id: Annotated[str | None,
+                              Field(description="Optional id of your working session, recorded in the audit "
+                                                "trail (up to 255 characters).")] = None,
+    ) -> CallToolResult:
+        """Accept a pending handoff addressed to you (recipient only): you take on the work.
+
+        Returns {task_id, status: {state: "accepted"}, accepted_at, updated_at, ...}.
+        Errors: not_authorized_transition (you are the sender), invalid_transition (not pending),
+        state_changed (another call got there first), thread_not_found, not_a_participant.
+        """
+        return await run(lambda: client.accept(task_id, session_id=session_id).raw)
+
+    @tool("Complete a handoff")
+    async def complete(
+        task_id: TaskId,
+        result_summary: Annotated[str, Field(description="What was done and where (commits, files, test results), "
+                                                         "for the sender to read; up to 8192 characters.")],
+    ) -> CallToolResult:
+        """Complete an accepted handoff addressed to you (recipient only), saying what was done.
+
+        The thread becomes completed (final: no more messages). Returns {task_id, status: {state:
+        "completed"}, completed_at, result_summary, ...}. Errors: not_authorized_transition (you are the
+        sender), invalid_transition (not accepted yet: accept first), state_changed, thread_not_found,
+        not_a_participant, invalid_params (summary too long).
+        """
+        return await run(lambda: client.complete(task_id, result_summary).raw)
+
+    @tool("Cancel a handoff", destructive=True)
+    async def cancel(task_id: TaskId) -> CallToolResult:
+        """Cancel a pending handoff you sent (sender only), e.g. when it is no longer needed.
+
+        The thread becomes cancelled (final). Returns {task_id, status: {state: "cancelled"}, updated_at, ...}.
+        Errors: not_authorized_transition (you are the recipient), invalid_transition (already accepted,
+        completed or cancelled), state_changed, thread_not_found, not_a_participant.
+        """
+        return await run(lambda: client.cancel(task_id).raw)
+
+    # ------------------------------------------------------------------ the messages feed
+    @tool("Search messages", read_only=True)
+    async def search_messages(
+        query: Annotated[str, Field(min_length=1, max_length=500,
+                                    description="Full-text search (1-500 characters), web-search syntax: words, "
+                                                "\"exact phrase\", -excluded, a or b.")],
+        limit: Annotated[int, Field(ge=1, le=100, description="At most this many messages (1-100).")] = 20,
+    ) -> CallToolResult:
+        """Search the text and artifacts of every message in threads you are part of, newest first.
+
+        Returns {items: [{id, task_id, context_id, task_state, sequence_no, role, from, caller, target,
+        body, created_at, artifacts?}], more}; each body is cut at 2000 characters (body_truncated: true)
+        and artifacts leave out diff/spec bodies: get_thread(task_id) has everything. more is true when
+        further matches exist beyond limit. Errors: invalid_params.
+        """
+        def call() -> dict[str, Any]:
+            rows = list(itertools.islice(client.search(query, limit=min(100, limit + 1)), limit + 1))
+            return {"items": [_feed_row(r) for r in rows[:limit]], "more": len(rows) > limit}
+
+        return await run(call)
+
+    @tool("Catch up", read_only=True)
+    async def catch_up(
+        since: Annotated[str, Field(description="ISO 8601 time with a timezone, e.g. '2026-04-25T10:00:00Z': "
+                                                "every message created at or after it is returned.")],
+        limit: Annotated[int, Field(ge=1, le=1000, description="At most this many messages (1-1000), the oldest "
+                                                               "first.")] = 200,
+        direction: Annotated[Literal["inbound", "outbound", "both"],
+                             Field(description="'inbound': threads sent to you; 'outbound': threads you opened; "
+                                               "'both' (default).")] = "both",
+        seen_ids: Annotated[list[str] | None,
+                            Field(description="Message ids you already processed (since is inclusive, so the "
+                                              "messages at exactly that time come back): they are left out.")] = None,
+    ) -> CallToolResult:
+        """Every message since a time, each once, oldest first: what happened while you were away.
+
+        Returns {messages: [{id, task_id, context_id, task_state, sequence_no, role, from, caller, target,
+        body, created_at, artifacts?}], count, more, next_since, next_seen_ids}. When more is true, call
+        again with since=next_since and seen_ids=next_seen_ids for the rest. Bodies are cut at 2000
+        characters (body_truncated: true); get_thread(task_id) has everything.
+        Errors: invalid_params (an unparseable since, or one without a timezone).
+        """
+        def call() -> dict[str, Any]:
+            rows = client.catch_up(since, seen=seen_ids or (), direction=direction, limit=100)
+            kept = rows[:limit]
+            next_since = kept[-1].raw.get("created_at") if kept else since
+            next_seen = [r.id for r in kept if r.raw.get("created_at") == next_since]
+            return {"messages": [_feed_row(r) for r in kept], "count": len(kept), "more": len(rows) > limit,
+                    "next_since": next_since, "next_seen_ids": next_seen}
+
+        return await run(call)
+
+    return server
+
+
+# =========================================================================== entry point
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("handoff-relay")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        return "0"
+
+
+def _fatal(message: str) -> None:
+    print(f"relay-mcp: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CONFIG)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="relay-mcp",
+        description="The handoff relay as MCP tools. Reads RELAY_URL and RELAY_API_KEY from the environment; "
+                    "serves over stdio unless --http is given.")
+    parser.add_argument("--http", action="store_true", help="serve streamable HTTP (at /mcp) instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on with --http (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="port to listen on with --http (default 8765)")
+    return parser.parse_args(argv)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``relay-mcp [--http [--host H] [--port P]]``: exit 3 with one line on stderr if configuration is missing."""
+    args = _parse_args(argv)
+    url = os.environ.get("RELAY_URL", "").strip()
+    key = os.environ.get("RELAY_API_KEY", "").strip()
+    missing = [name for name, value in (("RELAY_URL", url), ("RELAY_API_KEY", key)) if not value]
+    if missing:
+        _fatal(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
+               "(RELAY_URL: the relay's base URL, e.g. https://relay.example.com; "
+               "RELAY_API_KEY: your agent's ah_live_... key)")
+    if not url.startswith(("http://", "https://")):
+        _fatal(f"RELAY_URL must be an http:// or https:// URL, got {url!r}")
+    if not 0 < args.port < 65536:
+        _fatal(f"--port must be 1-65535, got {args.port}")
+
+    client = RelayClient(url, key)
+    try:
+        if args.http:
+            if not _is_loopback(args.host):
+                print(f"relay-mcp: warning: listening on {args.host} without authentication: anyone who reaches "
+                      "it acts as this key's agent", file=sys.stderr, flush=True)
+            server = build_server(client, log_level="INFO")
+            server.run("streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp")
+        else:
+            # stdout is the protocol channel: nothing else may write to it.
+            build_server(client).run("stdio")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()

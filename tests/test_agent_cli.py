@@ -1,0 +1,361 @@
+"""relay-agent (relay/agent_cli.py) as a real subprocess against a live relay.
+
+Issue #9, part 2: an agent's CLI on the public API only. Every test runs the command
+the way an agent would (``python -m relay.agent_cli`` or the installed ``relay-agent``
+script) with ``RELAY_URL``/``RELAY_API_KEY`` in its environment and nothing of the
+server's (no DATABASE_URL, no REDIS_URL); each call is bounded by a timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relay.agent_cli import file_ref_artifact, split_diff
+from relay.client import RelayClient
+from tests.conftest import sql
+from tests.live import live_relay
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(sys.executable).parent / "relay-agent"
+CALL_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def relay_url(base_env):
+    with live_relay(base_env) as url:
+        yield url
+
+
+# Outbox work the live worker still has to do (as in tests/test_client.py): the autouse
+# TRUNCATE after the test can deadlock with it, so wait (bounded, not asserted).
+_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
+                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)
+                   + (SELECT count(*) FROM webhook_deliveries WHERE status = 'pending')"""
+
+
+@pytest.fixture
+def settled(app):
+    yield
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def keys(make_agent, relay_url, settled):
+    """API keys of alice@acme and bob@acme on the live relay."""
+    return {"alice": make_agent("alice@acme", name="Alice", role="frontend")[1],
+            "bob": make_agent("bob@acme", name="Bob", role="backend")[1]}
+
+
+@pytest.fixture
+def run(relay_url, tmp_path):
+    """Run relay-agent as a subprocess: ``run(key, *args, script=False, url=..., env=..., input=...)``.
+
+    The environment is the test's minus every RELAY_*/DATABASE_URL/REDIS_URL variable,
+    plus RELAY_URL/RELAY_API_KEY (None leaves one unset) and a private XDG_STATE_HOME.
+    """
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("RELAY_") and k not in ("DATABASE_URL", "REDIS_URL")}
+    clean["XDG_STATE_HOME"] = str(tmp_path / "state")
+
+    def _run(key: str | None, *args: str, script: bool = False, url: str | None = relay_url,
+             env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+        full = dict(clean, **(env or {}))
+        if url is not None:
+            full["RELAY_URL"] = url
+        if key is not None:
+            full["RELAY_API_KEY"] = key
+        cmd = [str(SCRIPT)] if script else [sys.executable, "-m", "relay.agent_cli"]
+        return subprocess.run([*cmd, *args], env=full, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=CALL_TIMEOUT, input=input)
+
+    return _run
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def field(stdout: str, name: str) -> str:
+    """A value of a ``key  value`` block (send/reply/whoami output)."""
+    for line in stdout.splitlines():
+        parts = line.split(None, 1)
+        if parts and parts[0] == name:
+            return parts[1].strip()
+    raise AssertionError(f"no {name!r} line in:\n{stdout}")
+
+
+DIFF = """diff --git a/src/a.py b/src/a.py
+index 1111111..2222222 100644
+--- a/src/a.py
++++ b/src/a.py
+@@ -1,3 +1,3 @@
+ def f():
+-    return 1
++    return 2
+ # end
+"""
+
+
+# --------------------------------------------------------------------------- 1. the README round trip
+
+def test_readme_round_trip_with_the_installed_script(run, keys, tmp_path):
+    assert SCRIPT.exists(), "pip install -e . did not install the relay-agent console script"
+    alice, bob = keys["alice"], keys["bob"]
+    (tmp_path / "change.diff").write_text(DIFF)
+
+    sent = ok(run(alice, "send", "bob@acme", "Refactored f(); please update the callers",
+                  "--file-ref", "src/a.py:10-20", "--test-command", "pytest -q",
+                  "--link", "https://example.com/pr/1", "--artifact-file-diff", "change.diff", script=True))
+    task_id = field(sent, "task_id")
+    assert len(task_id) == 26 and field(sent, "state") == "pending"
+
+    inbox = ok(run(bob, "inbox", script=True))
+    [row] = [line for line in inbox.splitlines() if task_id in line]
+    assert "pending" in row.split() and "alice@acme" in row.split()
+
+    shown = ok(run(bob, "show", task_id, script=True))
+    assert "Refactored f(); please update the callers" in shown
+    assert "[file_diff] src/a.py" in shown and "+    return 2" in shown
+    assert "[file_ref] src/a.py:10-20" in shown and "[test_command] pytest -q" in shown
+    assert "[link] https://example.com/pr/1" in shown
+
+    replied = ok(run(bob, "reply", task_id, "Looking now", script=True))
+    assert field(replied, "message") == "#2"
+    assert "accepted" in ok(run(bob, "accept", task_id, "--session-id", "s1", script=True))
+    assert "completed" in ok(run(bob, "complete", task_id, "--summary", "done", script=True))
+
+    final = json.loads(ok(run(alice, "show", task_id, "--json", script=True)))
+    assert final["status"]["state"] == "completed" and final["result_summary"] == "done"
+    assert [m["from"] for m in final["messages"]] == ["alice@acme", "bob@acme"]
+    assert final["artifacts"] == [
+        {"type": "file_diff", "path": "src/a.py", "diff": DIFF},
+        {"type": "file_ref", "path": "src/a.py", "line_start": 10, "line_end": 20},
+        {"type": "test_command", "command": "pytest -q"},
+        {"type": "link", "url": "https://example.com/pr/1"},
+    ]
+
+
+# --------------------------------------------------------------------------- 2. --json
+
+def test_json_output_parses_with_the_expected_keys(run, keys):
+    sent = json.loads(ok(run(keys["alice"], "send", "bob@acme", "json please", "--intent", "ask_question", "--json")))
+    assert {"task_id", "thread_id", "context_id", "status", "message_id", "sequence_no", "created_at"} <= set(sent)
+    assert sent["status"]["state"] == "pending" and sent["sequence_no"] == 1
+
+    inbox = json.loads(ok(run(keys["bob"], "inbox", "--status", "pending", "--json")))
+    assert set(inbox) == {"items", "next_cursor"} and inbox["next_cursor"] is None
+    [item] = inbox["items"]
+    assert {"task_id", "status", "sender", "recipient", "summary_preview", "intent", "unread_messages",
+            "created_at", "updated_at"} <= set(item)
+    assert (item["task_id"], item["intent"], item["unread_messages"]) == (sent["task_id"], "ask_question", 1)
+
+    shown = json.loads(ok(run(keys["bob"], "show", sent["task_id"], "--json")))
+    assert {"task_id", "thread_id", "status", "sender", "recipient", "summary", "intent", "artifacts",
+            "proposed_action", "messages", "created_at"} <= set(shown)
+    assert shown["messages"][0]["body"] == "json please"
+
+    sent_list = json.loads(ok(run(keys["alice"], "inbox", "--sent", "--json")))
+    assert [t["task_id"] for t in sent_list["items"]] == [sent["task_id"]]
+
+
+def test_propose_action_sends_the_proposal_and_the_diff(run, keys):
+    out = json.loads(ok(run(keys["alice"], "send", "bob@acme", "Rename the helper", "--intent", "propose_action",
+                            "--proposed-description", "rename f to g", "--target-file", "src/a.py",
+                            "--target-file", "src/b.py", "--rationale", "clearer", "--artifact-file-diff", "-",
+                            "--json", input=DIFF)))
+    shown = json.loads(ok(run(keys["bob"], "show", out["task_id"], "--json")))
+    assert shown["intent"] == "propose_action"
+    assert shown["proposed_action"] == {"description": "rename f to g", "target_files": ["src/a.py", "src/b.py"],
+                                        "rationale": "clearer", "suggested_diff": DIFF}
+    assert shown["artifacts"] == [{"type": "file_diff", "path": "src/a.py", "diff": DIFF}]
+
+
+# --------------------------------------------------------------------------- 3. errors
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _not_authorized(run, keys):
+    task_id = json.loads(ok(run(keys["alice"], "send", "bob@acme", "cancel me?", "--json")))["task_id"]
+    return run(keys["bob"], "cancel", task_id)
+
+
+def _terminal(run, keys):
+    task_id = json.loads(ok(run(keys["alice"], "send", "bob@acme", "finish me", "--json")))["task_id"]
+    ok(run(keys["bob"], "accept", task_id))
+    ok(run(keys["bob"], "complete", task_id, "--summary", "done"))
+    return run(keys["bob"], "reply", task_id, "one more thing")
+
+
+ERRORS = {
+    # symbol: (trigger, a word of its hint)
+    "not_authorized_transition": (_not_authorized, "only the sender cancels"),
+    "thread_terminal": (_terminal, "start a new handoff with relay-agent send"),
+    "unauthenticated": (lambda run, keys: run("ah_live_" + "a" * 32, "inbox"), "check RELAY_API_KEY"),
+    "recipient_not_found": (lambda run, keys: run(keys["alice"], "send", "nobody@acme", "hi"), "check the handle"),
+    "thread_not_found": (lambda run, keys: run(keys["alice"], "show", "01HXYZ4K2VNJQP7R8MWDB3CSTF"),
+                         "relay-agent inbox"),
+    "connection_error": (lambda run, keys: run(keys["alice"], "whoami", url=_closed_port()),
+                         "is RELAY_URL right"),
+}
+
+
+@pytest.mark.parametrize("symbol", list(ERRORS))
+def test_a_relay_error_is_one_line_with_its_symbol_and_a_hint(run, keys, symbol):
+    trigger, hint = ERRORS[symbol]
+    proc = trigger(run, keys)
+    assert proc.returncode == 1, proc
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"error: {symbol}: ") and "(hint: " in line and hint in line, line
+
+
+def test_a_usage_error_is_one_line_naming_what_is_missing(run, keys):
+    proc = run(keys["alice"], "send", "bob@acme", "do it", "--intent", "propose_action", "--rationale", "why")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: ") and "missing: --proposed-description, --target-file" in line, line
+
+    proc = run(keys["alice"], "send", "bob@acme")  # click's own usage error, made one line too
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert "Missing argument 'TEXT'" in line and "relay-agent send --help" in line
+
+
+# --------------------------------------------------------------------------- 4. configuration
+
+@pytest.mark.parametrize("missing", ["RELAY_URL", "RELAY_API_KEY"])
+def test_a_missing_variable_exits_3_naming_it(run, keys, missing):
+    key = None if missing == "RELAY_API_KEY" else keys["alice"]
+    url = None if missing == "RELAY_URL" else "http://127.0.0.1:9"
+    proc = run(key, "inbox", url=url)
+    assert proc.returncode == 3 and proc.stdout == "" and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"error: {missing} is not set"), line
+    other = {"RELAY_URL": "RELAY_API_KEY", "RELAY_API_KEY": "RELAY_URL"}[missing]
+    assert f"{other} is" not in line
+    # help needs neither
+    assert "whoami" in ok(run(None, "--help", url=None))
+
+
+# --------------------------------------------------------------------------- 5. search
+
+def test_search_finds_a_word_of_one_message(run, keys):
+    hit = json.loads(ok(run(keys["alice"], "send", "bob@acme", "the kumquat importer drops rows", "--json")))
+    miss = json.loads(ok(run(keys["alice"], "send", "bob@acme", "the banana exporter is slow", "--json")))
+
+    out = ok(run(keys["bob"], "search", "kumquat"))
+    assert hit["task_id"] in out and miss["task_id"] not in out
+    found = json.loads(ok(run(keys["bob"], "search", "kumquat", "--json")))
+    assert [r["task_id"] for r in found["items"]] == [hit["task_id"]]
+    assert "no messages match" in ok(run(keys["bob"], "search", "durian"))
+
+
+# --------------------------------------------------------------------------- 6. watch
+
+def _watch_ids(run, key, *extra) -> list[str]:
+    out = ok(run(key, "watch", "--once", "--json", *extra))
+    return [json.loads(line)["id"] for line in out.splitlines()]
+
+
+def test_watch_prints_each_new_message_once_and_resumes_from_its_state_file(run, keys, relay_url, app, tmp_path):
+    alice = RelayClient(relay_url, keys["alice"])
+    first = [alice.send("bob@acme", f"first batch {i}") for i in range(2)]
+
+    out = ok(run(keys["bob"], "watch", "--once"))
+    assert out.count("first batch 0") == 1 and out.count("first batch 1") == 1
+    assert out.index("first batch 0") < out.index("first batch 1")  # oldest first
+    assert first[0].task_id in out
+
+    assert _watch_ids(run, keys["bob"]) == []  # nothing new: nothing printed
+
+    more = [alice.send("bob@acme", f"second batch {i}") for i in range(3)]
+    assert _watch_ids(run, keys["bob"]) == [m.message_id for m in more]  # exactly those 3, in order
+
+    state_file = tmp_path / "state" / "relay-agent" / "bob@acme.json"
+    state = json.loads(state_file.read_text())
+    newest = alice.get(more[-1].task_id).messages[-1]
+    assert state["seen"] == [more[-1].message_id]
+    assert state["since"] == newest.raw["created_at"]
+
+    # A message written at exactly the saved timestamp: it is new, so printed (once);
+    # the one already printed at that timestamp is not printed again.
+    same = alice.send("bob@acme", "same instant")
+    sql(app, "UPDATE messages SET created_at = CAST(:at AS timestamptz) WHERE id = CAST(:id AS uuid)",
+        at=state["since"], id=same.message_id)
+    assert _watch_ids(run, keys["bob"]) == [same.message_id]
+    assert _watch_ids(run, keys["bob"]) == []
+    assert sorted(json.loads(state_file.read_text())["seen"]) == sorted([more[-1].message_id, same.message_id])
+
+    # Own messages are left out unless asked for; a reply by bob moves the position all the same.
+    bob = RelayClient(relay_url, keys["bob"])
+    bob.reply(same.task_id, "bob's own note")
+    assert _watch_ids(run, keys["bob"]) == []
+    alice.close()
+    bob.close()
+
+
+def test_watch_stops_quietly_on_ctrl_c(relay_url, keys, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_URL=relay_url, RELAY_API_KEY=keys["bob"])
+    state_file = tmp_path / "watch.json"
+    proc = subprocess.Popen([sys.executable, "-m", "relay.agent_cli", "watch", "--interval", "0.2",
+                             "--state-file", str(state_file)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while not state_file.exists():  # written after the first poll: the loop is running
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=CALL_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and err == "", err
+
+
+# --------------------------------------------------------------------------- 7. whoami
+
+def test_whoami_prints_the_handle(run, keys):
+    out = ok(run(keys["alice"], "whoami"))
+    assert field(out, "handle") == "alice@acme" and field(out, "name") == "Alice"
+    assert json.loads(ok(run(keys["alice"], "whoami", "--json")))["handle"] == "alice@acme"
+
+
+# --------------------------------------------------------------------------- artifact parsing (no relay)
+
+def test_a_multi_file_diff_becomes_one_artifact_per_file():
+    text = DIFF + (
+        "diff --git a/src/old.py b/src/old.py\ndeleted file mode 100644\n--- a/src/old.py\n+++ /dev/null\n"
+        "@@ -1,2 +0,0 @@\n--- removed line that looks like a header\n-x = 1\n"
+        "--- lib/c.txt\t2026-01-01 00:00:00\n+++ lib/c.txt\t2026-01-02 00:00:00\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    parts = split_diff(text)
+    assert [p for p, _ in parts] == ["src/a.py", "src/old.py", "lib/c.txt"]
+    assert "".join(d for _, d in parts) == text
+    assert split_diff("@@ -1 +1 @@\n-a\n+b\n") == [(None, "@@ -1 +1 @@\n-a\n+b\n")]
+
+
+def test_file_ref_lines():
+    assert file_ref_artifact("src/a.py") == {"type": "file_ref", "path": "src/a.py"}
+    assert file_ref_artifact("src/a.py:7") == {"type": "file_ref", "path": "src/a.py", "line_start": 7}
+    assert file_ref_artifact("src/a.py:10-20") == {"type": "file_ref", "path": "src/a.py", "line_start": 10,
+                                                   "line_end": 20}

@@ -1,0 +1,364 @@
+"""relay-mcp against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
+
+Issue #9, part 3. The server is the installed ``relay-mcp`` console script, run as a
+subprocess, and it is driven only with the official MCP Python SDK's own client
+(``ClientSession`` over ``stdio_client`` and ``streamable_http_client``): no
+hand-written JSON-RPC. Every wait is bounded (``anyio.fail_after``); nothing asserts
+on timing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from relay.embedded import free_port
+from tests.conftest import sql
+from tests.live import live_relay
+
+pytestmark = pytest.mark.timeout(240)
+
+RELAY_MCP = Path(sys.executable).parent / "relay-mcp"
+TOOLS = {"send_handoff", "reply", "list_inbox", "get_thread", "accept", "complete", "cancel", "search_messages",
+         "catch_up"}
+BOUND = 90  # seconds: the outer bound of one test's MCP conversation
+
+
+@pytest.fixture(scope="module")
+def relay_url(base_env):
+    with live_relay(base_env) as url:
+        yield url
+
+
+# Outbox work the live worker still has to do (search vectors, fan-out): the autouse
+# TRUNCATE after each test can deadlock with it, so wait (bounded, not asserted).
+_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
+                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)"""
+
+
+@pytest.fixture
+def settled(app):
+    yield
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def keys(make_agent, relay_url, settled) -> dict[str, str]:
+    """API keys of alice@acme and bob@acme, agents of the live relay's database."""
+    return {name: make_agent(f"{name}@acme", name=name.title())[1] for name in ("alice", "bob")}
+
+
+def _server_env(relay_url: str | None, key: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RELAY_URL", "RELAY_API_KEY")}
+    if relay_url is not None:
+        env["RELAY_URL"] = relay_url
+    if key is not None:
+        env["RELAY_API_KEY"] = key
+    return env
+
+
+@asynccontextmanager
+async def stdio_session(relay_url: str, key: str) -> AsyncIterator[ClientSession]:
+    """``relay-mcp`` (stdio) as the SDK spawns it for an agent; an initialized session to it."""
+    params = StdioServerParameters(command=str(RELAY_MCP), env={"RELAY_URL": relay_url, "RELAY_API_KEY": key})
+    with tempfile.TemporaryFile("w+") as errlog:
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+        except BaseException:
+            errlog.seek(0)
+            sys.stderr.write(f"--- relay-mcp stderr ---\n{errlog.read()[-4000:]}\n")
+            raise
+
+
+def ok(result) -> dict[str, Any]:
+    """The structured result of a successful tool call (its text is the same JSON)."""
+    assert not result.is_error, result.content[0].text
+    assert json.loads(result.content[0].text) == result.structured_content
+    return result.structured_content
+
+
+def err(result) -> str:
+    """The one-line text of a tool error."""
+    assert result.is_error, result
+    [block] = result.content
+    assert "\n" not in block.text and "Traceback" not in block.text, block.text
+    return block.text
+
+
+def run(test) -> None:
+    async def bounded():
+        with anyio.fail_after(BOUND):
+            await test()
+
+    anyio.run(bounded)
+
+
+# --------------------------------------------------------------------------- 1. the tool list
+
+def test_stdio_lists_exactly_the_nine_tools_with_schemas_and_descriptions(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice:
+            assert alice.server_info.name == "relay"
+            tools = {t.name: t for t in (await alice.list_tools()).tools}
+            assert set(tools) == TOOLS
+            for tool in tools.values():
+                assert tool.input_schema["type"] == "object", tool.name
+                assert tool.description and "Returns" in tool.description and "Errors" in tool.description, tool.name
+                for name, prop in tool.input_schema.get("properties", {}).items():
+                    assert prop.get("description"), (tool.name, name)
+
+            send = tools["send_handoff"].input_schema
+            assert set(send["required"]) == {"recipient", "text"}
+            assert send["properties"]["intent"]["enum"] == ["inform", "ask_question", "propose_action"]
+            kinds = {d["properties"]["type"]["const"] for d in send["$defs"].values() if "type" in d["properties"]}
+            assert kinds == {"file_diff", "file_ref", "test_command", "api_contract", "link"}
+            assert tools["get_thread"].input_schema["required"] == ["task_id"]
+            assert set(tools["complete"].input_schema["required"]) == {"task_id", "result_summary"}
+            assert tools["list_inbox"].annotations.read_only_hint is True
+            assert tools["cancel"].annotations.destructive_hint is True
+
+    run(test)
+
+
+# --------------------------------------------------------------------------- 2. the round trip
+
+def test_full_round_trip_over_stdio(relay_url, keys):
+    brief = "Refactored /users; the new shape is {items, next_cursor}. Please update the zanzibar client."
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            sent = ok(await alice.call_tool("send_handoff", {
+                "recipient": "bob@acme", "text": brief, "intent": "inform",
+                "artifacts": [{"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1 +1 @@\n-a\n+b"},
+                              {"type": "file_ref", "path": "src/api/users.py", "line_start": 3, "line_end": 9},
+                              {"type": "test_command", "command": "pytest tests/test_users.py -q"},
+                              {"type": "api_contract", "name": "GET /users", "spec": {"type": "object"}},
+                              {"type": "link", "url": "https://example.com/issues/9", "title": "issue 9"}],
+            }))
+            task_id = sent["task_id"]
+            assert sent["status"]["state"] == "pending" and len(task_id) == 26 and sent["idempotency_key"]
+
+            # Bob's inbox shows it, unread; his sent list does not.
+            inbox = ok(await bob.call_tool("list_inbox", {}))
+            [item] = inbox["items"]
+            assert (item["task_id"], item["state"], item["sender"], item["recipient"], item["unread_messages"]) == \
+                (task_id, "pending", "alice@acme", "bob@acme", 1)
+            assert inbox["next_cursor"] is None
+            assert ok(await bob.call_tool("list_inbox", {"sent": True}))["items"] == []
+            assert [i["task_id"] for i in ok(await bob.call_tool("list_inbox", {"status": ["pending"]}))["items"]] \
+                == [task_id]
+            assert ok(await bob.call_tool("list_inbox", {"status": ["completed"]}))["items"] == []
+
+            thread = ok(await bob.call_tool("get_thread", {"task_id": task_id}))
+            assert thread["summary"] == brief and thread["sender"]["handle"] == "alice@acme"
+            [first] = thread["messages"]
+            assert first["body"] == brief and first["sequence_no"] == 1
+            assert [a["type"] for a in first["artifacts"]] == ["file_diff", "file_ref", "test_command",
+                                                               "api_contract", "link"]
+            assert first["artifacts"][1] == {"type": "file_ref", "path": "src/api/users.py", "line_start": 3,
+                                             "line_end": 9}
+            assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["unread_messages"] == 0  # read now
+
+            replied = ok(await bob.call_tool("reply", {"task_id": task_id, "text": "On it: updating the client now."}))
+            assert replied["sequence_no"] == 2 and replied["message_id"]
+            accepted = ok(await bob.call_tool("accept", {"task_id": task_id, "session_id": "claude-1234"}))
+            assert accepted["status"]["state"] == "accepted" and accepted["accepted_at"]
+            done = ok(await bob.call_tool("complete", {"task_id": task_id,
+                                                       "result_summary": "Client updated; all tests pass."}))
+            assert done["status"]["state"] == "completed"
+
+            seen = ok(await alice.call_tool("get_thread", {"task_id": task_id}))
+            assert seen["status"]["state"] == "completed" and seen["completed_at"]
+            assert seen["result_summary"] == "Client updated; all tests pass."
+            assert [(m["sequence_no"], m["from"]) for m in seen["messages"]] == [(1, "alice@acme"), (2, "bob@acme")]
+            [mine] = ok(await alice.call_tool("list_inbox", {"sent": True}))["items"]
+            assert (mine["task_id"], mine["state"]) == (task_id, "completed")
+
+            # search_messages finds the one message with the word, from either side.
+            for session in (alice, bob):
+                found = ok(await session.call_tool("search_messages", {"query": "zanzibar"}))
+                assert [(r["id"], r["task_id"]) for r in found["items"]] == [(first["id"], task_id)]
+                assert found["more"] is False
+                row = found["items"][0]
+                assert (row["caller"], row["target"], row["task_state"]) == ("alice@acme", "bob@acme", "completed")
+                assert "diff" not in row["artifacts"][0] and row["artifacts"][0]["path"] == "src/api/users.py"
+            assert ok(await bob.call_tool("search_messages", {"query": "nonexistentword"}))["items"] == []
+
+            # catch_up: every message since the handoff was opened, each once, oldest first.
+            ids = [m["id"] for m in seen["messages"]]
+            caught = ok(await alice.call_tool("catch_up", {"since": sent["created_at"]}))
+            assert [m["id"] for m in caught["messages"]] == ids
+            assert caught["count"] == 2 and caught["more"] is False
+            # ... a page at a time: since is inclusive, next_seen_ids keeps the boundary message out.
+            one = ok(await bob.call_tool("catch_up", {"since": sent["created_at"], "limit": 1}))
+            assert [m["id"] for m in one["messages"]] == ids[:1] and one["more"] is True
+            rest = ok(await bob.call_tool("catch_up", {"since": one["next_since"], "seen_ids": one["next_seen_ids"]}))
+            assert [m["id"] for m in rest["messages"]] == ids[1:] and rest["more"] is False
+            inbound_for_alice = ok(await alice.call_tool("catch_up", {"since": sent["created_at"],
+                                                                       "direction": "inbound"}))
+            assert inbound_for_alice["messages"] == []
+
+    run(test)
+
+
+def test_propose_action_and_context_id(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice:
+            first = ok(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "Which page size?",
+                                                              "intent": "ask_question"}))
+            proposal = {"description": "Default page size 50", "target_files": ["src/api/users.py"],
+                        "rationale": "Matches the relay's own default"}
+            second = ok(await alice.call_tool("send_handoff", {
+                "recipient": "bob@acme", "text": "Proposal attached", "intent": "propose_action",
+                "proposed_action": proposal, "context_id": first["context_id"]}))
+            assert second["context_id"] == first["context_id"] and second["task_id"] != first["task_id"]
+            thread = ok(await alice.call_tool("get_thread", {"task_id": second["task_id"]}))
+            assert thread["intent"] == "propose_action"
+            assert thread["proposed_action"]["target_files"] == ["src/api/users.py"]
+
+            # The same idempotency key with the same arguments: the first result, no second thread.
+            args = {"recipient": "bob@acme", "text": "Once only", "idempotency_key": "mcp-test-key-1"}
+            again = [ok(await alice.call_tool("send_handoff", args)) for _ in range(2)]
+            assert again[0]["task_id"] == again[1]["task_id"]
+            assert len(ok(await alice.call_tool("list_inbox", {"sent": True}))["items"]) == 3
+
+    run(test)
+
+
+# --------------------------------------------------------------------------- 3. errors
+
+def test_relay_errors_are_one_line_tool_errors_and_the_session_goes_on(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            opened = ok(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "cancel me?"}))
+            task_id = opened["task_id"]
+
+            text = err(await bob.call_tool("cancel", {"task_id": task_id}))
+            assert text.startswith("not_authorized_transition: ") and "(hint: " in text, text
+            # The session keeps working after the error.
+            assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["state"] == "pending"
+
+            assert err(await alice.call_tool("accept", {"task_id": task_id})).startswith("not_authorized_transition: ")
+            assert err(await bob.call_tool("complete", {"task_id": task_id, "result_summary": "x"})) \
+                .startswith("invalid_transition: ")
+            assert err(await alice.call_tool("send_handoff", {"recipient": "nobody@acme", "text": "hi"})) \
+                .startswith("recipient_not_found: ")
+            assert err(await alice.call_tool("get_thread", {"task_id": "01HXYZ4K2VNJQP7R8MWDB3CSTF"})) \
+                .startswith("thread_not_found: ")
+            bad = err(await alice.call_tool("get_thread", {"task_id": "not-a-ulid"}))
+            assert bad.startswith("invalid_params: ") and "task_id" in bad
+            assert err(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "x",
+                                                              "intent": "propose_action"})) \
+                .startswith("invalid_intent_payload: ")
+            assert err(await alice.call_tool("catch_up", {"since": "yesterday"})).startswith("invalid_params: ")
+            # Arguments that fail the input schema are refused in the same one-line shape.
+            schema = err(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "x",
+                                                                "artifacts": [{"type": "file_diff", "path": "a"}]}))
+            assert schema.startswith("invalid_params: ") and "diff" in schema
+
+            assert ok(await alice.call_tool("cancel", {"task_id": task_id}))["status"]["state"] == "cancelled"
+            terminal = err(await bob.call_tool("reply", {"task_id": task_id, "text": "too late"}))
+            assert terminal.startswith("thread_terminal: ")
+            assert ok(await bob.call_tool("get_thread", {"task_id": task_id}))["status"]["state"] == "cancelled"
+
+    run(test)
+
+
+def test_a_bad_key_is_an_unauthenticated_tool_error(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, "ah_live_" + "a" * 32) as nobody:
+            text = err(await nobody.call_tool("list_inbox", {}))
+            assert text.startswith("unauthenticated: ") and "RELAY_API_KEY" in text
+            assert len((await nobody.list_tools()).tools) == 9  # still serving
+
+    run(test)
+
+
+# --------------------------------------------------------------------------- 4. streamable HTTP
+
+def _wait_listening(proc: subprocess.Popen, port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"relay-mcp --http exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"relay-mcp --http not listening on {port} within {timeout} s")
+
+
+def test_streamable_http(relay_url, keys, tmp_path):
+    port = free_port()
+    log = tmp_path / "relay-mcp-http.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(RELAY_MCP), "--http", "--port", str(port)],
+                                env=_server_env(relay_url, keys["bob"]),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_listening(proc, port)
+
+        async def test():
+            async with stdio_session(relay_url, keys["alice"]) as alice:
+                opened = ok(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "over HTTP"}))
+                task_id = opened["task_id"]
+            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+                async with ClientSession(read, write) as bob:
+                    await bob.initialize()
+                    assert {t.name for t in (await bob.list_tools()).tools} == TOOLS
+                    [item] = ok(await bob.call_tool("list_inbox", {}))["items"]
+                    assert (item["task_id"], item["sender"]) == (task_id, "alice@acme")
+                    assert err(await bob.call_tool("cancel", {"task_id": task_id})) \
+                        .startswith("not_authorized_transition: ")
+                    assert ok(await bob.call_tool("accept", {"task_id": task_id}))["status"]["state"] == "accepted"
+
+        run(test)
+        assert proc.poll() is None  # still serving after the session closed
+    except BaseException:
+        sys.stderr.write(f"--- relay-mcp --http log ---\n{log.read_text()[-4000:]}\n")
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- 5. configuration
+
+@pytest.mark.parametrize("missing", ["RELAY_API_KEY", "RELAY_URL"])
+def test_missing_configuration_exits_3_with_one_line(missing):
+    env = _server_env(None if missing == "RELAY_URL" else "http://127.0.0.1:9",
+                      None if missing == "RELAY_API_KEY" else "ah_live_" + "a" * 32)
+    done = subprocess.run([str(RELAY_MCP)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert missing in line and "not set" in line and line.startswith("relay-mcp: ")
+    # --http is refused the same way, before anything listens.
+    done = subprocess.run([str(RELAY_MCP), "--http", "--port", str(free_port())], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and missing in done.stderr
