@@ -136,15 +136,20 @@ def _get(caller: Agent, peer: Agent, req: dict) -> dict:
 
 def _list(caller: Agent, peer: Agent, req: dict) -> dict:
     state = req["status"]
+    empty = {"tasks": [], "nextPageToken": "", "pageSize": req["pageSize"], "totalSize": 0}
     if state in shapes.OTHER_STATES:  # valid A2A states the relay never enters
-        return {"tasks": [], "nextPageToken": "", "pageSize": req["pageSize"], "totalSize": 0}
+        return empty
+    since = None
+    if req["statusTimestampAfter"] is not None:
+        try:  # "after": the service's since is inclusive, and PostgreSQL keeps microseconds
+            since = req["statusTimestampAfter"] + timedelta(microseconds=1)
+        except OverflowError:  # the last representable instant: nothing is after it
+            return empty
     page = threads.list_threads(
         caller, role="sender", peer=peer,
         status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
         context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
-        # "After": the service's since is inclusive, and PostgreSQL keeps microseconds.
-        since=req["statusTimestampAfter"] + timedelta(microseconds=1) if req["statusTimestampAfter"] else None,
-        limit=req["pageSize"], cursor=req["pageToken"],
+        since=since, limit=req["pageSize"], cursor=req["pageToken"],
         with_total=True, with_messages=True)
     tasks = [shapes.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
              for item in page["items"]]
@@ -236,12 +241,14 @@ def check_version() -> None:
                          {"supported": shapes.PROTOCOL_VERSION})
 
 
-def _peer(handle: str) -> Agent | None:
+def _peer(handle: str, *, disabled_ok: bool = False) -> Agent | None:
     try:
         agent = get_agent(handle.strip().lower())
     except Exception:  # a malformed handle names no agent
         return None
-    return agent if agent is not None and agent.disabled_at is None else None
+    if agent is None or (agent.disabled_at is not None and not disabled_ok):
+        return None
+    return agent
 
 
 def rate_limited(limit) -> Response:
@@ -255,6 +262,9 @@ bp = Blueprint("a2a_v1", __name__)
 def _card(card: dict) -> Response:
     resp = Response(json.dumps(card), mimetype="application/json")
     resp.headers["Cache-Control"] = "public, max-age=300"
+    # Without RELAY_PUBLIC_URL the card's URLs come from the request's host: a shared cache
+    # must not serve one host's card for another.
+    resp.headers["Vary"] = "Host, X-Forwarded-Host, X-Forwarded-Proto"
     return resp
 
 
@@ -280,7 +290,9 @@ def agent_card(handle: str) -> Response:
 @bp.post("/a2a/agents/<handle>")
 def agent_rpc(handle: str) -> Response:
     """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
-    peer = _peer(handle)
+    # A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
+    # service), but its senders still read and cancel the tasks they gave it.
+    peer = _peer(handle, disabled_ok=True)
     if peer is None:
         return jsonrpc.relay_error_response(
             ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 import click
 
 from relay.client import (
-    FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult, TaskSummary,
+    ConfigurationError, FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult,
     TransitionResult,
 )
 
@@ -87,23 +87,6 @@ HINTS: dict[str, str] = {
 }
 
 
-def _flatten(errors: Any, prefix: str = "") -> list[str]:
-    """Field errors as ``field.sub: reason`` strings (marshmallow's nested dicts)."""
-    if isinstance(errors, dict):
-        out: list[str] = []
-        for k, v in errors.items():
-            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-        return out
-    if isinstance(errors, (list, tuple)):
-        if all(isinstance(e, str) for e in errors):
-            return [f"{prefix}: {' '.join(errors)}" if prefix else " ".join(errors)]
-        out = []
-        for e in errors:
-            out += _flatten(e, prefix)
-        return out
-    return [f"{prefix}: {errors}" if prefix else str(errors)]
-
-
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -123,11 +106,9 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
         hint = f"wait {wait} and retry"
     else:
         hint = HINTS.get(symbol, "")
-        if symbol == "invalid_params" and isinstance(exc.data, dict):
-            fields = _flatten(exc.data.get("errors", exc.data))  # JSON-RPC data.errors, REST details
-            fields = [f for f in fields if not f.startswith("symbol:") and f not in (message or "")]
-            if fields:
-                message = f"{message}: {'; '.join(fields)}" if message else "; ".join(fields)
+        fields = [f for f in exc.field_errors() if f not in (message or "")]
+        if fields:
+            message = f"{message}: {'; '.join(fields)}" if message else "; ".join(fields)
         if symbol in ("internal_error", "service_unavailable") and exc.request_id:
             hint = f"{hint}; request id {exc.request_id}"
     line = f"error: {symbol}: {_one_line(message)}"
@@ -439,11 +420,11 @@ def _client(ctx: click.Context) -> RelayClient:
             flags = "/".join({"RELAY_URL": "--url", "RELAY_API_KEY": "--key"}[m] for m in missing)
             raise ConfigMissing(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
                                 f"(hint: export {' and '.join(example[m] for m in missing)}, or pass {flags})")
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ConfigMissing(f"RELAY_URL must be an http:// or https:// URL, got {url!r} "
-                                "(hint: e.g. RELAY_URL=http://127.0.0.1:8000)")
+        try:
+            obj["client"] = RelayClient(url, key)
+        except ConfigurationError as exc:
+            raise ConfigMissing(str(exc)) from None
         _SEEN["url"] = url
-        obj["client"] = RelayClient(url, key)
         ctx.find_root().call_on_close(obj["client"].close)
     return obj["client"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 
@@ -94,9 +94,54 @@ class RelayError(Exception):
         where = f" (request {self.request_id})" if self.request_id else ""
         return f"{self.symbol or 'error'}: {self.message}{where}"
 
+    def field_errors(self) -> list[str]:
+        """The refused fields as ``"field.sub: reason"`` lines (``invalid_params``); [] when none.
+
+        Reads JSON-RPC ``error.data.errors`` or REST ``error.details``, both
+        ``{"field": ["reason", ...]}`` (nested dicts are joined with dots).
+        """
+        if self.symbol != "invalid_params" or not isinstance(self.data, dict):
+            return []
+        errors = self.data.get("errors", self.data)
+        if isinstance(errors, dict):
+            errors = {k: v for k, v in errors.items() if k != "symbol"}
+        return _flatten_fields(errors)
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(symbol={self.symbol!r}, code={self.code!r}, message={self.message!r}, "
                 f"http_status={self.http_status!r}, request_id={self.request_id!r})")
+
+
+class ConfigurationError(ValueError):
+    """The relay URL or API key given to RelayClient cannot be used; the message names which."""
+
+
+def check_settings(base_url: str, api_key: str) -> None:
+    """Refuse a base URL that is not an http(s) root URL, or a key no header can carry.
+
+    Raises ConfigurationError naming ``RELAY_URL`` or ``RELAY_API_KEY`` (the variables the
+    CLI and the MCP server read them from).
+    """
+    try:
+        parts = urlsplit(base_url or "")
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ConfigurationError(f"RELAY_URL is not a valid URL ({exc}): {base_url!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(ord(c) <= 0x20 for c in base_url):
+        raise ConfigurationError(f"RELAY_URL must be the relay's http:// or https:// root URL, such as "
+                                 f"http://127.0.0.1:8000, got {base_url!r}")
+    if not api_key or any(ord(c) <= 0x20 or ord(c) >= 0x7F for c in api_key):
+        raise ConfigurationError("RELAY_API_KEY must be the ah_live_... key as printed, with no spaces or line breaks")
+
+
+def _flatten_fields(errors: Any, prefix: str = "") -> list[str]:
+    if isinstance(errors, dict):
+        return [line for k, v in errors.items() for line in _flatten_fields(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(errors, (list, tuple)) and all(isinstance(e, str) for e in errors):
+        return [f"{prefix}: {' '.join(errors)}" if prefix else " ".join(errors)]
+    if isinstance(errors, (list, tuple)):
+        return [line for i, e in enumerate(errors) for line in _flatten_fields(e, f"{prefix}.{i}" if prefix else str(i))]
+    return [] if errors is None else [f"{prefix}: {errors}" if prefix else str(errors)]
 
 
 class RelayConnectionError(RelayError):
@@ -560,6 +605,7 @@ class RelayClient:
                  backoff: float = 0.5, session: requests.Session | None = None):
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        check_settings(base_url, api_key)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout

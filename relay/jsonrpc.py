@@ -112,8 +112,9 @@ def parse_body() -> Any:
         return cached
     try:
         doc = strict_json(read_body())
-    except NotJson:
+    except NotJson as exc:
         doc = _MISSING
+        g._rpc_parse_error = str(exc) or "not a JSON document"
     g._rpc_doc = doc
     return doc
 
@@ -223,7 +224,8 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
         return _response(_relay_error(dialect, _readable_id(doc), exc), status=401,
                          headers={"WWW-Authenticate": 'Bearer realm="relay"'})
     if doc is _MISSING:
-        return _response(_error(dialect, None, -32700, MESSAGES[-32700], {"symbol": "parse_error"}))
+        return _response(_error(dialect, None, -32700, MESSAGES[-32700],
+                                {"symbol": "parse_error", "reason": g.get("_rpc_parse_error", "not a JSON document")}))
     if guard is not None:
         try:
             guard()

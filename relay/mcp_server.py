@@ -41,7 +41,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relay.client import FeedRow, RelayClient, RelayError, TaskSummary
+from relay.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary
 
 __all__ = ["build_server", "main", "TOOL_NAMES"]
 
@@ -182,33 +182,31 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _field_errors(data: Any, prefix: str = "") -> list[str]:
-    """``{"message": {"parts": ["..."]}}`` -> ``["message.parts: ..."]``."""
-    out: list[str] = []
-    if isinstance(data, dict):
-        for key, value in data.items():
-            out.extend(_field_errors(value, f"{prefix}.{key}" if prefix else str(key)))
-    elif isinstance(data, list) and all(isinstance(v, str) for v in data):
-        out.append(f"{prefix}: {'; '.join(data)}" if prefix else "; ".join(data))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            out.extend(_field_errors(value, f"{prefix}[{i}]"))
-    elif data is not None:
-        out.append(f"{prefix}: {data}" if prefix else str(data))
-    return out
+# The relay's param paths -> this server's argument names (errors name what the caller sent).
+_ARGUMENTS = {"message.parts": "text", "message": "text", "metadata.client_idempotency_key": "idempotency_key",
+              "metadata": "idempotency_key", "filter.since": "since", "filter.status": "status", "page.cursor": "cursor",
+              "page.limit": "limit", "q": "query", "cursor": "cursor", "limit": "limit"}
+
+
+def _argument_path(line: str) -> str:
+    """``"message.parts.0.text: reason"`` -> ``"text: reason"``; other paths are kept."""
+    path, sep, reason = line.partition(": ")
+    for relay_path in sorted(_ARGUMENTS, key=len, reverse=True):
+        if path == relay_path or path.startswith(relay_path + "."):
+            tail = path[len(relay_path):]
+            if _ARGUMENTS[relay_path] == "text":
+                tail = ""
+            return f"{_ARGUMENTS[relay_path]}{tail}{sep}{reason}"
+    return line
 
 
 def error_line(exc: RelayError) -> str:
     """A relay error as the one line a tool error carries: ``symbol: message (hint: ...)``."""
     symbol = exc.symbol or "error"
     message = exc.message or type(exc).__name__
-    if symbol == "invalid_params":
-        data = exc.data.get("errors", exc.data) if isinstance(exc.data, dict) else exc.data
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k != "symbol"}
-        fields = _field_errors(data)
-        if fields and not all(f in message for f in fields):
-            message = f"{message} [{'; '.join(fields)}]"
+    fields = [_argument_path(f) for f in exc.field_errors()]
+    if fields:
+        message = f"invalid arguments: {'; '.join(fields)}"
     hint = _HINTS.get(symbol)
     if symbol == "rate_limited" and getattr(exc, "retry_after", None) is not None:
         hint = f"too many requests for this agent; wait {exc.retry_after:g} s and call again"
@@ -285,6 +283,13 @@ class _RelayMCPServer(MCPServer):
     """MCPServer whose argument-validation failures come back as one line, like relay errors."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        # Pydantic would drop an unknown (say, misspelled) argument, and the work it carried
+        # with it; refuse it by name instead.
+        known = {tool.name: set((tool.input_schema or {}).get("properties", {})) for tool in await self.list_tools()}
+        unknown = sorted(set(arguments or {}) - known[name]) if name in known else []
+        if unknown:
+            return _fail(_one_line(f"invalid_params: unknown argument(s) {', '.join(unknown)} (hint: {name} takes "
+                                   f"{', '.join(sorted(known[name]))})"))
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -567,12 +572,12 @@ def main(argv: list[str] | None = None) -> None:
         _fatal(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
                "(RELAY_URL: the relay's base URL, e.g. https://relay.example.com; "
                "RELAY_API_KEY: your agent's ah_live_... key)")
-    if not url.startswith(("http://", "https://")):
-        _fatal(f"RELAY_URL must be an http:// or https:// URL, got {url!r}")
     if not 0 < args.port < 65536:
         _fatal(f"--port must be 1-65535, got {args.port}")
-
-    client = RelayClient(url, key)
+    try:
+        client = RelayClient(url, key)
+    except ConfigurationError as exc:
+        _fatal(str(exc))
     try:
         if args.http:
             if not _is_loopback(args.host):

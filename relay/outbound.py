@@ -52,6 +52,9 @@ def _refused_address(ip: ipaddress._BaseAddress) -> str | None:
 
 def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
     """Parse, resolve and check a webhook URL; raise TargetRefused saying why it may not be called."""
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        # urlsplit drops tabs and newlines, so the URL checked would not be the URL stored.
+        raise TargetRefused("must not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -270,19 +270,26 @@ def test_missing_or_bad_key_is_401_with_www_authenticate(app, client, bob, auth)
     assert count(app, "threads") == 0
 
 
-def test_unknown_or_disabled_agent_endpoint_is_http_404(app, client, alice, bob):
-    from relay.services.agents import disable_agent
-
+def test_unknown_agent_endpoint_is_http_404(app, client, alice):
     doc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message()}}
     resp = client.post(agent_url("nobody@acme"), json=doc, headers={**bearer(alice[1]), **VERSION})
     assert resp.status_code == 404
     info = resp.get_json()["error"]["data"][0]
     assert info["@type"] == ERROR_INFO and info["metadata"]["symbol"] == "recipient_not_found"
+    assert count(app, "threads") == 0
+
+
+def test_disabled_agent_takes_no_new_task_but_its_senders_keep_theirs(app, to_bob, bob):
+    from relay.services.agents import disable_agent
+
+    task = to_bob.send("before the agent was disabled")
     with app.app_context():
         disable_agent(bob[0])
-    resp = client.post(agent_url(bob[0]), json=doc, headers={**bearer(alice[1]), **VERSION})
-    assert resp.status_code == 404
-    assert count(app, "threads") == 0
+    to_bob.err("SendMessage", {"message": message("after")}, -32600, "recipient_not_found")
+    assert to_bob.get(task["id"])["status"]["state"] == "TASK_STATE_SUBMITTED"
+    assert [t["id"] for t in to_bob.list()["tasks"]] == [task["id"]]
+    assert to_bob.ok("CancelTask", {"id": task["id"]})["status"]["state"] == "TASK_STATE_CANCELED"
+    assert count(app, "threads") == 1
 
 
 def test_unknown_agent_endpoint_404_echoes_the_request_id(client, alice):
@@ -920,8 +927,8 @@ def test_a_task_holds_at_most_ten_push_configs(app, to_bob):
     for i in range(10):
         to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/{i}"})
     found = to_bob.invalid("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": "http://127.0.0.1:9/x"},
-                           "url")
-    assert "10" in found["url"]
+                           "taskId")
+    assert "10" in found["taskId"]
     assert count(app, "webhook_endpoints") == 10
 
 
@@ -1052,3 +1059,66 @@ def test_a2a_tasks_are_the_seed_dialects_threads(client, alice, to_bob):
     appended = rpc(client, alice[1], "message/send", {"task_id": task["id"], "message": seed_msg("via seed")})
     assert appended["sequence_no"] == 2
     assert [m["role"] for m in to_bob.get(task["id"])["history"]] == ["ROLE_USER", "ROLE_USER"]
+
+
+# --------------------------------------------------------------------------- bad input found by review
+
+
+def test_status_timestamp_after_the_last_instant_is_an_empty_page(to_bob):
+    to_bob.send()
+    assert to_bob.list(statusTimestampAfter="9999-12-31T23:59:59.999999Z")["tasks"] == []
+
+
+@pytest.mark.parametrize("kind", [["link"], {}, 7, None], ids=["list", "object", "number", "null"])
+def test_data_part_whose_type_is_not_a_string_is_32602(to_bob, kind):
+    to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"data": {"type": kind}}])},
+                   "message.parts.1.data")
+
+
+@pytest.mark.parametrize("field, config", [
+    ("token", {"token": "a\r\nX-Evil: 1"}),
+    ("token", {"token": "t\u00f6k\u20acn"}),
+    ("authentication.credentials", {"authentication": {"scheme": "Bearer", "credentials": "c\nX-Evil: 1"}}),
+], ids=["crlf-token", "non-ascii-token", "crlf-credentials"])
+def test_push_token_and_credentials_must_be_sendable_as_headers(app, to_bob, field, config):
+    task = to_bob.send()
+    to_bob.invalid("CreateTaskPushNotificationConfig",
+                   {"taskId": task["id"], "url": "http://127.0.0.1:9/hook", **config}, field)
+    assert sql(app, "select count(*) from webhook_endpoints")[0][0] == 0
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/nl\nurl", "http://127.0.0.\t1:9/tab", "http://127.0.0.1:9/a b"],
+                         ids=["newline", "tab", "space"])
+def test_push_url_with_whitespace_or_control_characters_is_refused(to_bob, url):
+    task = to_bob.send()
+    to_bob.invalid("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": url}, "url")
+
+
+def test_url_part_errors_name_the_parts_own_fields(to_bob):
+    bad_url = to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"url": "file:///etc/passwd"}])},
+                             "message.parts.1.url")
+    assert "message.parts.1.url.url" not in bad_url
+    to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"url": "https://x.example/a",
+                                                                             "filename": "f" * 9000}])},
+                   "message.parts.1.filename")
+
+
+def test_reused_message_id_names_the_message_id(to_bob):
+    to_bob.send("first", message_id="m-again")
+    error = to_bob.err("SendMessage", {"message": message("other words", message_id="m-again")}, -32600,
+                       "duplicate_idempotency_key")
+    assert error["data"][0]["metadata"]["messageId"] == "m-again"
+    assert "messageId" in error["message"]
+
+
+def test_parse_error_says_why(to_bob):
+    resp = to_bob.client.post(agent_url(to_bob.handle), data=b'{"jsonrpc": "2.0", "id": 1,',
+                              headers={**bearer(to_bob.key), **VERSION, "Content-Type": "application/json"})
+    info = resp.get_json()["error"]["data"][0]
+    assert info["metadata"]["symbol"] == "parse_error" and info["metadata"]["reason"]
+
+
+def test_agent_card_varies_with_the_host_it_names(client, bob):
+    resp = client.get(f"/a2a/agents/{bob[0]}/.well-known/agent-card.json", headers={"Host": "relay.example"})
+    assert resp.get_json()["supportedInterfaces"][0]["url"] == f"http://relay.example/a2a/agents/{bob[0]}"
+    assert "Host" in resp.headers["Vary"]

@@ -254,6 +254,19 @@ def test_a_missing_variable_exits_3_naming_it(run, keys, missing):
     assert "whoami" in ok(run(None, "--help", url=None))
 
 
+@pytest.mark.parametrize("url, key, named", [
+    ("http://[::1", None, "RELAY_URL"),
+    ("localhost:8000", None, "RELAY_URL"),
+    (None, "ah_live_\nX", "RELAY_API_KEY"),
+], ids=["unparseable-url", "no-scheme", "key-with-newline"])
+def test_a_malformed_variable_exits_3_naming_it(run, keys, url, key, named):
+    proc = run(key or keys["alice"], "inbox", url=url or "http://127.0.0.1:9")
+    assert proc.returncode == 3 and proc.stdout == "" and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: ") and named in line, line
+    assert "ah_live_" not in line.replace("ah_live_...", "")  # the key itself is never echoed
+
+
 # --------------------------------------------------------------------------- 5. search
 
 def test_search_finds_a_word_of_one_message(run, keys):

@@ -192,6 +192,14 @@ def test_artifact_missing_a_required_field_names_it(alice, bob, artifact, field)
     alice.invalid("message/send", params, field)
 
 
+@pytest.mark.parametrize("line", [1.5, "3", 10**30, 0], ids=["fraction", "string", "huge", "zero"])
+def test_file_ref_line_must_be_a_whole_number_in_range(alice, bob, line):
+    params = {"recipient": "bob@acme", "message": _msg(),
+              "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": line}]}
+    alice.invalid("message/send", params, "artifacts.0.line_start")
+    assert alice.sent() == []
+
+
 def test_second_bad_artifact_is_named_by_its_index(alice, bob):
     params = {"recipient": "bob@acme", "message": _msg(),
               "artifacts": [ARTIFACTS["link"], {"type": "file_diff", "path": "a.py"}]}

@@ -282,6 +282,27 @@ def test_relay_errors_are_one_line_tool_errors_and_the_session_goes_on(relay_url
     run(test)
 
 
+def test_unknown_arguments_are_refused_by_name_and_nothing_is_sent(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice:
+            text = err(await alice.call_tool("send_handoff", {
+                "recipient": "bob@acme", "text": "typo test",
+                "artifact": [{"type": "link", "url": "https://x.example/"}], "contextid": "whatever"}))
+            assert text.startswith("invalid_params: ") and "artifact" in text and "contextid" in text, text
+            assert ok(await alice.call_tool("list_inbox", {"sent": True}))["items"] == []
+
+    run(test)
+
+
+def test_field_errors_name_the_tools_own_arguments(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice:
+            text = err(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "   "}))
+            assert text.startswith("invalid_params: ") and "text: " in text and "message.parts" not in text, text
+
+    run(test)
+
+
 def test_a_bad_key_is_an_unauthenticated_tool_error(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, "ah_live_" + "a" * 32) as nobody:

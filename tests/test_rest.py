@@ -730,3 +730,10 @@ def test_wrong_method_answers_405_with_an_allow_header(client, alice):
     assert resp.status_code == 405
     assert resp.is_json and resp.get_json()["error"]["code"] == "method_not_allowed"
     assert "GET" in resp.headers["Allow"]
+
+
+def test_webhook_url_with_a_tab_or_newline_is_refused(client, bob):
+    for url in ("http://127.0.0.\t1:9/hook", "http://127.0.0.1:9/a\nb"):
+        resp = client.post(f"/api/v1/identities/{bob[0]}/webhooks", headers=bearer(bob[1]), json={"url": url})
+        assert resp.status_code == 422, resp.get_json()
+        assert "url" in resp.get_json()["error"]["details"]

@@ -101,11 +101,16 @@ class MessageIn(_A2A):
     referenceTaskIds = fields.List(fields.String())
 
 
+# Sent as HTTP header values, so visible ASCII and spaces only: a CR/LF or a non-Latin-1
+# character could never be sent (every delivery would fail) or would split the header.
+_HEADER_SAFE = validate.Regexp(r"^[\x20-\x7e]*$", error="must be printable ASCII (it is sent as an HTTP header)")
+
+
 class AuthenticationIn(_A2A):
     scheme = fields.String(required=True, validate=[
         validate.Length(min=1, max=64), validate.Regexp(r"^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$",
                                                         error="must be an HTTP auth scheme such as Bearer")])
-    credentials = fields.String(load_default=None, validate=validate.Length(max=MAX_TOKEN))
+    credentials = fields.String(load_default=None, validate=[validate.Length(max=MAX_TOKEN), _HEADER_SAFE])
 
 
 class PushConfigIn(_A2A):
@@ -116,7 +121,7 @@ class PushConfigIn(_A2A):
     id = fields.String(load_default=None, validate=validate.Length(min=1, max=255))
     taskId = fields.String(load_default=None)
     url = fields.String(required=True)
-    token = fields.String(load_default=None, validate=validate.Length(max=MAX_TOKEN))
+    token = fields.String(load_default=None, validate=[validate.Length(max=MAX_TOKEN), _HEADER_SAFE])
     authentication = fields.Nested(AuthenticationIn, load_default=None)
 
 
@@ -206,13 +211,15 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
             texts.append({"type": "text", "text": part["text"]})
         elif "data" in part:
             data = part["data"]
-            if not isinstance(data, dict) or data.get("type") not in ARTIFACT_SCHEMAS:
+            if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in ARTIFACT_SCHEMAS:
                 errors[f"{where}.data"] = [f"must be a relay artifact: an object whose type is one of {', '.join(ARTIFACT_SCHEMAS)}"]
                 continue
             paths[f"artifacts.{len(artifacts)}"] = f"{where}.data"
             artifacts.append(data)
         elif "url" in part:
-            paths[f"artifacts.{len(artifacts)}"] = f"{where}.url"
+            paths.update({f"artifacts.{len(artifacts)}.url": f"{where}.url",
+                          f"artifacts.{len(artifacts)}.title": f"{where}.filename",
+                          f"artifacts.{len(artifacts)}": where})
             link = {"type": "link", "url": part["url"]}
             if part.get("filename"):
                 link["title"] = part["filename"]
@@ -254,6 +261,10 @@ def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
     if exc.symbol == "invalid_intent_payload" and isinstance(exc.details, dict) and "field" in exc.details:
         return RelayError(exc.symbol, exc.message, {**exc.details, "field": a2a_path(exc.details["field"], parts_map),
                                                     "reason": exc.message})
+    if exc.symbol == "duplicate_idempotency_key":
+        key = (exc.details or {}).get("client_idempotency_key", "")
+        return RelayError(exc.symbol, "messageId was already used with a different message",
+                          {"messageId": key[len(KEY_PREFIX):] if key.startswith(KEY_PREFIX) else key})
     if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
         return exc
     details = {a2a_path(k, parts_map): v for k, v in exc.details.items()}

@@ -19,6 +19,7 @@ MAX_SHORT = 8192
 MAX_URL = 2048
 MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
+MAX_LINE = 100_000_000
 TRANSITIONS = ("accept", "complete", "cancel")
 # Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
 # same agent; seed clients may not use the prefix, so neither can replay the other's call.
@@ -75,8 +76,8 @@ class FileRef(Schema):
 
     type = fields.String(required=True)
     path = _text(MAX_PATH)
-    line_start = fields.Integer(validate=validate.Range(min=1))
-    line_end = fields.Integer(validate=validate.Range(min=1))
+    line_start = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LINE, error=f"must be 1-{MAX_LINE}"))
+    line_end = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LINE, error=f"must be 1-{MAX_LINE}"))
     ref = _text(MAX_PATH, required=False)
     description = _text(MAX_SHORT, required=False)
 

@@ -46,7 +46,8 @@ def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: di
     count = session.scalar(select(func.count()).select_from(WebhookEndpoint)
                            .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id))
     if count >= MAX_CONFIGS_PER_TASK:
-        raise invalid("url", f"a task may have at most {MAX_CONFIGS_PER_TASK} push notification configs")
+        raise invalid("taskId", f"the task already has {MAX_CONFIGS_PER_TASK} push notification configs, the most "
+                      "it may have; delete one first")
     config_id = config.get("id") or str(uuid.uuid4())
     taken = session.scalar(select(WebhookEndpoint.id).where(
         WebhookEndpoint.thread_id == thread_id, WebhookEndpoint.push_config_id == config_id))
