@@ -28,11 +28,11 @@ from relay.jsonrpc import Dialect, Method
 from relay.models import Agent
 from relay.schemas import a2a as shapes
 from relay.schemas.a2a import (
-    CancelTaskRequest, GetTaskRequest, ListPushConfigsRequest, ListTasksRequest, NoParams, PushConfigIn,
+    CancelTaskRequest, CreatePushConfigRequest, GetTaskRequest, ListPushConfigsRequest, ListTasksRequest, NoParams,
     PushConfigRef, SendMessageRequest,
 )
 from relay.services import push, threads
-from relay.services.agents import get_agent
+from relay.services.agents import get_agent, normalize_handle
 
 VERSION_HEADER = "A2A-Version"
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
@@ -118,6 +118,15 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     then = None
     if push_config is not None:
         paths.update({name: f"configuration.taskPushNotificationConfig.{name}" for name in ("url", "id")})
+        if push_config.get("taskId") and (params.get("task_id") is None
+                                          or shapes.task_id(push_config["taskId"], "taskId") != params["task_id"]):
+            raise RelayError("invalid_params", "configuration.taskPushNotificationConfig.taskId: must be left out "
+                             "(it is this message's task)", {"configuration.taskPushNotificationConfig.taskId": [
+                                 "must be left out: the config is for this message's task"]})
+        try:
+            push.check_target(push_config)
+        except RelayError as exc:
+            raise shapes.renamed(exc, paths) from None
         params["push_config"] = push_config  # part of the idempotency digest: another config is another call
         then = partial(_add_push_config, caller, push_config)
     try:
@@ -150,7 +159,8 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
         status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
         context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
         since=since, limit=req["pageSize"], cursor=req["pageToken"],
-        with_total=True, with_messages=True)
+        with_total=True,
+        messages="all" if req["includeArtifacts"] else req["historyLength"] or None)
     tasks = [shapes.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
              for item in page["items"]]
     return {"tasks": tasks, "nextPageToken": page["next_cursor"] or "", "pageSize": req["pageSize"],
@@ -164,8 +174,6 @@ def _cancel(caller: Agent, peer: Agent, req: dict) -> dict:
 
 
 def _create_push(caller: Agent, peer: Agent, req: dict) -> dict:
-    if not req.get("taskId"):
-        raise RelayError("invalid_params", "taskId: is required", {"taskId": ["is required"]})
     config = push.create_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req)
     return shapes.push_config_out(config)
 
@@ -205,7 +213,7 @@ METHODS = {
     "GetTask": (GetTaskRequest, _get),
     "ListTasks": (ListTasksRequest, _list),
     "CancelTask": (CancelTaskRequest, _cancel),
-    "CreateTaskPushNotificationConfig": (PushConfigIn, _create_push),
+    "CreateTaskPushNotificationConfig": (CreatePushConfigRequest, _create_push),
     "GetTaskPushNotificationConfig": (PushConfigRef, _get_push),
     "ListTaskPushNotificationConfigs": (ListPushConfigsRequest, _list_push),
     "DeleteTaskPushNotificationConfig": (PushConfigRef, _delete_push),
@@ -243,8 +251,8 @@ def check_version() -> None:
 
 def _peer(handle: str, *, disabled_ok: bool = False) -> Agent | None:
     try:
-        agent = get_agent(handle.strip().lower())
-    except Exception:  # a malformed handle names no agent
+        agent = get_agent(normalize_handle(handle))
+    except RelayError:  # a malformed handle names no agent
         return None
     if agent is None or (agent.disabled_at is not None and not disabled_ok):
         return None

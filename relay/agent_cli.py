@@ -28,6 +28,7 @@ import click
 
 from relay.client import (
     ConfigurationError, FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult,
+    TaskSummary,
     TransitionResult,
 )
 

@@ -225,12 +225,15 @@ class WebhookEndpoint(db.Model):
     __tablename__ = "webhook_endpoints"
     __table_args__ = (
         CheckConstraint("kind in ('webhook','a2a_push')", name="kind_valid"),
+        CheckConstraint("(kind = 'a2a_push') = (thread_id IS NOT NULL AND push_config_id IS NOT NULL)",
+                        name="push_config_has_thread"),
         UniqueConstraint("thread_id", "push_config_id", name="uq_webhook_endpoints_thread_push_config"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     kind: Mapped[str] = mapped_column(String(16), default="webhook", server_default="webhook")
-    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), index=True)
+    # Indexed by the leading column of uq_webhook_endpoints_thread_push_config.
+    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
     push_config_id: Mapped[Optional[str]] = mapped_column(Text)
     token_encrypted: Mapped[Optional[str]] = mapped_column(Text)
     auth_scheme: Mapped[Optional[str]] = mapped_column(Text)

@@ -1122,3 +1122,73 @@ def test_agent_card_varies_with_the_host_it_names(client, bob):
     resp = client.get(f"/a2a/agents/{bob[0]}/.well-known/agent-card.json", headers={"Host": "relay.example"})
     assert resp.get_json()["supportedInterfaces"][0]["url"] == f"http://relay.example/a2a/agents/{bob[0]}"
     assert "Host" in resp.headers["Vary"]
+
+
+# --------------------------------------------------------------------------- races (real threads, real PostgreSQL)
+
+
+def _race(app, calls):
+    """Run each ``call(client)`` on its own thread with its own test client, released together."""
+    import threading
+
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
+
+    def run(i, call):
+        c = app.test_client()
+        barrier.wait()
+        results[i] = call(c)
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def test_concurrent_push_configs_with_one_id_store_one_and_refuse_the_other(app, to_bob):
+    task = to_bob.send()
+    params = {"taskId": task["id"], "id": "same", "url": "http://127.0.0.1:9/hook"}
+    answers = _race(app, [lambda c: A2A(c, to_bob.key, to_bob.handle).raw("CreateTaskPushNotificationConfig", params)
+                          for _ in range(4)])
+    assert sum("result" in a for a in answers) == 1, answers
+    for a in answers:
+        if "error" in a:
+            assert a["error"]["code"] == -32602 and "id" in violations(a["error"]), a
+    assert count(app, "webhook_endpoints") == 1
+
+
+def test_concurrent_push_configs_never_pass_the_limit(app, to_bob):
+    task = to_bob.send()
+    for i in range(8):
+        to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/{i}"})
+    answers = _race(app, [lambda c, i=i: A2A(c, to_bob.key, to_bob.handle).raw(
+        "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/r{i}"}) for i in range(4)])
+    assert sum("result" in a for a in answers) == 2, answers
+    assert count(app, "webhook_endpoints") == 10
+
+
+def test_two_agents_adopting_one_new_context_id_do_not_share_it(app, client, alice, carol, bob):
+    context = str(uuid.uuid4())
+    answers = _race(app, [lambda c, key=key: A2A(c, key, bob[0]).raw(
+        "SendMessage", {"message": message(contextId=context)}) for key in (alice[1], carol[1])])
+    assert sum("result" in a for a in answers) == 1, answers
+    [refused] = [a for a in answers if "error" in a]
+    assert refused["error"]["code"] == -32602 and "message.contextId" in violations(refused["error"])
+
+
+def test_list_tasks_history_length_keeps_the_newest_messages_of_each_task(client, to_bob, bob):
+    task = to_bob.send("opening")
+    to_bob.send("second", taskId=task["id"])
+    to_bob.send("third", taskId=task["id"])
+    [listed] = to_bob.list(historyLength=2)["tasks"]
+    assert [m["parts"][0]["text"] for m in listed["history"]] == ["second", "third"]
+    assert "artifacts" not in listed
+
+
+def test_push_config_in_send_message_may_not_name_another_task(app, to_bob):
+    other = to_bob.send("other")
+    to_bob.invalid("SendMessage", {"message": message(), "configuration": {"taskPushNotificationConfig": {
+        "taskId": other["id"], "url": "http://127.0.0.1:9/hook"}}}, "configuration.taskPushNotificationConfig.taskId")
+    assert count(app, "threads") == 1

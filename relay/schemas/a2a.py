@@ -125,6 +125,12 @@ class PushConfigIn(_A2A):
     authentication = fields.Nested(AuthenticationIn, load_default=None)
 
 
+class CreatePushConfigRequest(PushConfigIn):
+    """CreateTaskPushNotificationConfig: a config naming its task."""
+
+    taskId = fields.String(required=True, validate=validate.Length(min=1, error="is required"))
+
+
 class SendConfiguration(_A2A):
     acceptedOutputModes = fields.List(fields.String())
     taskPushNotificationConfig = fields.Nested(PushConfigIn, load_default=None)

@@ -35,14 +35,24 @@ def config_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
     }
 
 
-def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: dict) -> dict:
-    """Insert a config for a thread the caller is known to have sent, in ``session``'s transaction.
+def check_target(config: dict) -> None:
+    """Refuse a config whose URL may not be called (the SSRF rules of webhooks); raise invalid_params.
 
-    ``config``: ``url`` (checked), optional ``id`` (a new UUID when absent), ``token``,
-    ``authentication`` ``{scheme, credentials}``. Raises invalid_params (url refused, id
-    taken on this task, more than MAX_CONFIGS_PER_TASK).
+    Run before the transaction that stores it: it resolves DNS, which must not happen
+    while a send holds its participants' locks.
     """
     check_url(config["url"])
+
+
+def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: dict) -> dict:
+    """Insert a config for a thread the caller sent, in ``session``'s transaction.
+
+    The caller has run check_target and holds the thread's row lock (a send's, or
+    create_config's), so two creates cannot both pass the count or the id check.
+    ``config``: ``url``, optional ``id`` (a new UUID when absent), ``token``,
+    ``authentication`` ``{scheme, credentials}``. Raises invalid_params (id taken on this
+    task, more than MAX_CONFIGS_PER_TASK).
+    """
     count = session.scalar(select(func.count()).select_from(WebhookEndpoint)
                            .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id))
     if count >= MAX_CONFIGS_PER_TASK:
@@ -74,10 +84,11 @@ def _configs(thread_id: uuid.UUID):
 def create_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config: dict) -> dict:
     """Add a push notification config to a task the caller sent to ``peer``.
 
-    Raises thread_not_found (not such a task) and add_config's errors.
+    Raises thread_not_found (not such a task), check_target's and add_config's errors.
     """
+    check_target(config)
     with unit_of_work() as session:
-        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        thread, _side = threads.load_thread(session, task_id, caller, peer=peer, lock=True)
         return add_config(session, caller, thread.id, config)
 
 

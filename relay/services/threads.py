@@ -163,6 +163,9 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
             Thread.context_id == context_id, or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id))))
         if not known and not adopt_context:
             raise invalid("context_id", "names no context in which you already have a thread")
+        if not known:
+            # Two first uses of one new id must not both see it unused (and share a context).
+            session.execute(select(func.pg_advisory_xact_lock(int.from_bytes(context_id.bytes[:8], "big", signed=True))))
         if not known and session.scalar(select(exists().where(Thread.context_id == context_id))):
             # Adopting an id other agents already use would put this thread in their context.
             raise invalid("context_id", "names a context of other agents; choose a new UUID")
@@ -292,16 +295,27 @@ def thread_summary(t: Thread) -> dict[str, Any]:
     return {
         "thread_id": format_ulid(t.id), "task_id": format_ulid(t.id), "context_id": format_ulid(t.context_id),
         "status": _status(t), "sender": agent_ref(t.sender), "recipient": agent_ref(t.recipient),
-        "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent,
+        "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent, "result_summary": t.result_summary,
         "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
     }
+
+
+def _page_messages(thread_ids: list[uuid.UUID], messages: int | str):
+    """Messages of a page of threads, oldest first per thread: all, or the newest N of each."""
+    stmt = select(Message).where(Message.thread_id.in_(thread_ids))
+    if messages != "all":
+        rank = (select(Message.id, func.row_number().over(partition_by=Message.thread_id,
+                                                          order_by=Message.sequence_no.desc()).label("rank"))
+                .where(Message.thread_id.in_(thread_ids)).subquery())
+        stmt = stmt.join(rank, rank.c.id == Message.id).where(rank.c.rank <= int(messages))
+    return stmt.order_by(Message.thread_id, Message.sequence_no).options(db.joinedload(Message.author))
 
 
 def list_threads(caller: Agent, role: str = "recipient", status: list[str] | None = None,
                  since: datetime | None = None, limit: int = 50,
                  cursor: tuple[datetime, uuid.UUID] | None = None, *, peer: Agent | None = None,
                  context_id: uuid.UUID | None = None, with_total: bool = False,
-                 with_messages: bool = False) -> dict:
+                 messages: int | str | None = None) -> dict:
     """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
 
     Newest activity first; keyset cursor on (updated_at, id); ``since`` is inclusive on
@@ -310,7 +324,8 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
 
     For the A2A binding's ListTasks: ``peer`` keeps the threads whose other side is that
     agent, ``context_id`` one context; ``with_total`` adds ``total`` (rows matching the
-    filters, all pages) and ``with_messages`` each item's ``messages`` (oldest first).
+    filters, all pages) and ``messages`` each item's ``messages`` (oldest first): ``"all"``,
+    or the newest N of each thread (one window query for the page, not every message).
     """
     column = Thread.recipient_id if role == "recipient" else Thread.sender_id
     unread = (
@@ -341,15 +356,12 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
         rows = session.execute(stmt).all()
         page = rows[:limit]
         items = [{**thread_summary(t), "unread_messages": n} for t, n in page]
-        if with_messages and page:
+        if messages and page:
             by_thread: dict[uuid.UUID, list[dict]] = {}
-            for m in session.scalars(select(Message).where(Message.thread_id.in_([t.id for t, _ in page]))
-                                     .order_by(Message.thread_id, Message.sequence_no)
-                                     .options(db.joinedload(Message.author))):
+            for m in session.scalars(_page_messages([t.id for t, _ in page], messages)):
                 by_thread.setdefault(m.thread_id, []).append(message_row(m))
             for item, (t, _n) in zip(items, page):
                 item["messages"] = by_thread.get(t.id, [])
-                item["result_summary"] = t.result_summary
         total = session.scalar(select(func.count()).select_from(Thread).where(*filters)) if with_total else None
     last = page[-1][0] if page else None
     next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
