@@ -1,20 +1,25 @@
 """The handoff relay: a Flask app factory (``create_app``) and its layers."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from flask import Flask
-from werkzeug.exceptions import HTTPException
-
-from relay.config import load_settings
+if TYPE_CHECKING:
+    from flask import Flask
 
 
-def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
+def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> "Flask":
     """Build the app from environment variables (``env`` defaults to ``os.environ``).
 
     Migrations are not run here: the Procfile's ``release`` step runs them.
     Raises relay.config.ConfigError naming a missing or malformed variable.
     """
+    # Imported here, not at module level: agents' tools (relay.client, relay-agent,
+    # relay-mcp) live in this package and must not load the server to import.
+    from flask import Flask
+    from werkzeug.exceptions import HTTPException
+
+    from relay.config import load_settings
+
     settings = load_settings(env)
     app = Flask(__name__)
     app.config.update(settings.flask_config())

@@ -28,8 +28,7 @@ import click
 
 from relay.client import (
     ConfigurationError, FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult,
-    TaskSummary,
-    TransitionResult,
+    TaskSummary, TransitionResult, next_position,
 )
 
 STATES = ("pending", "accepted", "completed", "cancelled")
@@ -112,6 +111,9 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
             message = f"{message}: {'; '.join(fields)}" if message else "; ".join(fields)
         if symbol in ("internal_error", "service_unavailable") and exc.request_id:
             hint = f"{hint}; request id {exc.request_id}"
+    if exc.idempotency_key and symbol in ("connection_error", "service_unavailable", "internal_error", "bad_response"):
+        # The send may have gone through: only a retry with the same key is safe.
+        hint = f"{hint}; repeat it with --idempotency-key {exc.idempotency_key} so it cannot be sent twice"
     line = f"error: {symbol}: {_one_line(message)}"
     return f"{line} (hint: {hint})" if hint else line
 
@@ -754,19 +756,9 @@ def save_state(path: Path, state: dict) -> None:
 
 
 def advance(state: dict, rows: list[FeedRow]) -> dict:
-    """The position after ``rows`` (oldest first): the newest ``created_at`` and the ids at exactly it.
-
-    The feed's ``since`` is inclusive, so the ids at the saved time are kept to drop
-    those rows next time; ids at an older time are no longer needed.
-    """
-    if not rows:
-        return state
-    newest = max(rows, key=lambda r: r.created_at)
-    since = datetime.fromisoformat(state["since"])
-    at_newest = [r.id for r in rows if r.created_at == newest.created_at]
-    if newest.created_at == since:
-        at_newest = list(dict.fromkeys([*state.get("seen", []), *at_newest]))
-    return {**state, "since": newest.raw.get("created_at") or newest.created_at.isoformat(), "seen": at_newest}
+    """The watch state after ``rows`` (oldest first): relay.client.next_position, saved."""
+    since, seen = next_position(rows, state["since"], state.get("seen", []))
+    return {**state, "since": since, "seen": seen}
 
 
 def _parse_since(value: str, client: RelayClient) -> dict:

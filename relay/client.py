@@ -89,6 +89,7 @@ class RelayError(Exception):
         self.request_id = request_id
         self.http_status = http_status
         self.attempts = attempts
+        self.idempotency_key: str | None = None  # set on a failed send/reply: retry with it, never a new one
 
     def __str__(self) -> str:
         where = f" (request {self.request_id})" if self.request_id else ""
@@ -142,6 +143,38 @@ def _flatten_fields(errors: Any, prefix: str = "") -> list[str]:
     if isinstance(errors, (list, tuple)):
         return [line for i, e in enumerate(errors) for line in _flatten_fields(e, f"{prefix}.{i}" if prefix else str(i))]
     return [] if errors is None else [f"{prefix}: {errors}" if prefix else str(errors)]
+
+
+class BadResponse(RelayError):
+    """The relay (or something in front of it) answered in a way that breaks the API's contract,
+    such as a page cursor it already returned (following it would loop forever)."""
+
+    default_symbol = "bad_response"
+
+
+def _next_cursor(cursor: str, used: set[str]) -> str:
+    if cursor in used:
+        raise BadResponse(f"the relay returned page cursor {cursor[:40]!r} twice; stopping instead of looping")
+    used.add(cursor)
+    return cursor
+
+
+def next_position(rows: Sequence["FeedRow"], since: datetime | str, seen: Iterable[str] = ()) -> tuple[str, list[str]]:
+    """Where a catch-up loop resumes after ``rows`` (oldest first, as :meth:`RelayClient.catch_up` returns).
+
+    Returns ``(since, seen_ids)`` for the next ``catch_up(since, seen=seen_ids)``: the
+    newest ``created_at`` of ``rows`` and the ids at exactly that time (seed 004's
+    ``since`` is inclusive, so they would come back). When no row is newer than ``since``,
+    the earlier ``seen`` ids are kept too.
+    """
+    previous = since if isinstance(since, str) else since.isoformat()
+    if not rows:
+        return previous, list(seen)
+    newest = max(rows, key=lambda r: r.created_at)
+    at_newest = [r.id for r in rows if r.created_at == newest.created_at]
+    if _ts(previous) == newest.created_at:
+        at_newest = list(dict.fromkeys([*seen, *at_newest]))
+    return newest.raw.get("created_at") or newest.created_at.isoformat(), at_newest
 
 
 class RelayConnectionError(RelayError):
@@ -717,19 +750,33 @@ class RelayClient:
         params: dict[str, Any] = {"task_id": task_id, "transition": "accept"}
         if session_id is not None:
             params["session_id"] = session_id
-        return TransitionResult.from_json(self._rpc("tasks/update", params))
+        return self._transition(task_id, "accepted", "tasks/update", params)
 
     def complete(self, task_id: str, result_summary: str) -> TransitionResult:
         """Complete an accepted handoff (``tasks/update`` ``complete``; recipient only).
 
         ``result_summary`` (at most 8192 characters) says what was done. Errors as :meth:`accept`.
         """
-        return TransitionResult.from_json(self._rpc(
-            "tasks/update", {"task_id": task_id, "transition": "complete", "result_summary": result_summary}))
+        return self._transition(task_id, "completed", "tasks/update",
+                                {"task_id": task_id, "transition": "complete", "result_summary": result_summary})
 
     def cancel(self, task_id: str) -> TransitionResult:
         """Cancel a pending handoff (``tasks/cancel``; sender only). Errors as :meth:`accept`."""
-        return TransitionResult.from_json(self._rpc("tasks/cancel", {"task_id": task_id}))
+        return self._transition(task_id, "cancelled", "tasks/cancel", {"task_id": task_id})
+
+    def _transition(self, task_id: str, target: str, method: str, params: dict[str, Any]) -> TransitionResult:
+        # A transition is not idempotent at the relay: when an attempt whose answer was lost
+        # (timeout, 5xx) did go through, the retry is refused as invalid_transition or
+        # state_changed. Only then, read the thread: already in the target state means done.
+        try:
+            return TransitionResult.from_json(self._rpc(method, params))
+        except (InvalidTransition, StateChanged) as exc:
+            if exc.attempts <= 1:
+                raise
+            handoff = self.get(task_id)
+            if handoff.state != target:
+                raise
+            return TransitionResult.from_json(handoff.raw)
 
     # ------------------------------------------------------------------ REST
 
@@ -832,7 +879,13 @@ class RelayClient:
         key = idempotency_key or given or str(uuid.uuid4())
         meta["client_idempotency_key"] = key
         params["metadata"] = meta
-        return SendResult.from_json(self._rpc("message/send", params), key)
+        try:
+            return SendResult.from_json(self._rpc("message/send", params), key)
+        except RelayError as exc:
+            # After a connection error or a 5xx the send may have happened: repeating the
+            # call with this key is safe, a new key is not.
+            exc.idempotency_key = key
+            raise
 
     def _list(self, role: str, status: str | Sequence[str] | None, since: datetime | str | None, limit: int,
               cursor: str | None) -> Page[TaskSummary]:
@@ -846,24 +899,24 @@ class RelayClient:
                     next_cursor=result.get("next_cursor"), raw=result)
 
     def _iter_list(self, role: str, status: Any, since: Any, limit: int) -> Iterator[TaskSummary]:
-        cursor = None
+        cursor, used = None, set()
         while True:
             page = self._list(role, status, since, limit, cursor)
             yield from page.items
             if not page.next_cursor:
                 return
-            cursor = page.next_cursor
+            cursor = _next_cursor(page.next_cursor, used)
 
     def _iter_feed(self, handle: str | None, query: dict[str, Any]) -> Iterator[FeedRow]:
         path = f"{self._identity_path(handle)}/a2a/messages"
-        cursor = None
+        cursor, used = None, set()
         while True:
             body = self._rest("GET", path, params={**query, **({"cursor": cursor} if cursor else {})})
             for r in body.get("items", []):
                 yield FeedRow.from_json(r)
-            cursor = body.get("next_cursor")
-            if not cursor:  # null only on the last page (seed 004): a short page is not the end
+            if not body.get("next_cursor"):  # null only on the last page (seed 004): a short page is not the end
                 return
+            cursor = _next_cursor(body["next_cursor"], used)
 
     def _identity_path(self, handle: str | None) -> str:
         return f"/api/v1/identities/{quote(handle or self.handle, safe='@')}"

@@ -41,7 +41,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relay.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary
+from relay.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary, next_position
 
 __all__ = ["build_server", "main", "TOOL_NAMES"]
 
@@ -212,6 +212,9 @@ def error_line(exc: RelayError) -> str:
         hint = f"too many requests for this agent; wait {exc.retry_after:g} s and call again"
     if exc.request_id and symbol in ("internal_error", "service_unavailable"):
         hint = f"{hint}; quote request {exc.request_id} when reporting it"
+    if exc.idempotency_key and symbol in ("connection_error", "service_unavailable", "internal_error", "bad_response"):
+        # The send may have gone through: only a retry with the same key is safe.
+        hint = f"{hint}; call again with idempotency_key={exc.idempotency_key!r} so it cannot be sent twice"
     line = f"{symbol}: {message}" + (f" (hint: {hint})" if hint else "")
     return _one_line(line)
 
@@ -298,24 +301,43 @@ class _RelayMCPServer(MCPServer):
             raise
 
 
+class _PerThreadClient:
+    """``client``'s settings, one RelayClient (one requests.Session) per worker thread.
+
+    A requests.Session is not thread-safe, and one lock around a shared client made a
+    slow call (retries, a long catch_up) hold up every other tool call.
+    """
+
+    def __init__(self, template: RelayClient):
+        self._template = template
+        self._local = threading.local()
+
+    def _client(self) -> RelayClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            t = self._template
+            client = self._local.client = RelayClient(t.base_url, t.api_key, timeout=t.timeout,
+                                                      max_retries=t.max_retries, backoff=t.backoff)
+        return client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client(), name)
+
+
 def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServer:
     """An MCPServer whose nine tools call ``client`` (one client for the whole process).
 
     ``RelayClient`` is synchronous and its ``requests.Session`` is not thread-safe, so
     every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
-    loop free for other sessions) and calls are serialised by a lock.
+    loop free for other sessions) with that thread's own client (_PerThreadClient).
     """
     server = _RelayMCPServer("relay", instructions=INSTRUCTIONS, version=_version(),
                              log_level=log_level)  # type: ignore[arg-type]
-    lock = threading.Lock()
-
-    def locked(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        with lock:
-            return call()
+    client = _PerThreadClient(client)  # type: ignore[assignment]
 
     async def run(call: Callable[[], dict[str, Any]]) -> CallToolResult:
         try:
-            return _ok(await anyio.to_thread.run_sync(locked, call))
+            return _ok(await anyio.to_thread.run_sync(call))
         except RelayError as exc:
             return _fail(error_line(exc))
         except Exception as exc:  # a bug here, not the caller's: logged with its traceback, answered in one line
@@ -516,8 +538,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         def call() -> dict[str, Any]:
             rows = client.catch_up(since, seen=seen_ids or (), direction=direction, limit=100)
             kept = rows[:limit]
-            next_since = kept[-1].raw.get("created_at") if kept else since
-            next_seen = [r.id for r in kept if r.raw.get("created_at") == next_since]
+            next_since, next_seen = next_position(kept, since, seen_ids or ())
             return {"messages": [_feed_row(r) for r in kept], "count": len(kept), "more": len(rows) > limit,
                     "next_since": next_since, "next_seen_ids": next_seen}
 

@@ -12,6 +12,8 @@ import base64
 import json
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -23,8 +25,8 @@ from ulid import ULID
 
 from relay import client as rc
 from relay.client import (
-    FeedRow, Handoff, Identity, Message, Page, RelayClient, SendResult, TaskSummary, TransitionResult,
-    WebhookVerificationError, verify_webhook,
+    BadResponse, FeedRow, Handoff, Identity, InvalidTransition, Message, Page, RelayClient, RelayConnectionError,
+    SendResult, TaskSummary, TransitionResult, WebhookVerificationError, verify_webhook,
 )
 from tests.conftest import sql
 from tests.live import live_relay
@@ -505,3 +507,95 @@ def test_client_error_table_matches_the_server():
     assert all(cls is not rc.RelayError and cls.default_symbol == sym for sym, cls in classes.items())
     assert len(set(classes.values())) == len(ERRORS)  # one class per symbol
     assert all(getattr(rc, cls.__name__) is cls and cls.__name__ in rc.__all__ for cls in classes.values())
+
+
+def test_transition_whose_answer_was_lost_reports_success(agents, app):
+    task = agents["alice"].send("bob@acme", "accept me once").task_id
+    with DroppingProxy(agents["bob"].base_url, drop=1) as proxy:
+        bob = RelayClient(proxy.url, agents["bob"].api_key, backoff=0.05)
+        accepted = bob.accept(task, session_id="s-lost")
+        bob.close()
+    # The first attempt went through (its answer was dropped); the retry was refused as
+    # invalid_transition, and the client read the thread instead of raising.
+    assert json.loads(proxy.dropped_answers[0].partition(b"\r\n\r\n")[2])["result"]["status"]["state"] == "accepted"
+    assert accepted.state == "accepted" and accepted.task_id == task
+    assert sql(app, "SELECT count(*) FROM audit_events WHERE action = 'accept'") == [(1,)]
+
+
+def test_transition_refused_on_its_only_attempt_still_raises(agents):
+    task = agents["alice"].send("bob@acme", "accept me twice").task_id
+    agents["bob"].accept(task)
+    with pytest.raises(InvalidTransition) as info:
+        agents["bob"].accept(task)
+    assert info.value.attempts == 1
+
+
+class RepeatingCursorServer:
+    """A loopback HTTP server that answers every feed page with the same ``next_cursor``."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.hits = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.hits += 1
+                body = json.dumps({"items": [], "next_cursor": "same"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_cursor_returned_twice_stops_paging_instead_of_looping():
+    with RepeatingCursorServer() as server:
+        with RelayClient(server.url, "ah_live_" + "a" * 32) as client:
+            with pytest.raises(BadResponse):
+                list(client.messages("alice@acme"))
+    assert server.hits == 2
+
+
+def test_a_failed_send_carries_its_idempotency_key():
+    with RelayClient("http://127.0.0.1:9", "ah_live_" + "a" * 32, max_retries=0) as client:
+        with pytest.raises(RelayConnectionError) as info:
+            client.send("bob@acme", "lost", idempotency_key="k-keep")
+    assert info.value.idempotency_key == "k-keep"
+
+
+def test_next_position_keeps_the_ids_at_a_time_that_did_not_move():
+    from relay.client import next_position
+
+    def row(id_, at):
+        return FeedRow.from_json({"id": id_, "task_id": "t", "sequence_no": 1, "body": "", "created_at": at})
+
+    at = "2026-07-21T18:00:00.000000Z"
+    assert next_position([], at, ["a"]) == (at, ["a"])
+    assert next_position([row("b", at)], at, ["a"]) == (at, ["a", "b"])
+    later = "2026-07-21T18:00:01.000000Z"
+    assert next_position([row("b", at), row("c", later)], at, ["a"]) == (later, ["c"])
+
+
+def test_the_agent_tools_import_no_server_code():
+    code = ("import sys, relay.client, relay.agent_cli, relay.mcp_server; "
+            "print(sorted(m for m in ('flask', 'sqlalchemy', 'relay.services', 'relay.models') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
