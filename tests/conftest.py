@@ -194,6 +194,31 @@ def celery_worker(celery_app):
         root.handlers[:] = handlers
 
 
+@pytest.fixture(scope="module")
+def relay_url(base_env):
+    """A live relay for one test module (tests/live.py): gunicorn and a Celery worker."""
+    from tests.live import live_relay
+
+    with live_relay(base_env) as url:
+        yield url
+
+
+# Outbox work a live worker still has to do: the autouse TRUNCATE after a test can
+# deadlock with it (and then retries), so tests of a live stack wait for it first.
+_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
+                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)
+                   + (SELECT count(*) FROM webhook_deliveries WHERE status = 'pending')"""
+
+
+@pytest.fixture
+def settled(app):
+    """After the test, wait (at most 20 s, not asserted) until the live worker has done its outbox work."""
+    yield
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def client(app):
     return app.test_client()

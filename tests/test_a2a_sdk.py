@@ -24,16 +24,9 @@ from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, VersionN
 from google.protobuf.json_format import MessageToDict
 
 from tests.conftest import bearer
-from tests.live import live_relay
 from tests.receiver import Receiver
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def relay_url(base_env):
-    with live_relay(base_env) as url:
-        yield url
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("settled")]
 
 
 def run(coro):

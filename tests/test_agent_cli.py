@@ -21,32 +21,10 @@ import pytest
 from relay.agent_cli import file_ref_artifact, split_diff
 from relay.client import RelayClient
 from tests.conftest import sql
-from tests.live import live_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "relay-agent"
 CALL_TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def relay_url(base_env):
-    with live_relay(base_env) as url:
-        yield url
-
-
-# Outbox work the live worker still has to do (as in tests/test_client.py): the autouse
-# TRUNCATE after the test can deadlock with it, so wait (bounded, not asserted).
-_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
-                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)
-                   + (SELECT count(*) FROM webhook_deliveries WHERE status = 'pending')"""
-
-
-@pytest.fixture
-def settled(app):
-    yield
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
-        time.sleep(0.1)
 
 
 @pytest.fixture

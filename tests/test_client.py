@@ -33,12 +33,6 @@ from tests.live import live_relay
 from tests.receiver import Receiver
 
 
-@pytest.fixture(scope="module")
-def relay_url(base_env):
-    with live_relay(base_env) as url:
-        yield url
-
-
 class CountingSession(requests.Session):
     """A real requests session that records every exchange it makes: (verb, path, status, headers, body)."""
 
@@ -54,26 +48,6 @@ class CountingSession(requests.Session):
         entry["status"] = resp.status_code
         entry["headers"] = dict(resp.headers)
         return resp
-
-
-# Outbox work the live Celery worker still has to do: while it runs, the autouse
-# table cleanup's TRUNCATE can deadlock with it (PostgreSQL then kills one of them).
-_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
-                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)
-                   + (SELECT count(*) FROM webhook_deliveries WHERE status = 'pending')"""
-
-
-@pytest.fixture
-def settled(app):
-    """After the test, wait (at most 20 s) for the live worker to finish this test's outbox work.
-
-    Bounded and not asserted: the live stack's worker shares Redis's default queue with
-    any other live stack on the same Redis, which may take a task instead (a no-op there).
-    """
-    yield
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
-        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -26,8 +26,6 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from relay.embedded import free_port
-from tests.conftest import sql
-from tests.live import live_relay
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,26 +33,6 @@ RELAY_MCP = Path(sys.executable).parent / "relay-mcp"
 TOOLS = {"send_handoff", "reply", "list_inbox", "get_thread", "accept", "complete", "cancel", "search_messages",
          "catch_up"}
 BOUND = 90  # seconds: the outer bound of one test's MCP conversation
-
-
-@pytest.fixture(scope="module")
-def relay_url(base_env):
-    with live_relay(base_env) as url:
-        yield url
-
-
-# Outbox work the live worker still has to do (search vectors, fan-out): the autouse
-# TRUNCATE after each test can deadlock with it, so wait (bounded, not asserted).
-_BACKLOG = """SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
-                   + (SELECT count(*) FROM messages WHERE search_vector IS NULL)"""
-
-
-@pytest.fixture
-def settled(app):
-    yield
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sql(app, _BACKLOG)[0][0]:
-        time.sleep(0.1)
 
 
 @pytest.fixture
