@@ -69,6 +69,27 @@ def migrated_database(server_url: str, prefix: str):
         admin.close()
 
 
+@contextmanager
+def extra_app(base_env, celery_app, redis_url, **env):
+    """Another app in this process built from ``base_env`` plus ``env``; its queue is private
+    (dropped after) and the session's Celery stays the default."""
+    import redis
+
+    from relay import create_app
+
+    other = create_app({**base_env, **env}, TESTING=True, RATELIMIT_KEY_PREFIX=f"x{secrets.token_hex(4)}")
+    # Anything it enqueues must not land where a worker of this or another session consumes.
+    queue = other.extensions["celery"].conf.task_default_queue = f"relay-test-extra-{secrets.token_hex(4)}"
+    celery_app.set_default()
+    try:
+        yield other
+    finally:
+        conn = redis.Redis.from_url(redis_url)
+        conn.delete(queue)
+        conn.close()
+        celery_app.set_default()
+
+
 def rpc(client, key, method, params):
     """Call a JSON-RPC method that must succeed; return its ``result``."""
     resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import copy
 import json
-import secrets
 import time
 import uuid
 
 import pytest
 
 from relay.ids import format_ulid, parse_ulid
-from tests.conftest import bearer, rpc, sql
+from tests.conftest import bearer, extra_app, rpc, sql
 from tests.receiver import Receiver
 
 VERSION = {"A2A-Version": "1.0"}
@@ -154,24 +153,6 @@ def wait_until(fn, timeout=20.0, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
         time.sleep(0.05)
-
-
-def other_app(base_env, celery_app, **env):
-    """Another app in this process with a private queue; the main Celery stays the default."""
-    from relay import create_app
-
-    extra = create_app({**base_env, **env}, TESTING=True, RATELIMIT_KEY_PREFIX=f"a2a-{secrets.token_hex(4)}")
-    extra.extensions["celery"].conf.task_default_queue = f"relay-test-a2a-{secrets.token_hex(4)}"
-    celery_app.set_default()
-    return extra
-
-
-def drop_queue(extra, redis_url):
-    import redis
-
-    conn = redis.Redis.from_url(redis_url)
-    conn.delete(extra.extensions["celery"].conf.task_default_queue)
-    conn.close()
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -898,14 +879,12 @@ def test_push_config_url_to_a_private_address_is_refused_unless_allowed(app, bas
                                                                         client, alice, bob):
     task = A2A(client, alice[1], bob[0]).send()
     params = {"taskId": task["id"], "url": "http://127.0.0.1:9/hook"}
-    strict = other_app(base_env, celery_app, RELAY_WEBHOOK_ALLOW_PRIVATE="0", RELAY_WEBHOOK_ALLOW_HTTP="1")
-    try:
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0",
+                   RELAY_WEBHOOK_ALLOW_HTTP="1") as strict:
         error = A2A(strict.test_client(), alice[1], bob[0]).err("CreateTaskPushNotificationConfig", params,
                                                               -32602, "invalid_params")
         assert "private" in violations(error, "url")["url"] or "loopback" in violations(error, "url")["url"]
         assert count(app, "webhook_endpoints") == 0
-    finally:
-        drop_queue(strict, redis_url)
     # The test environment allows private targets (RELAY_WEBHOOK_ALLOW_PRIVATE=1).
     A2A(client, alice[1], bob[0]).ok("CreateTaskPushNotificationConfig", params)
     assert count(app, "webhook_endpoints") == 1
@@ -1008,8 +987,7 @@ def test_streaming_and_extended_card_methods_are_32004(app, to_bob, method, para
 # --------------------------------------------------------------------------- rate limit shared with the seed dialect
 
 def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app, redis_url, alice, bob):
-    limited = other_app(base_env, celery_app, RELAY_RATE_LIMIT="4/minute")
-    try:
+    with extra_app(base_env, celery_app, redis_url, RELAY_RATE_LIMIT="4/minute") as limited:
         c = limited.test_client()
         for _ in range(2):
             resp = c.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}},
@@ -1031,8 +1009,6 @@ def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app,
         assert seed.get_json()["error"]["code"] == -32003
         # The budget is per agent: bob still has his.
         A2A(c, bob[1], alice[0]).ok("ListTasks", {})
-    finally:
-        drop_queue(limited, redis_url)
 
 
 # --------------------------------------------------------------------------- the seed dialect is unchanged

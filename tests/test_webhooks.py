@@ -15,22 +15,19 @@ Celery app rather than through ``workers.tasks.sweep_outbox`` because every extr
 from __future__ import annotations
 
 import json
-import secrets
 import socket
 import threading
 import time
 import uuid
 
-import psycopg2
 import pytest
-import redis as redis_lib
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from relay.ids import format_ulid, parse_ulid
-from tests.conftest import _connect_admin, bearer
+from tests.conftest import _connect_admin, bearer, extra_app
 from tests.receiver import Receiver
 
 ALICE, BOB = "alice@acme", "bob@acme"
@@ -181,48 +178,27 @@ def settle(sql):
     return run
 
 
-def _extra_app(base_env, celery_app, **env):
-    """Another app in this process; restore the main Celery as the default afterwards."""
-    from relay import create_app
-
-    other = create_app({**base_env, **env}, TESTING=True, RATELIMIT_KEY_PREFIX=f"t{secrets.token_hex(4)}")
-    # Anything it enqueues must not land where a worker of another test session consumes.
-    other.extensions["celery"].conf.task_default_queue = f"relay-test-extra-{secrets.token_hex(4)}"
-    celery_app.set_default()
-    return other
-
-
-def _drop_extra_queue(other, redis_url):
-    queue = other.extensions["celery"].conf.task_default_queue
-    client = redis_lib.Redis.from_url(redis_url)
-    client.delete(queue)
-    client.close()
-
-
 @pytest.fixture(scope="module")
 def app_down(base_env, celery_app, redis_url):
     """The relay with its broker unreachable (nothing listens on port 1)."""
-    other = _extra_app(base_env, celery_app, REDIS_URL="redis://127.0.0.1:1/0")
-    yield other
-    celery_app.set_default()
+    with extra_app(base_env, celery_app, redis_url, REDIS_URL="redis://127.0.0.1:1/0") as other:
+        yield other
 
 
 @pytest.fixture(scope="module")
 def app_off(base_env, celery_app, redis_url):
     """The relay with private targets refused (the production default)."""
-    other = _extra_app(base_env, celery_app, RELAY_WEBHOOK_ALLOW_PRIVATE="0", RELAY_WEBHOOK_ALLOW_HTTP="1")
-    yield other
-    _drop_extra_queue(other, redis_url)
-    celery_app.set_default()
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0",
+                   RELAY_WEBHOOK_ALLOW_HTTP="1") as other:
+        yield other
 
 
 @pytest.fixture(scope="module")
 def app_https_only(base_env, celery_app, redis_url):
     """Private targets allowed, plain http refused."""
-    other = _extra_app(base_env, celery_app, RELAY_WEBHOOK_ALLOW_PRIVATE="1", RELAY_WEBHOOK_ALLOW_HTTP="0")
-    yield other
-    _drop_extra_queue(other, redis_url)
-    celery_app.set_default()
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="1",
+                   RELAY_WEBHOOK_ALLOW_HTTP="0") as other:
+        yield other
 
 
 # --------------------------------------------------------------------------- CRUD
