@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]`` and ``python -m bench scale [--messages N]``."""
+"""``python -m bench run [--quick]``, ``python -m bench scale [--messages N]``, ``python -m bench dialects``."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,8 @@ def main() -> None:
     scale_p.add_argument("--threads", type=int, default=50_000)
     scale_p.add_argument("--agents", type=int, default=1_000)
     scale_p.add_argument("--queries", type=int, default=200)
+    dialects_p = sub.add_parser("dialects", help="seed dialect vs the A2A v1.0 binding: latency per call")
+    dialects_p.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.command == "run":
@@ -27,6 +29,13 @@ def main() -> None:
         results = run(args.quick, args.workers)
         print_table(results)
         name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}.json"
+    elif args.command == "dialects":
+        from bench.dialects import dialects, print_dialects
+        from bench.run import git_commit
+
+        results = {**dialects(args.calls), "commit": git_commit()}
+        print_dialects(results)
+        name = f"{results['date'][:10]}-{results['commit']}-dialects.json"
     else:
         from bench.scale import print_scale, scale
 
