@@ -134,7 +134,7 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     except RelayError as exc:
         raise shapes.renamed(exc, paths) from None
     history = (req.get("configuration") or {}).get("historyLength")
-    task = threads.get_thread(caller, shapes.task_id(sent["task_id"], "id"), peer=peer)
+    task = threads.get_thread(caller, shapes.task_id(sent["task_id"], "id"), peer=peer, mark_read=False)
     return {"task": shapes.task_out(task, history_length=history)}
 
 
@@ -170,7 +170,7 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
 def _cancel(caller: Agent, peer: Agent, req: dict) -> dict:
     task_id = shapes.task_id(req["id"], "id")
     threads.transition(caller, task_id, "cancel", peer=peer)
-    return shapes.task_out(threads.get_thread(caller, task_id, peer=peer))
+    return shapes.task_out(threads.get_thread(caller, task_id, peer=peer, mark_read=False))
 
 
 def _create_push(caller: Agent, peer: Agent, req: dict) -> dict:

@@ -1168,3 +1168,17 @@ def test_push_config_in_send_message_may_not_name_another_task(app, to_bob):
     to_bob.invalid("SendMessage", {"message": message(), "configuration": {"taskPushNotificationConfig": {
         "taskId": other["id"], "url": "http://127.0.0.1:9/hook"}}}, "configuration.taskPushNotificationConfig.taskId")
     assert count(app, "threads") == 1
+
+
+def test_sending_or_cancelling_does_not_mark_the_agents_messages_read(client, to_bob, alice, bob):
+    task = to_bob.send("opening")
+    rpc(client, bob[1], "message/send", {"task_id": task["id"], "message": seed_msg("a question back")})
+    to_bob.send("an append of mine", taskId=task["id"])  # answers with the task, but is not a read
+
+    def unread():
+        items = rpc(client, alice[1], "tasks/list", {"filter": {"role": "sender"}})["items"]
+        return items[0]["unread_messages"]
+
+    assert unread() == 1
+    to_bob.get(task["id"])  # GetTask is a read, as tasks/get is
+    assert unread() == 0

@@ -265,10 +265,12 @@ def _status(thread: Thread) -> dict[str, Any]:
     return {"state": thread.state}
 
 
-def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None) -> dict:
+def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, mark_read: bool = True) -> dict:
     """Return the whole thread with its messages and mark it read for the caller (seed 000, ``tasks/get``).
 
-    Raises thread_not_found, not_a_participant (``peer``: see _load_thread).
+    ``mark_read=False`` only reads (the A2A binding answering a send or a cancel with the
+    task: the caller has not read the other side's messages by doing that). Raises
+    thread_not_found, not_a_participant (``peer``: see _load_thread).
     """
     with unit_of_work() as session:
         thread, _side = _load_thread(session, task_id, caller, peer=peer)
@@ -276,7 +278,8 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None) 
             select(Message).where(Message.thread_id == thread.id).order_by(Message.sequence_no)
             .options(db.joinedload(Message.author))
         ))
-        _mark_read(session, thread.id, caller.id, thread.last_sequence_no, _now(session))
+        if mark_read:
+            _mark_read(session, thread.id, caller.id, thread.last_sequence_no, _now(session))
         return {
             "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
             "context_id": format_ulid(thread.context_id), "status": _status(thread),
