@@ -69,6 +69,18 @@ def migrated_database(server_url: str, prefix: str):
         admin.close()
 
 
+def wait_until(fn, timeout=20.0, what="condition", interval=0.05):
+    """Poll ``fn`` until it returns something truthy; return it (AssertionError on the deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
 @contextmanager
 def extra_app(base_env, celery_app, redis_url, **env):
     """Another app in this process built from ``base_env`` plus ``env``; its queue is private

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import uuid
 
 import pytest
@@ -141,18 +140,6 @@ def seed_msg(text: str) -> dict:
 
 def seed_update(client, key, task_id, transition, **extra):
     return rpc(client, key, "tasks/update", {"task_id": task_id, "transition": transition, **extra})
-
-
-def wait_until(fn, timeout=20.0, what="condition"):
-    """Poll ``fn`` until it returns something truthy (AssertionError at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
-        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import uuid
 
 import pytest
@@ -27,7 +26,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from relay.ids import format_ulid, parse_ulid
-from tests.conftest import _connect_admin, bearer, extra_app
+from tests.conftest import _connect_admin, bearer, extra_app, wait_until
 from tests.receiver import Receiver
 
 ALICE, BOB = "alice@acme", "bob@acme"
@@ -35,18 +34,6 @@ BOTH_EVENTS = ["message.created", "task.updated"]
 
 
 # --------------------------------------------------------------------------- helpers
-
-def wait_until(fn, timeout=20.0, what="condition", interval=0.05):
-    """Poll ``fn`` until it returns something truthy; return it (AssertionError on the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
-
 
 def _msg(text):
     return {"role": "user", "parts": [{"type": "text", "text": text}]}
