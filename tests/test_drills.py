@@ -26,10 +26,11 @@ import threading
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 import psycopg2
@@ -462,15 +463,27 @@ def assert_after_drill(stack: Stack, db_url: str, rx: Receiver, outcomes: list[O
 # --------------------------------------------------------------------------- drills
 
 
-def _bring_up(env: dict, tmp_path: Path, rx: Receiver) -> tuple[Stack, str, str]:
+@contextmanager
+def drill_stack(env: dict, tmp_path: Path, rx: Receiver) -> Iterator[tuple[Stack, str, str]]:
+    """The Procfile's web, worker and beat with two agents, the recipient subscribed to ``rx``.
+
+    Yields ``(stack, sender_key, recipient_key)``; on any failure prints every process's
+    log tail, and always stops the stack.
+    """
     stack = Stack(env, tmp_path)
-    key_a = create_agent(env, SENDER)
-    key_b = create_agent(env, RECIPIENT)
-    for name in ("web", "worker", "beat"):
-        stack.start(name)
-    stack.wait_healthy()
-    subscribe(stack, key_b, rx.url)
-    return stack, key_a, key_b
+    try:
+        key_a = create_agent(env, SENDER)
+        key_b = create_agent(env, RECIPIENT)
+        for name in ("web", "worker", "beat"):
+            stack.start(name)
+        stack.wait_healthy()
+        subscribe(stack, key_b, rx.url)
+        yield stack, key_a, key_b
+    except BaseException:
+        print(stack.tails())
+        raise
+    finally:
+        stack.stop_all()
 
 
 KOMBU_CLOSE_RACE = "Unrecoverable error: AttributeError(\"'NoneType' object has no attribute 'hostname'\")"
@@ -508,42 +521,32 @@ def test_redis_stopped_while_agents_keep_sending(shared_database, private_redis,
     """
     OUTAGE = 8.0
     env = stack_env(shared_database, private_redis.url, tmp_path)
-    stack = None
-    with Receiver() as rx:
-        try:
-            stack, key_a, key_b = _bring_up(env, tmp_path, rx)
-            sender = Sender(stack.base, key_a, "redis-drill")
-            sender.start()
-            sender.wait_acked(10)
-            private_redis.stop()
-            outage_start = time.monotonic()
-            # Hold the outage while the sender keeps going (a plain wait, not an assertion), and
-            # longer if the sends are slow, until a few of them began and ended inside it.
-            time.sleep(OUTAGE)
-            inside = lambda: [o for o in sender.snapshot() if o.started >= outage_start]
-            poll(lambda: len(inside()) >= 5, 30, 0.1)
-            outage_end = time.monotonic()
-            private_redis.start()
-            restarted = supervise_worker(stack)
-            sender.wait_acked(10, since=time.monotonic())
-            outcomes = sender.stop()
+    with Receiver() as rx, drill_stack(env, tmp_path, rx) as (stack, key_a, key_b):
+        sender = Sender(stack.base, key_a, "redis-drill")
+        sender.start()
+        sender.wait_acked(10)
+        private_redis.stop()
+        outage_start = time.monotonic()
+        # Hold the outage while the sender keeps going (a plain wait, not an assertion), and
+        # longer if the sends are slow, until a few of them began and ended inside it.
+        time.sleep(OUTAGE)
+        inside = lambda: [o for o in sender.snapshot() if o.started >= outage_start]
+        poll(lambda: len(inside()) >= 5, 30, 0.1)
+        outage_end = time.monotonic()
+        private_redis.start()
+        restarted = supervise_worker(stack)
+        sender.wait_acked(10, since=time.monotonic())
+        outcomes = sender.stop()
 
-            bad = [(o.status, o.body, o.error) for o in outcomes if not o.ok]
-            assert not bad, f"{len(bad)} sends failed while Redis was down or back: {bad[:3]}"
-            during = [o for o in outcomes if o.started >= outage_start and o.ended <= outage_end]
-            assert len(during) >= 5, f"only {len(during)} sends fell inside the outage"
-            assert "Failed to rate limit" in stack.log("web"), "rate limiting failed open without a log line"
+        bad = [(o.status, o.body, o.error) for o in outcomes if not o.ok]
+        assert not bad, f"{len(bad)} sends failed while Redis was down or back: {bad[:3]}"
+        during = [o for o in outcomes if o.started >= outage_start and o.ended <= outage_end]
+        assert len(during) >= 5, f"only {len(during)} sends fell inside the outage"
+        assert "Failed to rate limit" in stack.log("web"), "rate limiting failed open without a log line"
 
-            assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=60, exactly_once=True)
-            print(f"redis drill: {len(outcomes)} sends, {len(during)} inside the outage"
-                  + (", the worker crashed on the broker loss (kombu) and was restarted" if restarted else ""))
-        except BaseException:
-            if stack is not None:
-                print(stack.tails())
-            raise
-        finally:
-            if stack is not None:
-                stack.stop_all()
+        assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=60, exactly_once=True)
+        print(f"redis drill: {len(outcomes)} sends, {len(during)} inside the outage"
+              + (", the worker crashed on the broker loss (kombu) and was restarted" if restarted else ""))
 
 
 def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_path):
@@ -555,33 +558,23 @@ def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_p
     """
     BURST = 100
     env = stack_env(shared_database, private_redis.url, tmp_path, RELAY_WEBHOOK_TIMEOUT="1")
-    stack = None
-    with Receiver(delay=0.2) as rx:
-        try:
-            stack, key_a, key_b = _bring_up(env, tmp_path, rx)
-            outcomes = [send(stack.base, key_a, f"burst message {n}") for n in range(1, BURST + 1)]
-            assert all(o.ok for o in outcomes), [(o.status, o.body, o.error) for o in outcomes if not o.ok][:3]
-            assert poll(lambda: len(rx.webhook_ids()) >= 15, 60, 0.05), f"no deliveries started:\n{stack.tails()}"
-            worker = stack.proc("worker")
-            stack.kill_group(worker, signal.SIGKILL)
-            worker.wait(timeout=10)
-            delivered_at_kill = len(rx.webhook_ids())
-            assert delivered_at_kill < BURST, "the batch finished before the kill; nothing was in flight"
-            pending = _query(shared_database, "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")[0][0]
-            assert pending > 0
-            stack.start("worker")
+    with Receiver(delay=0.2) as rx, drill_stack(env, tmp_path, rx) as (stack, key_a, key_b):
+        outcomes = [send(stack.base, key_a, f"burst message {n}") for n in range(1, BURST + 1)]
+        assert all(o.ok for o in outcomes), [(o.status, o.body, o.error) for o in outcomes if not o.ok][:3]
+        assert poll(lambda: len(rx.webhook_ids()) >= 15, 60, 0.05), f"no deliveries started:\n{stack.tails()}"
+        worker = stack.proc("worker")
+        stack.kill_group(worker, signal.SIGKILL)
+        worker.wait(timeout=10)
+        delivered_at_kill = len(rx.webhook_ids())
+        assert delivered_at_kill < BURST, "the batch finished before the kill; nothing was in flight"
+        pending = _query(shared_database, "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")[0][0]
+        assert pending > 0
+        stack.start("worker")
 
-            got = assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=120,
-                                     exactly_once=False)
-            duplicates = sum(n - 1 for n in got.values() if n > 1)
-            print(f"worker drill: {delivered_at_kill} delivered at the kill, {duplicates} duplicate deliveries after")
-        except BaseException:
-            if stack is not None:
-                print(stack.tails())
-            raise
-        finally:
-            if stack is not None:
-                stack.stop_all()
+        got = assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=120,
+                                 exactly_once=False)
+        duplicates = sum(n - 1 for n in got.values() if n > 1)
+        print(f"worker drill: {delivered_at_kill} delivered at the kill, {duplicates} duplicate deliveries after")
 
 
 DRILL_LOCK = "relay-drill:db-claim"
@@ -634,68 +627,58 @@ def test_postgres_restarted_under_load(tmp_path, spare_redis_db):
     """
     OUTAGE = 4.0
     pg = PrivatePostgres(tmp_path / "pgh")
-    stack = None
     try:
         upgrade(pg.url)
         env = stack_env(pg.url, spare_redis_db, tmp_path, RELAY_WEBHOOK_TIMEOUT="1")
-        with Receiver() as rx:
-            try:
-                stack, key_a, key_b = _bring_up(env, tmp_path, rx)
-                master = psutil.Process(stack.proc("web").pid)
-                workers_before = {p.pid for p in master.children()}
-                # Several senders, so requests are in flight at every stage of the stop: before
-                # authentication, between it and the method's queries, inside a commit.
-                senders = [Sender(stack.base, key_a, f"pg-drill-{i}", pause=0.01) for i in range(3)]
-                for sender in senders:
-                    sender.start()
-                senders[0].wait_acked(10)
-                pg.stop()
-                outage_start = time.monotonic()
-                failed_during = lambda: [o for sender in senders for o in sender.snapshot()
-                                         if o.started >= outage_start and not o.ok]
-                poll(lambda: len(failed_during()) >= 10, 30, 0.1)
-                # Keep it down a few seconds in all (a plain wait, not an assertion).
-                time.sleep(max(0.0, OUTAGE - (time.monotonic() - outage_start)))
-                # The REST side while PostgreSQL is down: a 503 error envelope with a request id.
-                probe = requests.get(f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages",
-                                     headers={"Authorization": f"Bearer {key_b}"}, timeout=RPC_TIMEOUT)
-                pg.start()
-                outage_end = time.monotonic()
-                for sender in senders:
-                    sender.wait_acked(5, since=time.monotonic())
-                outcomes = [o for sender in senders for o in sender.stop()]
+        with Receiver() as rx, drill_stack(env, tmp_path, rx) as (stack, key_a, key_b):
+            master = psutil.Process(stack.proc("web").pid)
+            workers_before = {p.pid for p in master.children()}
+            # Several senders, so requests are in flight at every stage of the stop: before
+            # authentication, between it and the method's queries, inside a commit.
+            senders = [Sender(stack.base, key_a, f"pg-drill-{i}", pause=0.01) for i in range(3)]
+            for sender in senders:
+                sender.start()
+            senders[0].wait_acked(10)
+            pg.stop()
+            outage_start = time.monotonic()
+            failed_during = lambda: [o for sender in senders for o in sender.snapshot()
+                                     if o.started >= outage_start and not o.ok]
+            poll(lambda: len(failed_during()) >= 10, 30, 0.1)
+            # Keep it down a few seconds in all (a plain wait, not an assertion).
+            time.sleep(max(0.0, OUTAGE - (time.monotonic() - outage_start)))
+            # The REST side while PostgreSQL is down: a 503 error envelope with a request id.
+            probe = requests.get(f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages",
+                                 headers={"Authorization": f"Bearer {key_b}"}, timeout=RPC_TIMEOUT)
+            pg.start()
+            outage_end = time.monotonic()
+            for sender in senders:
+                sender.wait_acked(5, since=time.monotonic())
+            outcomes = [o for sender in senders for o in sender.stop()]
 
-                failures = [o for o in outcomes if not o.ok]
-                assert len(failed_during()) >= 10, "the outage was never felt"
-                assert probe.status_code == 503, (probe.status_code, probe.text[:300])
-                assert probe.json()["error"]["code"] == "service_unavailable"
-                assert probe.json()["error"]["details"]["request_id"] == probe.headers["X-Request-Id"]
-                for o in failures:
-                    assert o.error is None, f"no HTTP answer during the restart: {o.error}"
-                    assert o.content_type.startswith("application/json"), (o.status, o.content_type, o.body)
-                    # -32603 inside a 200 (the method failed) or a 503 (authentication could not run).
-                    assert o.status in (200, 503), (o.status, o.body)
-                    err = o.body["error"]
-                    assert err["code"] == -32603 and err["data"]["symbol"] == "service_unavailable", err
-                    assert err["data"]["request_id"] and err["data"]["request_id"] == o.request_id, (err, o.request_id)
-                    assert o.started < outage_end + RPC_TIMEOUT
-                recovered = [o for o in outcomes if o.started >= outage_end]
-                assert recovered and all(o.ok for o in recovered[-10:])
-                # Recovered without a restart of the relay: the same master, the same workers.
-                assert master.is_running() and master.pid == stack.proc("web").pid
-                assert {p.pid for p in master.children()} == workers_before
+            failures = [o for o in outcomes if not o.ok]
+            assert len(failed_during()) >= 10, "the outage was never felt"
+            assert probe.status_code == 503, (probe.status_code, probe.text[:300])
+            assert probe.json()["error"]["code"] == "service_unavailable"
+            assert probe.json()["error"]["details"]["request_id"] == probe.headers["X-Request-Id"]
+            for o in failures:
+                assert o.error is None, f"no HTTP answer during the restart: {o.error}"
+                assert o.content_type.startswith("application/json"), (o.status, o.content_type, o.body)
+                # -32603 inside a 200 (the method failed) or a 503 (authentication could not run).
+                assert o.status in (200, 503), (o.status, o.body)
+                err = o.body["error"]
+                assert err["code"] == -32603 and err["data"]["symbol"] == "service_unavailable", err
+                assert err["data"]["request_id"] and err["data"]["request_id"] == o.request_id, (err, o.request_id)
+                assert o.started < outage_end + RPC_TIMEOUT
+            recovered = [o for o in outcomes if o.started >= outage_end]
+            assert recovered and all(o.ok for o in recovered[-10:])
+            # Recovered without a restart of the relay: the same master, the same workers.
+            assert master.is_running() and master.pid == stack.proc("web").pid
+            assert {p.pid for p in master.children()} == workers_before
 
-                got = assert_after_drill(stack, pg.url, rx, outcomes, key_b, deliver_timeout=90, exactly_once=False)
-                kinds = Counter((o.status, o.body["error"]["data"]["symbol"]) for o in failures)
-                print(f"postgres drill: {len(outcomes)} sends, failures by (status, symbol) {dict(kinds)}, "
-                      f"{sum(n - 1 for n in got.values() if n > 1)} duplicate deliveries")
-            except BaseException:
-                if stack is not None:
-                    print(stack.tails())
-                raise
-            finally:
-                if stack is not None:
-                    stack.stop_all()
+            got = assert_after_drill(stack, pg.url, rx, outcomes, key_b, deliver_timeout=90, exactly_once=False)
+            kinds = Counter((o.status, o.body["error"]["data"]["symbol"]) for o in failures)
+            print(f"postgres drill: {len(outcomes)} sends, failures by (status, symbol) {dict(kinds)}, "
+                  f"{sum(n - 1 for n in got.values() if n > 1)} duplicate deliveries")
     finally:
         pg.cleanup()
 
@@ -708,42 +691,32 @@ def test_gunicorn_worker_killed_while_sending(shared_database, private_redis, tm
     replacement all succeed.
     """
     env = stack_env(shared_database, private_redis.url, tmp_path)
-    stack = None
-    with Receiver() as rx:
-        try:
-            stack, key_a, key_b = _bring_up(env, tmp_path, rx)
-            master = psutil.Process(stack.proc("web").pid)
-            workers = master.children()
-            assert len(workers) == 2
-            sender = Sender(stack.base, key_a, "gunicorn-drill", pause=0.01)
-            sender.start()
-            sender.wait_acked(20)
-            victim = workers[0]
-            victim.kill()
-            victim.wait(timeout=10)
-            killed_at = time.monotonic()
-            replaced = poll(lambda: (lambda pids: len(pids) == 2 and victim.pid not in pids)(
-                {p.pid for p in master.children()}), 30, 0.1)
-            assert replaced, "the master did not replace the killed worker"
-            replaced_at = time.monotonic()
-            sender.wait_acked(20, since=replaced_at)
-            outcomes = sender.stop()
+    with Receiver() as rx, drill_stack(env, tmp_path, rx) as (stack, key_a, key_b):
+        master = psutil.Process(stack.proc("web").pid)
+        workers = master.children()
+        assert len(workers) == 2
+        sender = Sender(stack.base, key_a, "gunicorn-drill", pause=0.01)
+        sender.start()
+        sender.wait_acked(20)
+        victim = workers[0]
+        victim.kill()
+        victim.wait(timeout=10)
+        killed_at = time.monotonic()
+        replaced = poll(lambda: (lambda pids: len(pids) == 2 and victim.pid not in pids)(
+            {p.pid for p in master.children()}), 30, 0.1)
+        assert replaced, "the master did not replace the killed worker"
+        replaced_at = time.monotonic()
+        sender.wait_acked(20, since=replaced_at)
+        outcomes = sender.stop()
 
-            for o in outcomes:
-                if not o.ok:
-                    # Only the request the killed worker was serving may go unanswered.
-                    assert o.error is not None and o.started <= killed_at, (o.status, o.body, o.error)
-            assert sum(1 for o in outcomes if not o.ok) <= 1
-            after = [o for o in outcomes if o.started >= replaced_at]
-            assert after and all(o.ok for o in after)
-            assert master.is_running()
+        for o in outcomes:
+            if not o.ok:
+                # Only the request the killed worker was serving may go unanswered.
+                assert o.error is not None and o.started <= killed_at, (o.status, o.body, o.error)
+        assert sum(1 for o in outcomes if not o.ok) <= 1
+        after = [o for o in outcomes if o.started >= replaced_at]
+        assert after and all(o.ok for o in after)
+        assert master.is_running()
 
-            assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=60, exactly_once=True)
-            print(f"gunicorn drill: {len(outcomes)} sends, {sum(1 for o in outcomes if not o.ok)} lost with the worker")
-        except BaseException:
-            if stack is not None:
-                print(stack.tails())
-            raise
-        finally:
-            if stack is not None:
-                stack.stop_all()
+        assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=60, exactly_once=True)
+        print(f"gunicorn drill: {len(outcomes)} sends, {sum(1 for o in outcomes if not o.ok)} lost with the worker")

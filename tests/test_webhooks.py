@@ -528,18 +528,29 @@ def test_answer_slower_than_the_timeout_is_a_failed_attempt(client, agents, rx, 
     assert delivery["attempt_count"] == 2 and rx.count() == 2
 
 
+def _one_fanned_out_delivery(app, client, agents, rx, sql, app_down) -> tuple[dict, uuid.UUID]:
+    """Bob's hook on ``rx`` and one message to him, fanned out by hand (its enqueue lost: broker down).
+
+    Returns the hook and the id of its one pending delivery, not yet attempted.
+    """
+    from relay.services import webhooks
+
+    hook = create_hook(client, BOB, agents[BOB], rx.url())
+    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("x")})
+    assert "result" in body, body
+    [(event_id,)] = sql("SELECT id FROM events WHERE message_id = %s", (body["result"]["message_id"],))
+    with app.app_context():
+        [delivery_id] = webhooks.fan_out(uuid.UUID(event_id))
+    return hook, delivery_id
+
+
 def test_endpoint_deleted_during_an_attempt_ends_it_quietly(app, client, agents, rx, sql, app_down):
     from relay.services import webhooks
 
     gate = threading.Event()
     rx.program("/hook", [{"status": 200, "gate": gate}])
     b = agents[BOB]
-    hook = create_hook(client, BOB, b, rx.url())
-    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("x")})
-    assert "result" in body, body
-    [(event_id,)] = sql("SELECT id FROM events WHERE message_id = %s", (body["result"]["message_id"],))
-    with app.app_context():
-        [delivery_id] = webhooks.fan_out(uuid.UUID(event_id))
+    hook, delivery_id = _one_fanned_out_delivery(app, client, agents, rx, sql, app_down)
     outcome = {}
 
     def attempt():
@@ -719,12 +730,8 @@ def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(app, 
     from relay.services import webhooks
 
     b = agents[BOB]
-    hook = create_hook(client, BOB, b, rx.url())
-    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("x")})
-    assert "result" in body, body
-    [(event_id,)] = sql("SELECT id FROM events WHERE message_id = %s", (body["result"]["message_id"],))
+    hook, delivery_id = _one_fanned_out_delivery(app, client, agents, rx, sql, app_down)
     with app.app_context():
-        [delivery_id] = webhooks.fan_out(uuid.UUID(event_id))
         assert webhooks._claim(delivery_id) is not None  # the "worker" leases it, then dies
     assert sweep() == {"fanned_out": 0, "due": 0}  # leased: not due yet
     assert rx.count() == 0
