@@ -118,11 +118,6 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     then = None
     if push_config is not None:
         paths.update({name: f"configuration.taskPushNotificationConfig.{name}" for name in ("url", "id")})
-        if push_config.get("taskId") and (params.get("task_id") is None
-                                          or shapes.task_id(push_config["taskId"], "taskId") != params["task_id"]):
-            raise RelayError("invalid_params", "configuration.taskPushNotificationConfig.taskId: must be left out "
-                             "(it is this message's task)", {"configuration.taskPushNotificationConfig.taskId": [
-                                 "must be left out: the config is for this message's task"]})
         try:
             push.check_target(push_config)
         except RelayError as exc:

@@ -307,6 +307,12 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
         raise renamed(exc, paths) from None
     # Set after loading: the seed schema refuses the reserved prefix from seed clients.
     params["metadata"]["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
+    push_task = ((request.get("configuration") or {}).get("taskPushNotificationConfig") or {}).get("taskId")
+    if push_task and (creating or task_id(push_task, "configuration.taskPushNotificationConfig.taskId")
+                      != task_id(message["taskId"], "message.taskId")):
+        field = "configuration.taskPushNotificationConfig.taskId"
+        raise RelayError("invalid_params", f"{field}: must be left out (the config is for this message's task)",
+                         {field: ["must be left out: the config is for this message's task"]})
     if creating:
         params["context_id"] = context_id(message["contextId"]) if message.get("contextId") else None
     else:
