@@ -1,8 +1,9 @@
 """WSGI entry point: ``gunicorn app:app``."""
+
 import sys
 
-from relay import create_app
 from relay.config import ConfigError
+from relay.factory import create_app
 
 try:
     app = create_app()

@@ -1,4 +1,5 @@
 """gunicorn settings, all from environment variables (Heroku-style)."""
+
 import os
 
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"

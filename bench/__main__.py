@@ -1,4 +1,5 @@
 """``python -m bench run [--quick]``, ``python -m bench scale [--messages N]``, ``python -m bench dialects``."""
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 ``POST /insert`` does one ``INSERT ...; COMMIT`` (the least a durable handoff can cost)
 and ``GET /select`` reads 50 rows; every relay figure is reported as a ratio to these.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,9 @@ from sqlalchemy import create_engine, text
 from relay.config import normalize_database_url
 
 app = Flask(__name__)
-engine = create_engine(normalize_database_url(os.environ["DATABASE_URL"]), pool_size=5, max_overflow=10,
-                       pool_pre_ping=True)
+engine = create_engine(
+    normalize_database_url(os.environ["DATABASE_URL"]), pool_size=5, max_overflow=10, pool_pre_ping=True
+)
 
 
 @app.post("/insert")

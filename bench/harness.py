@@ -1,4 +1,5 @@
 """Start what a bench run measures: a fresh database, agents made by the CLI, gunicorn, a worker."""
+
 from __future__ import annotations
 
 import json
@@ -19,22 +20,29 @@ import requests
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
-from relay.embedded import free_port
-from relay.migrate import upgrade
+from relay.ops.embedded import free_port
+from relay.ops.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
 def server_urls() -> tuple[str, str]:
-    return (os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    return (
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )
 
 
 def _admin(url: str):
     u = make_url(normalize_database_url(url))
-    conn = psycopg2.connect(host=u.host or u.query.get("host"), port=u.port, user=u.username or "postgres",
-                            password=u.password, dbname=u.database or "postgres")
+    conn = psycopg2.connect(
+        host=u.host or u.query.get("host"),
+        port=u.port,
+        user=u.username or "postgres",
+        password=u.password,
+        dbname=u.database or "postgres",
+    )
     conn.autocommit = True
     return conn, u
 
@@ -52,8 +60,10 @@ def fresh_database(prefix: str = "relay_bench"):
         upgrade(url)
         conn, _ = _admin(url)
         with conn.cursor() as cur:
-            cur.execute("CREATE TABLE bench_ceiling (id bigserial PRIMARY KEY, payload text NOT NULL, "
-                        "created_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute(
+                "CREATE TABLE bench_ceiling (id bigserial PRIMARY KEY, payload text NOT NULL, "
+                "created_at timestamptz NOT NULL DEFAULT now())"
+            )
             cur.execute("INSERT INTO bench_ceiling (payload) SELECT repeat('x', 200) FROM generate_series(1, 100)")
         conn.close()
         yield url
@@ -65,12 +75,20 @@ def fresh_database(prefix: str = "relay_bench"):
 
 def base_env(database_url: str, extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update({
-        "DATABASE_URL": database_url, "REDIS_URL": server_urls()[1], "RELAY_ENV": "development",
-        "RELAY_RATE_LIMIT": "100000000/minute", "RELAY_REST_RATE_LIMIT": "100000000/minute",
-        "RELAY_WEBHOOK_ALLOW_PRIVATE": "1", "RELAY_WEBHOOK_ALLOW_HTTP": "1", "RELAY_LOG_LEVEL": "WARNING",
-        "HOST": "127.0.0.1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": server_urls()[1],
+            "RELAY_ENV": "development",
+            "RELAY_RATE_LIMIT": "100000000/minute",
+            "RELAY_REST_RATE_LIMIT": "100000000/minute",
+            "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+            "RELAY_WEBHOOK_ALLOW_HTTP": "1",
+            "RELAY_LOG_LEVEL": "WARNING",
+            "HOST": "127.0.0.1",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -79,8 +97,23 @@ def create_agents(env: dict, handles: list[str]) -> dict[str, str]:
     """Provision agents through the CLI; return handle -> API key."""
     keys = {}
     for handle in handles:
-        out = subprocess.run([str(BIN / "relay"), "agents", "create", handle, "--name", handle.split("@")[0],
-                              "--role", "bench", "--json"], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                str(BIN / "relay"),
+                "agents",
+                "create",
+                handle,
+                "--name",
+                handle.split("@")[0],
+                "--role",
+                "bench",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         keys[handle] = json.loads(out.stdout)["api_key"]
     return keys
 
@@ -91,8 +124,14 @@ class Proc:
     def __init__(self, args: list[str], env: dict):
         # BENCH_LOGS=DIR keeps each process's output for a look after the run.
         log_dir = os.environ.get("BENCH_LOGS")
-        out = open(Path(log_dir) / f"{Path(args[0]).name}-{secrets.token_hex(3)}.log", "w") if log_dir else subprocess.DEVNULL
-        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        out = (
+            open(Path(log_dir) / f"{Path(args[0]).name}-{secrets.token_hex(3)}.log", "w")
+            if log_dir
+            else subprocess.DEVNULL
+        )
+        self.popen = subprocess.Popen(
+            args, env=env, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT
+        )
 
     def tree(self) -> list[psutil.Process]:
         try:
@@ -115,13 +154,18 @@ class Proc:
 def gunicorn(app_path: str, env: dict, workers: int) -> tuple[Proc, str]:
     """Start gunicorn the way the Procfile's web line does; return it and its base URL."""
     port = free_port()
-    proc = Proc([str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py")],
-                {**env, "PORT": str(port), "WEB_CONCURRENCY": str(workers)})
+    proc = Proc(
+        [str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py")],
+        {**env, "PORT": str(port), "WEB_CONCURRENCY": str(workers)},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if requests.get(f"{url}/healthz" if app_path == "app:app" else f"{url}/select", timeout=2).status_code == 200:
+            if (
+                requests.get(f"{url}/healthz" if app_path == "app:app" else f"{url}/select", timeout=2).status_code
+                == 200
+            ):
                 return proc, url
         except requests.RequestException:
             pass

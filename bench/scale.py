@@ -4,6 +4,7 @@ Seeds with COPY (not the API), then times each query server-side (the service ca
 without HTTP) and saves ``EXPLAIN (ANALYZE, BUFFERS)`` of each, checking that no plan
 scans messages or threads sequentially.
 """
+
 from __future__ import annotations
 
 import io
@@ -12,7 +13,7 @@ import random
 import statistics
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import event, select, text
 
@@ -20,8 +21,10 @@ from bench import harness
 from bench.run import git_commit
 
 COMMON = ["endpoint", "refactor", "tests", "cursor", "review", "deploy", "schema", "client"]
-FILLER = ("the users api now returns items and next_cursor please update the client and rerun the "
-          "integration tests before merging this change to main").split()
+FILLER = (
+    "the users api now returns items and next_cursor please update the client and rerun the "
+    "integration tests before merging this change to main"
+).split()
 RARE = "zanzibar"  # about one message in ten thousand
 
 
@@ -34,8 +37,12 @@ def _ulid_uuid(ts: datetime) -> uuid.UUID:
 def _copy(cur, table: str, columns: list[str], rows) -> None:
     buf = io.StringIO()
     for row in rows:
-        buf.write("\t".join(r"\N" if v is None else str(v).replace("\\", "\\\\").replace("\t", " ").replace("\n", " ")
-                            for v in row) + "\n")
+        buf.write(
+            "\t".join(
+                r"\N" if v is None else str(v).replace("\\", "\\\\").replace("\t", " ").replace("\n", " ") for v in row
+            )
+            + "\n"
+        )
     buf.seek(0)
     cur.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", buf)
 
@@ -45,12 +52,16 @@ def seed(database_url: str, messages: int, threads: int, agents: int) -> dict:
     conn, _ = harness._admin(database_url)
     conn.autocommit = False
     rnd = random.Random(42)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     cur = conn.cursor()
     agent_ids = [uuid.uuid4() for _ in range(agents)]
     handles = [f"a{i}@org{i % 20}" for i in range(agents)]
-    _copy(cur, "agents", ["id", "handle", "org", "name", "role"],
-          ((agent_ids[i], handles[i], handles[i].split("@")[1], f"Agent {i}", "bench") for i in range(agents)))
+    _copy(
+        cur,
+        "agents",
+        ["id", "handle", "org", "name", "role"],
+        ((agent_ids[i], handles[i], handles[i].split("@")[1], f"Agent {i}", "bench") for i in range(agents)),
+    )
     per_thread = max(1, messages // threads)
     # A few busy agents (the first ten) receive a tenth of all threads.
     thread_rows = []
@@ -61,11 +72,39 @@ def seed(database_url: str, messages: int, threads: int, agents: int) -> dict:
             sender = (sender + 1) % agents
         start = now - timedelta(days=90) + timedelta(seconds=t * (90 * 86400 / threads))
         thread_rows.append((_ulid_uuid(start), sender, recipient, start))
-    _copy(cur, "threads", ["id", "context_id", "sender_id", "recipient_id", "intent", "summary", "state", "version",
-                           "last_sequence_no", "created_at", "updated_at"],
-          ((tid, _ulid_uuid(start), agent_ids[s], agent_ids[r], "inform", "bench thread", "pending", 1, per_thread,
-            start.isoformat(), (start + timedelta(minutes=per_thread)).isoformat())
-           for tid, s, r, start in thread_rows))
+    _copy(
+        cur,
+        "threads",
+        [
+            "id",
+            "context_id",
+            "sender_id",
+            "recipient_id",
+            "intent",
+            "summary",
+            "state",
+            "version",
+            "last_sequence_no",
+            "created_at",
+            "updated_at",
+        ],
+        (
+            (
+                tid,
+                _ulid_uuid(start),
+                agent_ids[s],
+                agent_ids[r],
+                "inform",
+                "bench thread",
+                "pending",
+                1,
+                per_thread,
+                start.isoformat(),
+                (start + timedelta(minutes=per_thread)).isoformat(),
+            )
+            for tid, s, r, start in thread_rows
+        ),
+    )
     written = 0
     batch = []
     for tid, s, r, start in thread_rows:
@@ -75,18 +114,64 @@ def seed(database_url: str, messages: int, threads: int, agents: int) -> dict:
                 words.append(RARE)
             body = " ".join(words)
             author = s if seq % 2 else r
-            batch.append((uuid.uuid4(), tid, seq, agent_ids[author], agent_ids[s], agent_ids[r],
-                          "caller" if seq % 2 else "agent", body,
-                          json.dumps([{"type": "text", "text": body}]), "[]", "{}",
-                          (start + timedelta(minutes=seq)).isoformat()))
+            batch.append(
+                (
+                    uuid.uuid4(),
+                    tid,
+                    seq,
+                    agent_ids[author],
+                    agent_ids[s],
+                    agent_ids[r],
+                    "caller" if seq % 2 else "agent",
+                    body,
+                    json.dumps([{"type": "text", "text": body}]),
+                    "[]",
+                    "{}",
+                    (start + timedelta(minutes=seq)).isoformat(),
+                )
+            )
             written += 1
         if len(batch) >= 100_000:
-            _copy(cur, "messages", ["id", "thread_id", "sequence_no", "author_id", "caller_id", "target_id", "role",
-                                    "body", "parts", "artifacts", "metadata", "created_at"], batch)
+            _copy(
+                cur,
+                "messages",
+                [
+                    "id",
+                    "thread_id",
+                    "sequence_no",
+                    "author_id",
+                    "caller_id",
+                    "target_id",
+                    "role",
+                    "body",
+                    "parts",
+                    "artifacts",
+                    "metadata",
+                    "created_at",
+                ],
+                batch,
+            )
             batch = []
     if batch:
-        _copy(cur, "messages", ["id", "thread_id", "sequence_no", "author_id", "caller_id", "target_id", "role", "body",
-                                "parts", "artifacts", "metadata", "created_at"], batch)
+        _copy(
+            cur,
+            "messages",
+            [
+                "id",
+                "thread_id",
+                "sequence_no",
+                "author_id",
+                "caller_id",
+                "target_id",
+                "role",
+                "body",
+                "parts",
+                "artifacts",
+                "metadata",
+                "created_at",
+            ],
+            batch,
+        )
     conn.commit()
     conn.autocommit = True
     return {"agent_ids": agent_ids, "handles": handles, "written": written, "conn": conn}
@@ -124,12 +209,20 @@ def _explain(app, fn) -> str:
 
 
 def scale(messages: int, threads: int, agents: int, queries: int) -> dict:
-    from relay import create_app
+    from relay.factory import create_app
     from relay.models import Agent
-    from relay.services import feed, threads as thread_service
+    from relay.services import feed
+    from relay.services import threads as thread_service
 
-    results: dict = {"date": datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
-                     "messages": messages, "threads": threads, "agents": agents, "queries": {}, "plans": {}}
+    results: dict = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "messages": messages,
+        "threads": threads,
+        "agents": agents,
+        "queries": {},
+        "plans": {},
+    }
     with harness.fresh_database("relay_scale") as database_url:
         t0 = time.perf_counter()
         seeded = seed(database_url, messages, threads, agents)
@@ -149,9 +242,12 @@ def scale(messages: int, threads: int, agents: int, queries: int) -> dict:
 
             busy = db.session.scalar(select(Agent).where(Agent.handle == seeded["handles"][0]))
             idents = list(db.session.scalars(select(Agent).where(Agent.handle.in_(seeded["handles"][:200]))))
-            deep = db.session.execute(text(
-                "SELECT created_at, id FROM messages WHERE target_id = :a ORDER BY created_at DESC, id DESC OFFSET :n LIMIT 1"),
-                {"a": busy.id, "n": min(5000, messages // 200)}).first()
+            deep = db.session.execute(
+                text(
+                    "SELECT created_at, id FROM messages WHERE target_id = :a ORDER BY created_at DESC, id DESC OFFSET :n LIMIT 1"
+                ),
+                {"a": busy.id, "n": min(5000, messages // 200)},
+            ).first()
             deep_cursor = (deep.created_at, deep.id)  # deep into the busy agent's inbound feed
             cases = {
                 "feed first page": lambda: feed.list_messages(busy),
@@ -168,15 +264,16 @@ def scale(messages: int, threads: int, agents: int, queries: int) -> dict:
                 results["queries"][name] = _timed(fn, queries)
                 plan = _explain(app, fn)
                 results["plans"][name] = plan
-                results["queries"][name]["seq_scan"] = any(
-                    f"Seq Scan on {t}" in plan for t in ("messages", "threads"))
+                results["queries"][name]["seq_scan"] = any(f"Seq Scan on {t}" in plan for t in ("messages", "threads"))
     return results
 
 
 def print_scale(results: dict) -> None:
-    print(f"\nscale bench {results['date']} commit {results['commit']}: {results['messages']} messages, "
-          f"{results['threads']} threads, {results['agents']} agents (seed {results['seed_seconds']} s, "
-          f"index {results['index_seconds']} s)")
+    print(
+        f"\nscale bench {results['date']} commit {results['commit']}: {results['messages']} messages, "
+        f"{results['threads']} threads, {results['agents']} agents (seed {results['seed_seconds']} s, "
+        f"index {results['index_seconds']} s)"
+    )
     print(f"{'query':<36}{'p50 ms':>9}{'p95 ms':>9}  seq scan")
     for name, fig in results["queries"].items():
         print(f"{name:<36}{fig['p50_ms']:>9.2f}{fig['p95_ms']:>9.2f}  {'YES' if fig['seq_scan'] else 'no'}")

@@ -1,4 +1,5 @@
 """Alembic environment: the URL comes from the caller's Config or ``DATABASE_URL``."""
+
 from __future__ import annotations
 
 import os
@@ -6,9 +7,9 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+import relay.models  # noqa: F401  (registers the tables on Base.metadata)
 from relay.config import normalize_database_url
 from relay.extensions import Base
-import relay.models  # noqa: F401  (registers the tables on Base.metadata)
 
 config = context.config
 target_metadata = Base.metadata

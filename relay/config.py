@@ -1,10 +1,11 @@
 """Settings read from environment variables only (cookiecutter-flask style)."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 class ConfigError(ValueError):
@@ -57,10 +58,12 @@ def normalize_database_url(url: str) -> str:
     """Return a SQLAlchemy URL for psycopg2; Heroku's ``postgres://`` is accepted."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix):]
+            return "postgresql+psycopg2://" + url[len(prefix) :]
     if url.startswith("postgresql+psycopg2://"):
         return url
-    raise ConfigError(f"DATABASE_URL must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}")
+    raise ConfigError(
+        f"DATABASE_URL must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}"
+    )
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
@@ -138,10 +141,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if not redis_url:
         raise ConfigError("REDIS_URL is not set (run `relay up` for an embedded Redis)")
     if not redis_url.startswith(("redis://", "rediss://")):
-        raise ConfigError(f"REDIS_URL must be a redis:// or rediss:// URL, got scheme of {redis_url.split(':', 1)[0]!r}")
+        raise ConfigError(
+            f"REDIS_URL must be a redis:// or rediss:// URL, got scheme of {redis_url.split(':', 1)[0]!r}"
+        )
     search_config = env.get("RELAY_SEARCH_CONFIG", DEFAULTS["RELAY_SEARCH_CONFIG"])
     if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?", search_config):
-        raise ConfigError(f"RELAY_SEARCH_CONFIG must name a text-search configuration such as english, got {search_config!r}")
+        raise ConfigError(
+            f"RELAY_SEARCH_CONFIG must name a text-search configuration such as english, got {search_config!r}"
+        )
     secret = env.get("RELAY_SECRET_KEY", "")
     if not secret:
         if relay_env == "production":

@@ -1,4 +1,5 @@
 """Encryption at rest for webhook secrets, keyed from ``RELAY_SECRET_KEY`` (DESIGN.md, "Operations")."""
+
 from __future__ import annotations
 
 import base64
@@ -11,8 +12,9 @@ from flask import current_app
 
 def _fernet(secret_key: str | None = None) -> Fernet:
     secret = secret_key if secret_key is not None else current_app.config["RELAY"].secret_key
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"relay-webhook-secrets", info=b"fernet-v1") \
-        .derive(secret.encode("utf-8"))
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"relay-webhook-secrets", info=b"fernet-v1").derive(
+        secret.encode("utf-8")
+    )
     return Fernet(base64.urlsafe_b64encode(key))
 
 

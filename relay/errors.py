@@ -3,6 +3,7 @@
 Codes -32004..-32013 come from seed 000's error tables; -32001/-32003 and the HTTP
 statuses from DESIGN.md ("JSON-RPC endpoint", "REST").
 """
+
 from __future__ import annotations
 
 from typing import Any

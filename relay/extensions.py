@@ -1,4 +1,5 @@
 """Extensions, created unbound and bound in ``create_app`` with ``init_app``."""
+
 from __future__ import annotations
 
 from flask_sqlalchemy import SQLAlchemy
@@ -20,4 +21,3 @@ class Base(DeclarativeBase):
 
 # Services return rows after committing; keep their loaded attributes usable.
 db = SQLAlchemy(model_class=Base, session_options={"expire_on_commit": False})
-

@@ -1,7 +1,12 @@
 """Identifier forms: thread and context ids are ULIDs, accepted as 26 characters or a UUID."""
+
 from __future__ import annotations
 
+import base64
+import json
 import uuid
+from datetime import UTC, datetime
+from typing import Any
 
 from ulid import ULID
 
@@ -35,3 +40,16 @@ def parse_ulid(value: object) -> uuid.UUID:
 def format_ulid(value: uuid.UUID) -> str:
     """Return the 26-character ULID string of a UUID-stored ULID."""
     return str(ULID.from_uuid(value))
+
+
+def iso(value: datetime | None) -> str | None:
+    """Format a time as ISO 8601 UTC with microseconds and ``Z``."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def encode_cursor(*parts: Any) -> str:
+    """Return an opaque keyset cursor for a sort key."""
+    raw = json.dumps([p.isoformat() if isinstance(p, datetime) else str(p) for p in parts])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")

@@ -1,9 +1,10 @@
 """Typed SQLAlchemy 2.0 models; the schema itself lives in Alembic revisions."""
+
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -27,6 +28,9 @@ from relay.extensions import db
 THREAD_STATES = ("pending", "accepted", "completed", "cancelled")
 TERMINAL_STATES = ("completed", "cancelled")
 INTENTS = ("inform", "ask_question", "propose_action")
+# Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
+# same agent; seed clients may not use the prefix, so neither can replay the other's call.
+RESERVED_KEY_PREFIX = "a2a:"
 
 TZ = DateTime(timezone=True)
 
@@ -46,7 +50,7 @@ class Agent(db.Model):
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    disabled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    disabled_at: Mapped[datetime | None] = mapped_column(TZ)
 
     __mapper_args__ = {"eager_defaults": True}
 
@@ -62,8 +66,8 @@ class ApiKey(db.Model):
     label: Mapped[str] = mapped_column(String(200), default="")
     hint: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    last_used_at: Mapped[Optional[datetime]] = mapped_column(TZ)
-    revoked_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    last_used_at: Mapped[datetime | None] = mapped_column(TZ)
+    revoked_at: Mapped[datetime | None] = mapped_column(TZ)
 
     agent: Mapped[Agent] = relationship()
 
@@ -88,16 +92,16 @@ class Thread(db.Model):
     recipient_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
     intent: Mapped[str] = mapped_column(String(32), default="inform")
     summary: Mapped[str] = mapped_column(Text)
-    proposed_action: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    proposed_action: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     state: Mapped[str] = mapped_column(String(16), default="pending")
     version: Mapped[int] = mapped_column(Integer, default=1)
-    result_summary: Mapped[Optional[str]] = mapped_column(Text)
+    result_summary: Mapped[str | None] = mapped_column(Text)
     last_sequence_no: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    accepted_at: Mapped[Optional[datetime]] = mapped_column(TZ)
-    completed_at: Mapped[Optional[datetime]] = mapped_column(TZ)
-    cancelled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    accepted_at: Mapped[datetime | None] = mapped_column(TZ)
+    completed_at: Mapped[datetime | None] = mapped_column(TZ)
+    cancelled_at: Mapped[datetime | None] = mapped_column(TZ)
 
     sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined", innerjoin=True)
     recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined", innerjoin=True)
@@ -132,7 +136,7 @@ class Message(db.Model):
     artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, default=dict)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    search_vector: Mapped[Optional[Any]] = mapped_column(TSVECTOR)
+    search_vector: Mapped[Any | None] = mapped_column(TSVECTOR)
 
     thread: Mapped[Thread] = relationship()
     author: Mapped[Agent] = relationship(foreign_keys=[author_id])
@@ -185,11 +189,11 @@ class AuditEvent(db.Model):
     thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), index=True)
     actor_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id"))
     action: Mapped[str] = mapped_column(String(16))
-    from_state: Mapped[Optional[str]] = mapped_column(String(16))
-    to_state: Mapped[Optional[str]] = mapped_column(String(16))
-    session_id: Mapped[Optional[str]] = mapped_column(String(255))
-    result_summary: Mapped[Optional[str]] = mapped_column(Text)
-    message_id: Mapped[Optional[uuid.UUID]]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    result_summary: Mapped[str | None] = mapped_column(Text)
+    message_id: Mapped[uuid.UUID | None]
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
     actor: Mapped[Agent] = relationship()
@@ -199,18 +203,16 @@ class Event(db.Model):
     """Transactional outbox: written with the change it announces, fanned out after commit."""
 
     __tablename__ = "events"
-    __table_args__ = (
-        Index("ix_events_pending", "created_at", postgresql_where=text("fanned_out_at IS NULL")),
-    )
+    __table_args__ = (Index("ix_events_pending", "created_at", postgresql_where=text("fanned_out_at IS NULL")),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     type: Mapped[str] = mapped_column(String(64))
     agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
-    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
-    message_id: Mapped[Optional[uuid.UUID]]
+    thread_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    message_id: Mapped[uuid.UUID | None]
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    fanned_out_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    fanned_out_at: Mapped[datetime | None] = mapped_column(TZ)
 
 
 class WebhookEndpoint(db.Model):
@@ -225,30 +227,32 @@ class WebhookEndpoint(db.Model):
     __tablename__ = "webhook_endpoints"
     __table_args__ = (
         CheckConstraint("kind in ('webhook','a2a_push')", name="kind_valid"),
-        CheckConstraint("(kind = 'a2a_push') = (thread_id IS NOT NULL AND push_config_id IS NOT NULL)",
-                        name="push_config_has_thread"),
+        CheckConstraint(
+            "(kind = 'a2a_push') = (thread_id IS NOT NULL AND push_config_id IS NOT NULL)",
+            name="push_config_has_thread",
+        ),
         UniqueConstraint("thread_id", "push_config_id", name="uq_webhook_endpoints_thread_push_config"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     kind: Mapped[str] = mapped_column(String(16), default="webhook", server_default="webhook")
     # Indexed by the leading column of uq_webhook_endpoints_thread_push_config.
-    thread_id: Mapped[Optional[uuid.UUID]] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
-    push_config_id: Mapped[Optional[str]] = mapped_column(Text)
-    token_encrypted: Mapped[Optional[str]] = mapped_column(Text)
-    auth_scheme: Mapped[Optional[str]] = mapped_column(Text)
-    auth_credentials_encrypted: Mapped[Optional[str]] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    push_config_id: Mapped[str | None] = mapped_column(Text)
+    token_encrypted: Mapped[str | None] = mapped_column(Text)
+    auth_scheme: Mapped[str | None] = mapped_column(Text)
+    auth_credentials_encrypted: Mapped[str | None] = mapped_column(Text)
     agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text, default="")
     events: Mapped[list[str]] = mapped_column(JSONB)
     enabled: Mapped[bool] = mapped_column(default=True)
     secret_encrypted: Mapped[str] = mapped_column(Text)
-    previous_secret_encrypted: Mapped[Optional[str]] = mapped_column(Text)
-    previous_secret_expires_at: Mapped[Optional[datetime]] = mapped_column(TZ)
-    failing_since: Mapped[Optional[datetime]] = mapped_column(TZ)
-    disabled_reason: Mapped[Optional[str]] = mapped_column(Text)
-    disabled_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    previous_secret_encrypted: Mapped[str | None] = mapped_column(Text)
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(TZ)
+    failing_since: Mapped[datetime | None] = mapped_column(TZ)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    disabled_at: Mapped[datetime | None] = mapped_column(TZ)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
@@ -271,10 +275,10 @@ class WebhookDelivery(db.Model):
     endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[Optional[datetime]] = mapped_column(TZ)
-    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(TZ)
+    last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    completed_at: Mapped[Optional[datetime]] = mapped_column(TZ)
+    completed_at: Mapped[datetime | None] = mapped_column(TZ)
 
     event: Mapped[Event] = relationship()
     endpoint: Mapped[WebhookEndpoint] = relationship()
@@ -290,6 +294,6 @@ class WebhookAttempt(db.Model):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
     attempted_at: Mapped[datetime] = mapped_column(TZ)
-    status_code: Mapped[Optional[int]]
-    error: Mapped[Optional[str]] = mapped_column(Text)
+    status_code: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
     duration_ms: Mapped[int] = mapped_column(Integer)

@@ -3,6 +3,7 @@
 ``DATABASE_URL``/``REDIS_URL`` name the servers (the database in the URL is only used
 to connect and create the test database); when unset, embedded ones are started.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
-from relay.migrate import upgrade
+from relay.ops.migrate import upgrade
 
 _TMP = Path(tempfile.mkdtemp(prefix="relay-tests-"))
 
@@ -28,7 +29,7 @@ def _server_urls() -> tuple[str, str]:
     db = os.environ.get("DATABASE_URL")
     rd = os.environ.get("REDIS_URL")
     if not db or not rd:
-        from relay import embedded
+        from relay.ops import embedded
 
         if not db:
             pg, db = embedded.start_postgres(_TMP)
@@ -45,8 +46,11 @@ _TMP_PG: list = []
 
 def _connect_admin(url):
     return psycopg2.connect(
-        host=url.host or url.query.get("host"), port=url.port, user=url.username or "postgres",
-        password=url.password, dbname=url.database or "postgres",
+        host=url.host or url.query.get("host"),
+        port=url.port,
+        user=url.username or "postgres",
+        password=url.password,
+        dbname=url.database or "postgres",
     )
 
 
@@ -87,7 +91,7 @@ def extra_app(base_env, celery_app, redis_url, **env):
     (dropped after) and the session's Celery stays the default."""
     import redis
 
-    from relay import create_app
+    from relay.factory import create_app
 
     other = create_app({**base_env, **env}, TESTING=True, RATELIMIT_KEY_PREFIX=f"x{secrets.token_hex(4)}")
     # Anything it enqueues must not land where a worker of this or another session consumes.
@@ -104,8 +108,9 @@ def extra_app(base_env, celery_app, redis_url, **env):
 
 def rpc(client, key, method, params):
     """Call a JSON-RPC method that must succeed; return its ``result``."""
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                       headers=bearer(key))
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     body = resp.get_json()
     assert "result" in body, body
@@ -125,7 +130,7 @@ def database_url(server_urls):
             yield url
     finally:
         for client in _TMP_REDIS:
-            from relay.embedded import stop_redis
+            from relay.ops.embedded import stop_redis
 
             stop_redis(client)
         for server in _TMP_PG:  # stop the embedded PostgreSQL before its data directory goes
@@ -142,25 +147,27 @@ def redis_url(server_urls):
 def base_env(database_url, redis_url):
     """Environment for create_app and for subprocesses (CLI, gunicorn, celery)."""
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "RELAY_ENV": "test",
-        "RELAY_SECRET_KEY": "test-secret",
-        "RELAY_RATE_LIMIT": "100000/minute",
-        "RELAY_REST_RATE_LIMIT": "100000/minute",
-        # Test receivers listen on 127.0.0.1 over plain http.
-        "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
-        "RELAY_WEBHOOK_ALLOW_HTTP": "1",
-        "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5",
-        "RELAY_WEBHOOK_TIMEOUT": "3",
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "RELAY_ENV": "test",
+            "RELAY_SECRET_KEY": "test-secret",
+            "RELAY_RATE_LIMIT": "100000/minute",
+            "RELAY_REST_RATE_LIMIT": "100000/minute",
+            # Test receivers listen on 127.0.0.1 over plain http.
+            "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+            "RELAY_WEBHOOK_ALLOW_HTTP": "1",
+            "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5",
+            "RELAY_WEBHOOK_TIMEOUT": "3",
+        }
+    )
     return env
 
 
 @pytest.fixture(scope="session")
 def app(base_env, redis_url):
-    from relay import create_app
+    from relay.factory import create_app
 
     app = create_app(base_env, TESTING=True, RATELIMIT_KEY_PREFIX=f"t{secrets.token_hex(4)}")
     # Every test's after-commit enqueues go to a queue private to this session, removed at the end.
@@ -174,8 +181,17 @@ def app(base_env, redis_url):
     client.close()
 
 
-TABLES = ("audit_events", "events", "read_positions", "messages", "threads", "idempotency_records",
-          "blocks", "api_keys", "agents")
+TABLES = (
+    "audit_events",
+    "events",
+    "read_positions",
+    "messages",
+    "threads",
+    "idempotency_records",
+    "blocks",
+    "api_keys",
+    "agents",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -219,8 +235,9 @@ def celery_worker(celery_app):
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     try:
-        with start_worker(celery_app, pool="threads", concurrency=4, perform_ping_check=False,
-                          shutdown_timeout=15, loglevel="WARNING") as worker:
+        with start_worker(
+            celery_app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=15, loglevel="WARNING"
+        ) as worker:
             yield worker
     finally:
         root.setLevel(level)

@@ -10,6 +10,7 @@ written by the in-process tests. Use it module-scoped:
         with live_relay(base_env) as url:
             yield url
 """
+
 from __future__ import annotations
 
 import os
@@ -19,14 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import requests
 from honcho.environ import parse_procfile
 
-from relay.embedded import free_port
+from relay.ops.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -45,8 +46,14 @@ class LiveStack:
     def start(self, name: str) -> subprocess.Popen:
         log = self.logdir / f"{name}-{len(self.procs)}.log"
         with open(log, "w") as out:
-            proc = subprocess.Popen(["/bin/sh", "-c", f"exec {PROCFILE[name]}"], env=self.env, cwd=ROOT,
-                                    start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", f"exec {PROCFILE[name]}"],
+                env=self.env,
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.procs.append((name, proc, log))
         return proc
 
@@ -95,9 +102,16 @@ def _private_redis_db(url: str) -> str:
 @contextmanager
 def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator[str]:
     """Run gunicorn (and a Celery worker) on ``base_env``'s servers; yield the base URL."""
-    env = {**base_env, "HOST": "127.0.0.1", "PORT": str(free_port()), "WEB_CONCURRENCY": "2",
-           "CELERY_CONCURRENCY": "2", "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
-           "REDIS_URL": _private_redis_db(base_env["REDIS_URL"]), **extra}
+    env = {
+        **base_env,
+        "HOST": "127.0.0.1",
+        "PORT": str(free_port()),
+        "WEB_CONCURRENCY": "2",
+        "CELERY_CONCURRENCY": "2",
+        "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
+        "REDIS_URL": _private_redis_db(base_env["REDIS_URL"]),
+        **extra,
+    }
     with tempfile.TemporaryDirectory(prefix="relay-live-") as logdir:
         env.setdefault("RELAY_HOME", logdir)
         stack = LiveStack(env, Path(logdir))

@@ -12,6 +12,7 @@ No mocking: the relay connects to it over a real loopback socket.
         ...
         requests = rx.wait_for(3, timeout=10, path="/hook")
 """
+
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,7 @@ class Receiver:
 
     # --- lifecycle -------------------------------------------------------------------
 
-    def start(self) -> "Receiver":
+    def start(self) -> Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,9 +69,15 @@ class Receiver:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 path = self.path
-                reply = receiver._record_and_pick(Recorded(
-                    method=self.command, path=path, headers={k.lower(): v for k, v in self.headers.items()},
-                    body=body, received_at=time.monotonic()))
+                reply = receiver._record_and_pick(
+                    Recorded(
+                        method=self.command,
+                        path=path,
+                        headers={k.lower(): v for k, v in self.headers.items()},
+                        body=body,
+                        received_at=time.monotonic(),
+                    )
+                )
                 if reply["gate"] is not None:
                     reply["gate"].wait(30)
                 if reply["delay"]:
@@ -93,8 +100,9 @@ class Receiver:
 
         self._server = ThreadingHTTPServer((self._host, 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"receiver-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"receiver-{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -104,7 +112,7 @@ class Receiver:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -156,6 +164,7 @@ class Receiver:
                     return got
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"receiver got {len(got)} request(s) on {path or 'any path'} "
-                                         f"within {timeout} s, expected {n}")
+                    raise AssertionError(
+                        f"receiver got {len(got)} request(s) on {path or 'any path'} within {timeout} s, expected {n}"
+                    )
                 self._lock.wait(min(left, 0.2))

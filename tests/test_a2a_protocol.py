@@ -11,6 +11,7 @@ in ``error.data``), SendMessage / GetTask / ListTasks / CancelTask, push notific
 configs, the unsupported streaming methods, the rate-limit budget shared with the seed
 dialect, and the seed dialect (``POST /a2a``) left unchanged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,12 +30,16 @@ BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
 DOMAIN = "a2a-protocol.org"
 UNKNOWN_ULID = "01HXYZ4K2VNJQP7R8MWDB3CSTF"
 BRIEF = "Refactored /users API; please update the client to the paginated shape."
-PROPOSED = {"description": "Switch the client to cursor paging", "target_files": ["web/src/api/users.ts"],
-            "rationale": "the API now pages"}
+PROPOSED = {
+    "description": "Switch the client to cursor paging",
+    "target_files": ["web/src/api/users.ts"],
+    "rationale": "the API now pages",
+}
 FILE_DIFF = {"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1,5 +1,8 @@\n-a\n+b"}
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def agent_url(handle: str) -> str:
     return f"/a2a/agents/{handle}"
@@ -56,8 +61,9 @@ class A2A:
 
     def post(self, doc, headers=None):
         hdrs = {**bearer(self.key), **VERSION} if headers is None else headers
-        return self.client.post(agent_url(self.handle), data=json.dumps(doc),
-                                headers={**hdrs, "Content-Type": "application/json"})
+        return self.client.post(
+            agent_url(self.handle), data=json.dumps(doc), headers={**hdrs, "Content-Type": "application/json"}
+        )
 
     def raw(self, method: str, params=None, headers=None):
         """One request; assert HTTP 200 and the echoed id; return the JSON-RPC response."""
@@ -99,9 +105,16 @@ class A2A:
         return self.ok("ListTasks", params)
 
 
-REASON = {-32001: "TASK_NOT_FOUND", -32002: "TASK_NOT_CANCELABLE", -32004: "UNSUPPORTED_OPERATION",
-          -32009: "VERSION_NOT_SUPPORTED", -32602: "INVALID_PARAMS", -32600: "INVALID_REQUEST",
-          -32601: "METHOD_NOT_FOUND", -32700: "PARSE_ERROR"}
+REASON = {
+    -32001: "TASK_NOT_FOUND",
+    -32002: "TASK_NOT_CANCELABLE",
+    -32004: "UNSUPPORTED_OPERATION",
+    -32009: "VERSION_NOT_SUPPORTED",
+    -32602: "INVALID_PARAMS",
+    -32600: "INVALID_REQUEST",
+    -32601: "METHOD_NOT_FOUND",
+    -32700: "PARSE_ERROR",
+}
 
 
 def assert_a2a_error(error: dict, code: int, symbol: str) -> dict:
@@ -144,6 +157,7 @@ def seed_update(client, key, task_id, transition, **extra):
 
 # --------------------------------------------------------------------------- fixtures
 
+
 @pytest.fixture
 def carol(make_agent):
     """``carol@other`` (qa), a third agent in another org."""
@@ -164,6 +178,7 @@ def to_carol(client, alice, carol):
 
 # --------------------------------------------------------------------------- agent cards
 
+
 def test_relay_card_is_public_and_points_to_per_agent_cards(client):
     resp = client.get("/.well-known/agent-card.json")
     assert resp.status_code == 200
@@ -181,8 +196,11 @@ def test_agent_card_parses_with_the_sdk_and_names_the_agent_endpoint(client, bob
     resp = client.get(f"/a2a/agents/{bob[0]}/.well-known/agent-card.json")  # no Authorization: public
     assert resp.status_code == 200, resp.get_data(as_text=True)
     raw = resp.get_json()
-    assert raw["supportedInterfaces"][0] == {"url": f"http://localhost/a2a/agents/{bob[0]}",
-                                            "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+    assert raw["supportedInterfaces"][0] == {
+        "url": f"http://localhost/a2a/agents/{bob[0]}",
+        "protocolBinding": "JSONRPC",
+        "protocolVersion": "1.0",
+    }
     card = parse_agent_card(copy.deepcopy(raw))
     assert card.name == "Bob"
     assert card.supported_interfaces[0].url == "http://localhost/a2a/agents/bob@acme"
@@ -208,8 +226,10 @@ def test_agent_card_is_404_for_an_unknown_or_disabled_handle(app, client, bob):
 
 # --------------------------------------------------------------------------- version, auth, routing
 
-@pytest.mark.parametrize("version", [None, "0.3", "0.3.0", "1.1", "2.0", "garbage"],
-                         ids=["missing", "0.3", "0.3.0", "1.1", "2.0", "garbage"])
+
+@pytest.mark.parametrize(
+    "version", [None, "0.3", "0.3.0", "1.1", "2.0", "garbage"], ids=["missing", "0.3", "0.3.0", "1.1", "2.0", "garbage"]
+)
 def test_unsupported_a2a_version_is_32009_and_does_nothing(app, to_bob, version):
     headers = bearer(to_bob.key) if version is None else {**bearer(to_bob.key), "A2A-Version": version}
     error = to_bob.err("SendMessage", {"message": message()}, -32009, "version_not_supported", headers=headers)
@@ -223,12 +243,16 @@ def test_a2a_version_1_0_with_or_without_patch_is_served(to_bob, version):
     assert body["result"]["task"]["status"]["state"] == "TASK_STATE_SUBMITTED", body
 
 
-@pytest.mark.parametrize("auth", [None, "Bearer ah_live_" + "a" * 32, "Basic Zm9vOmJhcg=="],
-                         ids=["missing", "unknown-key", "basic"])
+@pytest.mark.parametrize(
+    "auth", [None, "Bearer ah_live_" + "a" * 32, "Basic Zm9vOmJhcg=="], ids=["missing", "unknown-key", "basic"]
+)
 def test_missing_or_bad_key_is_401_with_www_authenticate(app, client, bob, auth):
     headers = {**VERSION, **({"Authorization": auth} if auth else {})}
-    resp = client.post(agent_url(bob[0]), json={"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
-                                                "params": {"message": message()}}, headers=headers)
+    resp = client.post(
+        agent_url(bob[0]),
+        json={"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message()}},
+        headers=headers,
+    )
     assert resp.status_code == 401
     assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     body = resp.get_json()
@@ -261,18 +285,24 @@ def test_disabled_agent_takes_no_new_task_but_its_senders_keep_theirs(app, to_bo
 
 
 def test_unknown_agent_endpoint_404_echoes_the_request_id(client, alice):
-    resp = client.post(agent_url("nobody@acme"), json={"jsonrpc": "2.0", "id": 42, "method": "GetTask",
-                                                       "params": {"id": UNKNOWN_ULID}},
-                       headers={**bearer(alice[1]), **VERSION})
+    resp = client.post(
+        agent_url("nobody@acme"),
+        json={"jsonrpc": "2.0", "id": 42, "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
+        headers={**bearer(alice[1]), **VERSION},
+    )
     assert resp.status_code == 404
     assert resp.get_json()["id"] == 42
 
 
 # --------------------------------------------------------------------------- JSON-RPC envelope
 
+
 def test_body_that_is_not_json_is_32700(to_bob):
-    resp = to_bob.client.post(agent_url(to_bob.handle), data=b'{"jsonrpc": "2.0", "id": 1,',
-                              headers={**bearer(to_bob.key), **VERSION, "Content-Type": "application/json"})
+    resp = to_bob.client.post(
+        agent_url(to_bob.handle),
+        data=b'{"jsonrpc": "2.0", "id": 1,',
+        headers={**bearer(to_bob.key), **VERSION, "Content-Type": "application/json"},
+    )
     assert resp.status_code == 200
     body = resp.get_json()
     assert body["id"] is None
@@ -286,12 +316,16 @@ def test_unknown_method_is_32601_even_a_seed_method_name(app, to_bob):
     assert count(app, "threads") == 0
 
 
-@pytest.mark.parametrize("doc", [
-    [],
-    {"jsonrpc": "1.0", "id": 1, "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
-    {"jsonrpc": "2.0", "id": 1, "method": 5},
-    {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": "id"},
-], ids=["empty-batch", "jsonrpc-1.0", "method-not-string", "params-not-object"])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [],
+        {"jsonrpc": "1.0", "id": 1, "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
+        {"jsonrpc": "2.0", "id": 1, "method": 5},
+        {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": "id"},
+    ],
+    ids=["empty-batch", "jsonrpc-1.0", "method-not-string", "params-not-object"],
+)
 def test_malformed_envelope_is_32600(to_bob, doc):
     resp = to_bob.post(doc)
     assert resp.status_code == 200
@@ -304,11 +338,13 @@ def test_params_as_an_array_are_32602(to_bob):
 
 
 def test_batch_answers_each_request_in_its_own_shape(app, to_bob):
-    resp = to_bob.post([
-        {"jsonrpc": "2.0", "id": "a", "method": "SendMessage", "params": {"message": message("batched")}},
-        {"jsonrpc": "2.0", "id": "b", "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
-        {"jsonrpc": "2.0", "method": "SendMessage", "params": {"message": message("notified")}},  # notification
-    ])
+    resp = to_bob.post(
+        [
+            {"jsonrpc": "2.0", "id": "a", "method": "SendMessage", "params": {"message": message("batched")}},
+            {"jsonrpc": "2.0", "id": "b", "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
+            {"jsonrpc": "2.0", "method": "SendMessage", "params": {"message": message("notified")}},  # notification
+        ]
+    )
     assert resp.status_code == 200
     answers = {a["id"]: a for a in resp.get_json()}
     assert set(answers) == {"a", "b"}
@@ -325,6 +361,7 @@ def test_notification_is_carried_out_and_answered_204(app, to_bob):
 
 
 # --------------------------------------------------------------------------- SendMessage: create
+
 
 def test_send_message_opens_a_submitted_task_addressed_to_the_agent(client, to_bob, bob):
     result = to_bob.ok("SendMessage", {"message": message(BRIEF, message_id="m-open")})
@@ -381,8 +418,9 @@ def test_client_chosen_context_id_starts_a_context_and_a_second_send_joins_it(ap
 def test_context_id_of_other_agents_threads_is_not_joined(app, client, alice, carol, make_agent):
     dave = make_agent("dave@other", name="Dave")
     theirs = A2A(client, carol[1], dave[0]).send("carol to dave")
-    body = A2A(client, alice[1], dave[0]).raw("SendMessage", {"message": message("alice to dave",
-                                                                                  contextId=theirs["contextId"])})
+    body = A2A(client, alice[1], dave[0]).raw(
+        "SendMessage", {"message": message("alice to dave", contextId=theirs["contextId"])}
+    )
     assert "error" in body, body
     assert sql(app, "select count(*) from threads where context_id = :c", c=uuid.UUID(theirs["contextId"])) == [(1,)]
 
@@ -415,8 +453,9 @@ def test_same_message_id_and_message_returns_the_same_task_once(app, to_bob):
 
 def test_same_message_id_with_another_message_is_32600_duplicate_idempotency_key(app, to_bob):
     to_bob.send("first text", message_id="m-dup")
-    error = to_bob.err("SendMessage", {"message": message("other text", message_id="m-dup")},
-                       -32600, "duplicate_idempotency_key")
+    error = to_bob.err(
+        "SendMessage", {"message": message("other text", message_id="m-dup")}, -32600, "duplicate_idempotency_key"
+    )
     assert error["data"][0]["reason"] == "INVALID_REQUEST"
     assert count(app, "threads") == 1
 
@@ -428,10 +467,20 @@ def test_message_ids_are_scoped_to_the_caller(client, to_bob, carol, bob):
 
 
 def test_seed_keys_may_not_use_the_a2a_prefix_so_they_never_replay_a_message_id(app, client, alice, bob, to_bob):
-    refused = client.post("/a2a", headers=bearer(alice[1]), json={
-        "jsonrpc": "2.0", "id": 1, "method": "message/send",
-        "params": {"recipient": bob[0], "message": seed_msg("same words"),
-                   "metadata": {"client_idempotency_key": "a2a:m-collide"}}}).get_json()
+    refused = client.post(
+        "/a2a",
+        headers=bearer(alice[1]),
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "recipient": bob[0],
+                "message": seed_msg("same words"),
+                "metadata": {"client_idempotency_key": "a2a:m-collide"},
+            },
+        },
+    ).get_json()
     assert refused["error"]["code"] == -32602
     assert "metadata.client_idempotency_key" in refused["error"]["data"]["errors"]
     to_bob.send("same words", message_id="m-collide")
@@ -443,17 +492,32 @@ def test_history_keeps_the_clients_message_id(to_bob):
     assert task["history"][0]["messageId"] == "client-msg-1"
 
 
-@pytest.mark.parametrize("msg, field", [
-    ({"role": "ROLE_USER", "parts": [{"text": "x"}]}, "message.messageId"),
-    ({"messageId": "", "parts": [{"text": "x"}]}, "message.messageId"),
-    ({"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "x"}]}, "message.role"),
-    ({"messageId": "m", "parts": []}, "message.parts"),
-    ({"messageId": "m", "parts": [{"raw": "AAEC"}]}, "message.parts.0.raw"),
-    ({"messageId": "m", "parts": [{"text": "x"}, {"raw": "AAEC", "mediaType": "image/png"}]}, "message.parts.1.raw"),
-    ({"messageId": "m", "parts": [{"text": "x", "url": "https://example.com"}]}, "message.parts.0"),
-    ({"messageId": "m", "parts": [{"text": "x"}], "metadata": {"intent": "shout"}}, "message.metadata.intent"),
-], ids=["no-message-id", "empty-message-id", "role-agent", "no-parts", "raw-part", "second-raw-part",
-        "two-contents", "unknown-intent"])
+@pytest.mark.parametrize(
+    "msg, field",
+    [
+        ({"role": "ROLE_USER", "parts": [{"text": "x"}]}, "message.messageId"),
+        ({"messageId": "", "parts": [{"text": "x"}]}, "message.messageId"),
+        ({"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "x"}]}, "message.role"),
+        ({"messageId": "m", "parts": []}, "message.parts"),
+        ({"messageId": "m", "parts": [{"raw": "AAEC"}]}, "message.parts.0.raw"),
+        (
+            {"messageId": "m", "parts": [{"text": "x"}, {"raw": "AAEC", "mediaType": "image/png"}]},
+            "message.parts.1.raw",
+        ),
+        ({"messageId": "m", "parts": [{"text": "x", "url": "https://example.com"}]}, "message.parts.0"),
+        ({"messageId": "m", "parts": [{"text": "x"}], "metadata": {"intent": "shout"}}, "message.metadata.intent"),
+    ],
+    ids=[
+        "no-message-id",
+        "empty-message-id",
+        "role-agent",
+        "no-parts",
+        "raw-part",
+        "second-raw-part",
+        "two-contents",
+        "unknown-intent",
+    ],
+)
 def test_malformed_message_is_32602_naming_the_a2a_field(app, to_bob, msg, field):
     to_bob.invalid("SendMessage", {"message": msg}, field)
     assert count(app, "threads") == 0
@@ -471,26 +535,46 @@ def test_sending_to_yourself_is_32602(app, client, alice):
 
 def test_data_and_url_parts_become_relay_artifacts(client, to_bob, bob):
     link_url = "https://example.com/pr/42"
-    task = to_bob.ok("SendMessage", {"message": {"messageId": "m-art", "role": "ROLE_USER", "parts": [
-        {"text": "see the diff"}, {"data": FILE_DIFF, "mediaType": "application/json"},
-        {"url": link_url, "filename": "PR 42"}]}})["task"]
+    task = to_bob.ok(
+        "SendMessage",
+        {
+            "message": {
+                "messageId": "m-art",
+                "role": "ROLE_USER",
+                "parts": [
+                    {"text": "see the diff"},
+                    {"data": FILE_DIFF, "mediaType": "application/json"},
+                    {"url": link_url, "filename": "PR 42"},
+                ],
+            }
+        },
+    )["task"]
     link = {"type": "link", "url": link_url, "title": "PR 42"}
     seen = rpc(client, bob[1], "tasks/get", {"task_id": task["id"]})
     assert seen["artifacts"] == [FILE_DIFF, link]
     assert seen["messages"][0]["parts"] == [{"type": "text", "text": "see the diff"}]
-    assert [a["parts"] for a in task["artifacts"]] == [[{"data": FILE_DIFF, "mediaType": "application/json"}],
-                                                      [{"data": link, "mediaType": "application/json"}]]
+    assert [a["parts"] for a in task["artifacts"]] == [
+        [{"data": FILE_DIFF, "mediaType": "application/json"}],
+        [{"data": link, "mediaType": "application/json"}],
+    ]
     assert [a["name"] for a in task["artifacts"]] == ["file_diff", "link"]
     assert len({a["artifactId"] for a in task["artifacts"]}) == 2
-    assert task["history"][0]["parts"] == [{"text": "see the diff"}, {"data": FILE_DIFF, "mediaType": "application/json"},
-                                           {"data": link, "mediaType": "application/json"}]
+    assert task["history"][0]["parts"] == [
+        {"text": "see the diff"},
+        {"data": FILE_DIFF, "mediaType": "application/json"},
+        {"data": link, "mediaType": "application/json"},
+    ]
 
 
-@pytest.mark.parametrize("data, field", [
-    ({"type": "file_diff", "path": "a.py"}, "message.parts.1.data.diff"),
-    ({"type": "image", "url": "x"}, "message.parts.1.data"),
-    ("just a string", "message.parts.1.data"),
-], ids=["artifact-missing-field", "unknown-artifact-type", "not-an-object"])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"type": "file_diff", "path": "a.py"}, "message.parts.1.data.diff"),
+        ({"type": "image", "url": "x"}, "message.parts.1.data"),
+        ("just a string", "message.parts.1.data"),
+    ],
+    ids=["artifact-missing-field", "unknown-artifact-type", "not-an-object"],
+)
 def test_bad_data_part_is_32602_naming_its_a2a_path(app, to_bob, data, field):
     msg = {"messageId": "m", "parts": [{"text": "x"}, {"data": data}]}
     to_bob.invalid("SendMessage", {"message": msg}, field)
@@ -498,8 +582,10 @@ def test_bad_data_part_is_32602_naming_its_a2a_path(app, to_bob, data, field):
 
 
 def test_metadata_intent_and_proposed_action_open_a_relay_proposal(client, to_bob, bob):
-    task = to_bob.send("please switch to cursors", metadata={
-        "intent": "propose_action", "proposed_action": PROPOSED, "ticket": "WEB-7"})
+    task = to_bob.send(
+        "please switch to cursors",
+        metadata={"intent": "propose_action", "proposed_action": PROPOSED, "ticket": "WEB-7"},
+    )
     assert task["metadata"]["intent"] == "propose_action"
     opening = task["history"][0]["metadata"]
     stored = {**PROPOSED, "suggested_diff": None}  # the seed schema's default
@@ -511,22 +597,27 @@ def test_metadata_intent_and_proposed_action_open_a_relay_proposal(client, to_bo
 
 
 def test_propose_action_without_proposed_action_is_32602_invalid_intent_payload(app, to_bob):
-    error = to_bob.err("SendMessage", {"message": message(metadata={"intent": "propose_action"})},
-                       -32602, "invalid_intent_payload")
+    error = to_bob.err(
+        "SendMessage", {"message": message(metadata={"intent": "propose_action"})}, -32602, "invalid_intent_payload"
+    )
     assert error["data"][0]["reason"] == "INVALID_PARAMS"
     assert count(app, "threads") == 0
 
 
 def test_invalid_intent_payload_names_the_a2a_field_as_a_violation(to_bob):
-    error = to_bob.err("SendMessage", {"message": message(metadata={"intent": "propose_action"})},
-                       -32602, "invalid_intent_payload")
+    error = to_bob.err(
+        "SendMessage", {"message": message(metadata={"intent": "propose_action"})}, -32602, "invalid_intent_payload"
+    )
     violations(error, "message.metadata.proposed_action")
 
 
 def test_intent_on_an_append_is_32602(app, to_bob):
     task = to_bob.send("first")
-    to_bob.invalid("SendMessage", {"message": message("x", taskId=task["id"], metadata={"intent": "ask_question"})},
-                   "message.metadata")
+    to_bob.invalid(
+        "SendMessage",
+        {"message": message("x", taskId=task["id"], metadata={"intent": "ask_question"})},
+        "message.metadata",
+    )
     assert count(app, "messages") == 1
 
 
@@ -553,12 +644,17 @@ def test_append_to_a_completed_or_cancelled_task_is_32004_thread_terminal(app, c
 
 # --------------------------------------------------------------------------- task visibility
 
+
 def test_unknown_task_id_is_32001_for_every_task_method(to_bob):
     to_bob.err("GetTask", {"id": UNKNOWN_ULID}, -32001, "thread_not_found")
     to_bob.err("CancelTask", {"id": UNKNOWN_ULID}, -32001, "thread_not_found")
     to_bob.err("SendMessage", {"message": message(taskId=UNKNOWN_ULID)}, -32001, "thread_not_found")
-    to_bob.err("CreateTaskPushNotificationConfig", {"taskId": UNKNOWN_ULID, "url": "http://127.0.0.1:9/h"},
-               -32001, "thread_not_found")
+    to_bob.err(
+        "CreateTaskPushNotificationConfig",
+        {"taskId": UNKNOWN_ULID, "url": "http://127.0.0.1:9/h"},
+        -32001,
+        "thread_not_found",
+    )
     to_bob.err("ListTaskPushNotificationConfigs", {"taskId": UNKNOWN_ULID}, -32001, "thread_not_found")
 
 
@@ -582,19 +678,24 @@ def test_task_the_agent_sent_to_the_caller_is_32001_at_the_agents_endpoint(clien
     assert to_bob.list()["tasks"] == []
 
 
-@pytest.mark.parametrize("method, params, field", [
-    ("GetTask", {"id": "nope"}, "id"),
-    ("GetTask", {}, "id"),
-    ("CancelTask", {"id": "01HXYZ"}, "id"),
-    ("SendMessage", {"message": message(taskId="not-a-task")}, "message.taskId"),
-    ("GetTask", {"id": UNKNOWN_ULID, "historyLength": -1}, "historyLength"),
-    ("GetTask", {"id": UNKNOWN_ULID, "historyLength": "2"}, "historyLength"),
-], ids=["get-bad-id", "get-no-id", "cancel-short-id", "send-bad-task-id", "negative-history", "string-history"])
+@pytest.mark.parametrize(
+    "method, params, field",
+    [
+        ("GetTask", {"id": "nope"}, "id"),
+        ("GetTask", {}, "id"),
+        ("CancelTask", {"id": "01HXYZ"}, "id"),
+        ("SendMessage", {"message": message(taskId="not-a-task")}, "message.taskId"),
+        ("GetTask", {"id": UNKNOWN_ULID, "historyLength": -1}, "historyLength"),
+        ("GetTask", {"id": UNKNOWN_ULID, "historyLength": "2"}, "historyLength"),
+    ],
+    ids=["get-bad-id", "get-no-id", "cancel-short-id", "send-bad-task-id", "negative-history", "string-history"],
+)
 def test_malformed_task_id_or_history_length_is_32602(to_bob, method, params, field):
     to_bob.invalid(method, params, field)
 
 
 # --------------------------------------------------------------------------- GetTask and the shared state machine
+
 
 def test_get_task_history_length_keeps_the_newest_messages(to_bob):
     task = to_bob.send("one")
@@ -609,8 +710,9 @@ def test_get_task_history_length_keeps_the_newest_messages(to_bob):
 
 def test_send_message_configuration_history_length_limits_the_returned_task(to_bob):
     task = to_bob.send("one")
-    result = to_bob.ok("SendMessage", {"message": message("two", taskId=task["id"]),
-                                       "configuration": {"historyLength": 1}})
+    result = to_bob.ok(
+        "SendMessage", {"message": message("two", taskId=task["id"]), "configuration": {"historyLength": 1}}
+    )
     assert [m["parts"] for m in result["task"]["history"]] == [[{"text": "two"}]]
 
 
@@ -635,18 +737,26 @@ def test_recipient_completing_is_completed_with_the_result_summary_as_agent_mess
 
 def test_recipient_reply_is_role_agent_in_history(client, to_bob, bob):
     task = to_bob.send("question?")
-    rpc(client, bob[1], "message/send", {"task_id": task["id"], "message": seed_msg("answer!"),
-                                         "artifacts": [FILE_DIFF]})
+    rpc(
+        client,
+        bob[1],
+        "message/send",
+        {"task_id": task["id"], "message": seed_msg("answer!"), "artifacts": [FILE_DIFF]},
+    )
     to_bob.send("thanks", taskId=task["id"])
     history = to_bob.get(task["id"])["history"]
     assert [(m["role"], m["parts"][0]["text"]) for m in history] == [
-        ("ROLE_USER", "question?"), ("ROLE_AGENT", "answer!"), ("ROLE_USER", "thanks")]
+        ("ROLE_USER", "question?"),
+        ("ROLE_AGENT", "answer!"),
+        ("ROLE_USER", "thanks"),
+    ]
     assert history[1]["metadata"]["from"] == "bob@acme"
     assert history[1]["parts"][1] == {"data": FILE_DIFF, "mediaType": "application/json"}
     assert [a["parts"][0]["data"] for a in to_bob.get(task["id"])["artifacts"]] == [FILE_DIFF]
 
 
 # --------------------------------------------------------------------------- CancelTask
+
 
 def test_cancel_task_cancels_a_submitted_task(client, to_bob, alice):
     task = to_bob.send()
@@ -657,8 +767,9 @@ def test_cancel_task_cancels_a_submitted_task(client, to_bob, alice):
     assert rpc(client, alice[1], "tasks/get", {"task_id": task["id"]})["status"] == {"state": "cancelled"}
 
 
-@pytest.mark.parametrize("steps", [["accept"], ["accept", "complete"], ["cancel"]],
-                         ids=["accepted", "completed", "cancelled"])
+@pytest.mark.parametrize(
+    "steps", [["accept"], ["accept", "complete"], ["cancel"]], ids=["accepted", "completed", "cancelled"]
+)
 def test_cancel_task_that_is_not_pending_is_32002(app, client, to_bob, bob, steps):
     task = to_bob.send()
     for step in steps:
@@ -673,6 +784,7 @@ def test_cancel_task_that_is_not_pending_is_32002(app, client, to_bob, bob, step
 
 
 # --------------------------------------------------------------------------- ListTasks
+
 
 def test_list_tasks_shows_only_the_callers_tasks_sent_to_the_agent(client, alice, bob, carol, to_bob, to_carol):
     mine = {to_bob.send("a->b 1")["id"], to_bob.send("a->b 2")["id"]}
@@ -742,7 +854,9 @@ def test_list_tasks_context_filter(to_bob):
 
 
 def test_list_tasks_omits_history_and_artifacts_unless_asked(to_bob):
-    task = to_bob.ok("SendMessage", {"message": {"messageId": "m", "parts": [{"text": "one"}, {"data": FILE_DIFF}]}})["task"]
+    task = to_bob.ok("SendMessage", {"message": {"messageId": "m", "parts": [{"text": "one"}, {"data": FILE_DIFF}]}})[
+        "task"
+    ]
     to_bob.send("two", taskId=task["id"])
     [plain] = to_bob.list()["tasks"]
     assert "history" not in plain and "artifacts" not in plain
@@ -756,7 +870,11 @@ def test_list_tasks_status_timestamp_after(to_bob):
     to_bob.send("one")
     assert to_bob.list(statusTimestampAfter="2000-01-01T00:00:00Z")["totalSize"] == 1
     assert to_bob.list(statusTimestampAfter="2999-01-01T00:00:00Z") == {
-        "tasks": [], "nextPageToken": "", "pageSize": 50, "totalSize": 0}
+        "tasks": [],
+        "nextPageToken": "",
+        "pageSize": 50,
+        "totalSize": 0,
+    }
     to_bob.invalid("ListTasks", {"statusTimestampAfter": "2000-01-01T00:00:00"}, "statusTimestampAfter")
 
 
@@ -767,14 +885,18 @@ def test_list_tasks_status_timestamp_after_excludes_the_boundary(to_bob):
     assert [t["id"] for t in listed["tasks"]] == [second["id"]]
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"pageSize": 0}, "pageSize"),
-    ({"pageSize": 101}, "pageSize"),
-    ({"pageSize": "10"}, "pageSize"),
-    ({"pageToken": "not-a-token"}, "pageToken"),
-    ({"historyLength": -1}, "historyLength"),
-    ({"includeArtifacts": "yes"}, "includeArtifacts"),
-], ids=["page-size-0", "page-size-101", "page-size-string", "bad-token", "negative-history", "bool-string"])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"pageSize": 0}, "pageSize"),
+        ({"pageSize": 101}, "pageSize"),
+        ({"pageSize": "10"}, "pageSize"),
+        ({"pageToken": "not-a-token"}, "pageToken"),
+        ({"historyLength": -1}, "historyLength"),
+        ({"includeArtifacts": "yes"}, "includeArtifacts"),
+    ],
+    ids=["page-size-0", "page-size-101", "page-size-string", "bad-token", "negative-history", "bool-string"],
+)
 def test_list_tasks_bad_params_are_32602(to_bob, params, field):
     to_bob.invalid("ListTasks", params, field)
 
@@ -792,13 +914,26 @@ def test_empty_page_token_means_the_first_page(to_bob):
 
 # --------------------------------------------------------------------------- push notification configs
 
+
 def test_push_config_create_get_list_delete(app, client, to_bob, alice):
     task = to_bob.send()
-    created = to_bob.ok("CreateTaskPushNotificationConfig", {
-        "taskId": task["id"], "id": "cfg-1", "url": "http://127.0.0.1:9/a2a/push", "token": "tok-1",
-        "authentication": {"scheme": "Bearer", "credentials": "secret-cred-42"}})
-    assert created == {"id": "cfg-1", "taskId": task["id"], "url": "http://127.0.0.1:9/a2a/push", "token": "tok-1",
-                       "authentication": {"scheme": "Bearer"}}
+    created = to_bob.ok(
+        "CreateTaskPushNotificationConfig",
+        {
+            "taskId": task["id"],
+            "id": "cfg-1",
+            "url": "http://127.0.0.1:9/a2a/push",
+            "token": "tok-1",
+            "authentication": {"scheme": "Bearer", "credentials": "secret-cred-42"},
+        },
+    )
+    assert created == {
+        "id": "cfg-1",
+        "taskId": task["id"],
+        "url": "http://127.0.0.1:9/a2a/push",
+        "token": "tok-1",
+        "authentication": {"scheme": "Bearer"},
+    }
     assert to_bob.ok("GetTaskPushNotificationConfig", {"taskId": task["id"], "id": "cfg-1"}) == created
     listed = to_bob.ok("ListTaskPushNotificationConfigs", {"taskId": task["id"]})
     assert listed == {"configs": [created], "nextPageToken": ""}
@@ -815,8 +950,12 @@ def test_push_config_create_get_list_delete(app, client, to_bob, alice):
 
 def test_push_credentials_are_never_echoed_nor_stored_in_clear(app, to_bob):
     task = to_bob.send()
-    params = {"taskId": task["id"], "url": "http://127.0.0.1:9/h", "token": "tok-plain-77",
-              "authentication": {"scheme": "Bearer", "credentials": "cred-plain-99"}}
+    params = {
+        "taskId": task["id"],
+        "url": "http://127.0.0.1:9/h",
+        "token": "tok-plain-77",
+        "authentication": {"scheme": "Bearer", "credentials": "cred-plain-99"},
+    }
     answers = [to_bob.raw("CreateTaskPushNotificationConfig", params)]
     config_id = answers[0]["result"]["id"]
     answers.append(to_bob.raw("GetTaskPushNotificationConfig", {"taskId": task["id"], "id": config_id}))
@@ -847,14 +986,23 @@ def test_duplicate_push_config_id_on_a_task_is_32602(app, to_bob):
     assert count(app, "webhook_endpoints") == 2
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"url": "http://127.0.0.1:9/h"}, "taskId"),
-    ({"taskId": "TASK"}, "url"),
-    ({"taskId": "TASK", "url": "ftp://example.com/h"}, "url"),
-    ({"taskId": "TASK", "url": "http://127.0.0.1:9/h", "authentication": {"credentials": "c"}}, "authentication.scheme"),
-    ({"taskId": "TASK", "url": "http://127.0.0.1:9/h", "authentication": {"scheme": "Bad Scheme"}},
-     "authentication.scheme"),
-], ids=["no-task-id", "no-url", "ftp-url", "no-scheme", "bad-scheme"])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"url": "http://127.0.0.1:9/h"}, "taskId"),
+        ({"taskId": "TASK"}, "url"),
+        ({"taskId": "TASK", "url": "ftp://example.com/h"}, "url"),
+        (
+            {"taskId": "TASK", "url": "http://127.0.0.1:9/h", "authentication": {"credentials": "c"}},
+            "authentication.scheme",
+        ),
+        (
+            {"taskId": "TASK", "url": "http://127.0.0.1:9/h", "authentication": {"scheme": "Bad Scheme"}},
+            "authentication.scheme",
+        ),
+    ],
+    ids=["no-task-id", "no-url", "ftp-url", "no-scheme", "bad-scheme"],
+)
 def test_bad_push_config_is_32602(app, to_bob, params, field):
     task = to_bob.send()
     params = {k: (task["id"] if v == "TASK" else v) for k, v in params.items()}
@@ -862,14 +1010,17 @@ def test_bad_push_config_is_32602(app, to_bob, params, field):
     assert count(app, "webhook_endpoints") == 0
 
 
-def test_push_config_url_to_a_private_address_is_refused_unless_allowed(app, base_env, celery_app, redis_url,
-                                                                        client, alice, bob):
+def test_push_config_url_to_a_private_address_is_refused_unless_allowed(
+    app, base_env, celery_app, redis_url, client, alice, bob
+):
     task = A2A(client, alice[1], bob[0]).send()
     params = {"taskId": task["id"], "url": "http://127.0.0.1:9/hook"}
-    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0",
-                   RELAY_WEBHOOK_ALLOW_HTTP="1") as strict:
-        error = A2A(strict.test_client(), alice[1], bob[0]).err("CreateTaskPushNotificationConfig", params,
-                                                              -32602, "invalid_params")
+    with extra_app(
+        base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0", RELAY_WEBHOOK_ALLOW_HTTP="1"
+    ) as strict:
+        error = A2A(strict.test_client(), alice[1], bob[0]).err(
+            "CreateTaskPushNotificationConfig", params, -32602, "invalid_params"
+        )
         assert "private" in violations(error, "url")["url"] or "loopback" in violations(error, "url")["url"]
         assert count(app, "webhook_endpoints") == 0
     # The test environment allows private targets (RELAY_WEBHOOK_ALLOW_PRIVATE=1).
@@ -881,8 +1032,12 @@ def test_push_config_methods_on_another_pairs_task_are_32001(client, to_bob, car
     task = to_bob.send()
     to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "id": "c1", "url": "http://127.0.0.1:9/h"})
     intruder = A2A(client, carol[1], bob[0])
-    intruder.err("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": "http://127.0.0.1:9/evil"},
-                 -32001, "thread_not_found")
+    intruder.err(
+        "CreateTaskPushNotificationConfig",
+        {"taskId": task["id"], "url": "http://127.0.0.1:9/evil"},
+        -32001,
+        "thread_not_found",
+    )
     intruder.err("GetTaskPushNotificationConfig", {"taskId": task["id"], "id": "c1"}, -32001, "thread_not_found")
     intruder.err("DeleteTaskPushNotificationConfig", {"taskId": task["id"], "id": "c1"}, -32001, "thread_not_found")
     assert to_bob.ok("GetTaskPushNotificationConfig", {"taskId": task["id"], "id": "c1"})["id"] == "c1"
@@ -892,8 +1047,9 @@ def test_a_task_holds_at_most_ten_push_configs(app, to_bob):
     task = to_bob.send()
     for i in range(10):
         to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/{i}"})
-    found = to_bob.invalid("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": "http://127.0.0.1:9/x"},
-                           "taskId")
+    found = to_bob.invalid(
+        "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": "http://127.0.0.1:9/x"}, "taskId"
+    )
     assert "10" in found["taskId"]
     assert count(app, "webhook_endpoints") == 10
 
@@ -907,8 +1063,12 @@ def test_list_push_configs_honours_page_size(to_bob):
 
 
 def test_send_message_configuration_registers_a_push_config_once(app, to_bob):
-    params = {"message": message("with push", message_id="m-push"), "configuration": {
-        "taskPushNotificationConfig": {"id": "inline", "url": "http://127.0.0.1:9/push", "token": "t"}}}
+    params = {
+        "message": message("with push", message_id="m-push"),
+        "configuration": {
+            "taskPushNotificationConfig": {"id": "inline", "url": "http://127.0.0.1:9/push", "token": "t"}
+        },
+    }
     task = to_bob.ok("SendMessage", params)["task"]
     configs = to_bob.ok("ListTaskPushNotificationConfigs", {"taskId": task["id"]})["configs"]
     assert configs == [{"id": "inline", "taskId": task["id"], "url": "http://127.0.0.1:9/push", "token": "t"}]
@@ -931,9 +1091,15 @@ def test_refused_push_config_in_send_message_names_its_a2a_path(to_bob):
 def test_push_notifications_are_delivered_with_token_and_credentials(client, to_bob, bob, celery_worker):
     with Receiver() as rx:
         task = to_bob.send("please accept")
-        to_bob.ok("CreateTaskPushNotificationConfig", {
-            "taskId": task["id"], "url": rx.url("/push"), "token": "tok-123",
-            "authentication": {"scheme": "Bearer", "credentials": "c-9"}})
+        to_bob.ok(
+            "CreateTaskPushNotificationConfig",
+            {
+                "taskId": task["id"],
+                "url": rx.url("/push"),
+                "token": "tok-123",
+                "authentication": {"scheme": "Bearer", "credentials": "c-9"},
+            },
+        )
 
         seed_update(client, bob[1], task["id"], "accept")
         [first] = rx.wait_for(1, timeout=20, path="/push")
@@ -960,11 +1126,15 @@ def test_push_notifications_are_delivered_with_token_and_credentials(client, to_
 
 # --------------------------------------------------------------------------- unsupported methods
 
-@pytest.mark.parametrize("method, params", [
-    ("SendStreamingMessage", {"message": message("streamed")}),
-    ("SubscribeToTask", {"id": UNKNOWN_ULID}),
-    ("GetExtendedAgentCard", {}),
-])
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("SendStreamingMessage", {"message": message("streamed")}),
+        ("SubscribeToTask", {"id": UNKNOWN_ULID}),
+        ("GetExtendedAgentCard", {}),
+    ],
+)
 def test_streaming_and_extended_card_methods_are_32004(app, to_bob, method, params):
     error = to_bob.err(method, params, -32004, "unsupported_operation")
     assert error["data"][0]["reason"] == "UNSUPPORTED_OPERATION"
@@ -973,12 +1143,14 @@ def test_streaming_and_extended_card_methods_are_32004(app, to_bob, method, para
 
 # --------------------------------------------------------------------------- rate limit shared with the seed dialect
 
+
 def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app, redis_url, alice, bob):
     with extra_app(base_env, celery_app, redis_url, RELAY_RATE_LIMIT="4/minute") as limited:
         c = limited.test_client()
         for _ in range(2):
-            resp = c.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}},
-                          headers=bearer(alice[1]))
+            resp = c.post(
+                "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}}, headers=bearer(alice[1])
+            )
             assert resp.status_code == 200 and "result" in resp.get_json()
         to_bob = A2A(c, alice[1], bob[0])
         to_bob.ok("ListTasks", {})
@@ -990,8 +1162,9 @@ def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app,
         assert body["id"] == "over"
         assert body["error"]["data"][0]["@type"] == ERROR_INFO
         assert body["error"]["data"][0]["metadata"]["symbol"] == "rate_limited"
-        seed = c.post("/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {}},
-                      headers=bearer(alice[1]))
+        seed = c.post(
+            "/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {}}, headers=bearer(alice[1])
+        )
         assert seed.status_code == 429
         assert seed.get_json()["error"]["code"] == -32003
         # The budget is per agent: bob still has his.
@@ -1000,16 +1173,23 @@ def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app,
 
 # --------------------------------------------------------------------------- the seed dialect is unchanged
 
+
 def test_seed_dialect_keeps_its_own_codes_and_error_object(client, alice):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/get",
-                                     "params": {"task_id": UNKNOWN_ULID}}, headers=bearer(alice[1]))
+    resp = client.post(
+        "/a2a",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"task_id": UNKNOWN_ULID}},
+        headers=bearer(alice[1]),
+    )
     assert resp.status_code == 200
     error = resp.get_json()["error"]
     assert error["code"] == -32006
     assert isinstance(error["data"], dict) and error["data"]["symbol"] == "thread_not_found"
     # No A2A-Version needed there, and A2A method names are unknown to it.
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
-                       headers=bearer(alice[1]))
+    resp = client.post(
+        "/a2a",
+        json={"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": UNKNOWN_ULID}},
+        headers=bearer(alice[1]),
+    )
     assert resp.get_json()["error"]["code"] == -32601
     assert resp.get_json()["error"]["data"]["symbol"] == "method_not_found"
 
@@ -1018,7 +1198,8 @@ def test_a2a_tasks_are_the_seed_dialects_threads(client, alice, to_bob):
     task = to_bob.send("one thread, two dialects")
     sent = rpc(client, alice[1], "tasks/list", {"filter": {"role": "sender"}})["items"]
     assert [(i["task_id"], i["recipient"]["handle"], i["status"]["state"]) for i in sent] == [
-        (task["id"], "bob@acme", "pending")]
+        (task["id"], "bob@acme", "pending")
+    ]
     appended = rpc(client, alice[1], "message/send", {"task_id": task["id"], "message": seed_msg("via seed")})
     assert appended["sequence_no"] == 2
     assert [m["role"] for m in to_bob.get(task["id"])["history"]] == ["ROLE_USER", "ROLE_USER"]
@@ -1034,49 +1215,65 @@ def test_status_timestamp_after_the_last_instant_is_an_empty_page(to_bob):
 
 @pytest.mark.parametrize("kind", [["link"], {}, 7, None], ids=["list", "object", "number", "null"])
 def test_data_part_whose_type_is_not_a_string_is_32602(to_bob, kind):
-    to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"data": {"type": kind}}])},
-                   "message.parts.1.data")
+    to_bob.invalid(
+        "SendMessage", {"message": message(parts=[{"text": "x"}, {"data": {"type": kind}}])}, "message.parts.1.data"
+    )
 
 
-@pytest.mark.parametrize("field, config", [
-    ("token", {"token": "a\r\nX-Evil: 1"}),
-    ("token", {"token": "t\u00f6k\u20acn"}),
-    ("authentication.credentials", {"authentication": {"scheme": "Bearer", "credentials": "c\nX-Evil: 1"}}),
-], ids=["crlf-token", "non-ascii-token", "crlf-credentials"])
+@pytest.mark.parametrize(
+    "field, config",
+    [
+        ("token", {"token": "a\r\nX-Evil: 1"}),
+        ("token", {"token": "t\u00f6k\u20acn"}),
+        ("authentication.credentials", {"authentication": {"scheme": "Bearer", "credentials": "c\nX-Evil: 1"}}),
+    ],
+    ids=["crlf-token", "non-ascii-token", "crlf-credentials"],
+)
 def test_push_token_and_credentials_must_be_sendable_as_headers(app, to_bob, field, config):
     task = to_bob.send()
-    to_bob.invalid("CreateTaskPushNotificationConfig",
-                   {"taskId": task["id"], "url": "http://127.0.0.1:9/hook", **config}, field)
+    to_bob.invalid(
+        "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": "http://127.0.0.1:9/hook", **config}, field
+    )
     assert sql(app, "select count(*) from webhook_endpoints")[0][0] == 0
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:9/nl\nurl", "http://127.0.0.\t1:9/tab", "http://127.0.0.1:9/a b"],
-                         ids=["newline", "tab", "space"])
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:9/nl\nurl", "http://127.0.0.\t1:9/tab", "http://127.0.0.1:9/a b"],
+    ids=["newline", "tab", "space"],
+)
 def test_push_url_with_whitespace_or_control_characters_is_refused(to_bob, url):
     task = to_bob.send()
     to_bob.invalid("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": url}, "url")
 
 
 def test_url_part_errors_name_the_parts_own_fields(to_bob):
-    bad_url = to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"url": "file:///etc/passwd"}])},
-                             "message.parts.1.url")
+    bad_url = to_bob.invalid(
+        "SendMessage", {"message": message(parts=[{"text": "x"}, {"url": "file:///etc/passwd"}])}, "message.parts.1.url"
+    )
     assert "message.parts.1.url.url" not in bad_url
-    to_bob.invalid("SendMessage", {"message": message(parts=[{"text": "x"}, {"url": "https://x.example/a",
-                                                                             "filename": "f" * 9000}])},
-                   "message.parts.1.filename")
+    to_bob.invalid(
+        "SendMessage",
+        {"message": message(parts=[{"text": "x"}, {"url": "https://x.example/a", "filename": "f" * 9000}])},
+        "message.parts.1.filename",
+    )
 
 
 def test_reused_message_id_names_the_message_id(to_bob):
     to_bob.send("first", message_id="m-again")
-    error = to_bob.err("SendMessage", {"message": message("other words", message_id="m-again")}, -32600,
-                       "duplicate_idempotency_key")
+    error = to_bob.err(
+        "SendMessage", {"message": message("other words", message_id="m-again")}, -32600, "duplicate_idempotency_key"
+    )
     assert error["data"][0]["metadata"]["messageId"] == "m-again"
     assert "messageId" in error["message"]
 
 
 def test_parse_error_says_why(to_bob):
-    resp = to_bob.client.post(agent_url(to_bob.handle), data=b'{"jsonrpc": "2.0", "id": 1,',
-                              headers={**bearer(to_bob.key), **VERSION, "Content-Type": "application/json"})
+    resp = to_bob.client.post(
+        agent_url(to_bob.handle),
+        data=b'{"jsonrpc": "2.0", "id": 1,',
+        headers={**bearer(to_bob.key), **VERSION, "Content-Type": "application/json"},
+    )
     info = resp.get_json()["error"]["data"][0]
     assert info["metadata"]["symbol"] == "parse_error" and info["metadata"]["reason"]
 
@@ -1113,8 +1310,10 @@ def _race(app, calls):
 def test_concurrent_push_configs_with_one_id_store_one_and_refuse_the_other(app, to_bob):
     task = to_bob.send()
     params = {"taskId": task["id"], "id": "same", "url": "http://127.0.0.1:9/hook"}
-    answers = _race(app, [lambda c: A2A(c, to_bob.key, to_bob.handle).raw("CreateTaskPushNotificationConfig", params)
-                          for _ in range(4)])
+    answers = _race(
+        app,
+        [lambda c: A2A(c, to_bob.key, to_bob.handle).raw("CreateTaskPushNotificationConfig", params) for _ in range(4)],
+    )
     assert sum("result" in a for a in answers) == 1, answers
     for a in answers:
         if "error" in a:
@@ -1126,16 +1325,28 @@ def test_concurrent_push_configs_never_pass_the_limit(app, to_bob):
     task = to_bob.send()
     for i in range(8):
         to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/{i}"})
-    answers = _race(app, [lambda c, i=i: A2A(c, to_bob.key, to_bob.handle).raw(
-        "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/r{i}"}) for i in range(4)])
+    answers = _race(
+        app,
+        [
+            lambda c, i=i: A2A(c, to_bob.key, to_bob.handle).raw(
+                "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": f"http://127.0.0.1:9/r{i}"}
+            )
+            for i in range(4)
+        ],
+    )
     assert sum("result" in a for a in answers) == 2, answers
     assert count(app, "webhook_endpoints") == 10
 
 
 def test_two_agents_adopting_one_new_context_id_do_not_share_it(app, client, alice, carol, bob):
     context = str(uuid.uuid4())
-    answers = _race(app, [lambda c, key=key: A2A(c, key, bob[0]).raw(
-        "SendMessage", {"message": message(contextId=context)}) for key in (alice[1], carol[1])])
+    answers = _race(
+        app,
+        [
+            lambda c, key=key: A2A(c, key, bob[0]).raw("SendMessage", {"message": message(contextId=context)})
+            for key in (alice[1], carol[1])
+        ],
+    )
     assert sum("result" in a for a in answers) == 1, answers
     [refused] = [a for a in answers if "error" in a]
     assert refused["error"]["code"] == -32602 and "message.contextId" in violations(refused["error"])
@@ -1152,8 +1363,14 @@ def test_list_tasks_history_length_keeps_the_newest_messages_of_each_task(client
 
 def test_push_config_in_send_message_may_not_name_another_task(app, to_bob):
     other = to_bob.send("other")
-    to_bob.invalid("SendMessage", {"message": message(), "configuration": {"taskPushNotificationConfig": {
-        "taskId": other["id"], "url": "http://127.0.0.1:9/hook"}}}, "configuration.taskPushNotificationConfig.taskId")
+    to_bob.invalid(
+        "SendMessage",
+        {
+            "message": message(),
+            "configuration": {"taskPushNotificationConfig": {"taskId": other["id"], "url": "http://127.0.0.1:9/hook"}},
+        },
+        "configuration.taskPushNotificationConfig.taskId",
+    )
     assert count(app, "threads") == 1
 
 

@@ -5,6 +5,7 @@ work and follows it to completion while the recipient works through the seed dia
 Each test drives ``a2a.client`` over real HTTP on loopback; the recipient's side uses
 plain ``POST /a2a`` calls, as an agent on the seed dialect would.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,14 @@ import pytest
 import requests
 from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
-    CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, Role, SendMessageRequest, TaskPushNotificationConfig,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, VersionNotSupportedError
@@ -46,8 +54,9 @@ async def sdk_client(relay_url: str, handle: str, key: str, **headers: str):
 
 
 async def _send(client, text: str, **message_fields):
-    request = SendMessageRequest(message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER,
-                                                 parts=[Part(text=text)], **message_fields))
+    request = SendMessageRequest(
+        message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text=text)], **message_fields)
+    )
     events = [event async for event in client.send_message(request)]
     assert len(events) == 1 and events[0].HasField("task"), events
     return events[0].task
@@ -55,8 +64,12 @@ async def _send(client, text: str, **message_fields):
 
 def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
     """One call of the seed dialect (the recipient's side), over HTTP."""
-    resp = requests.post(f"{relay_url}/a2a", headers=bearer(key), timeout=20,
-                         json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    resp = requests.post(
+        f"{relay_url}/a2a",
+        headers=bearer(key),
+        timeout=20,
+        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+    )
     body = resp.json()
     assert "result" in body, body
     return body["result"]
@@ -79,10 +92,18 @@ def test_card_round_trip_through_the_seed_dialect(relay_url, make_agent):
             got = await client.get_task(GetTaskRequest(id=task.id))
             assert got.status.state == TaskState.TASK_STATE_WORKING
 
-            seed(relay_url, bob_key, "message/send", {"task_id": task.id, "message": {
-                "parts": [{"type": "text", "text": "On it; the client is updated."}]}})
-            seed(relay_url, bob_key, "tasks/update", {"task_id": task.id, "transition": "complete",
-                                                      "result_summary": "Client uses { items, next_cursor }."})
+            seed(
+                relay_url,
+                bob_key,
+                "message/send",
+                {"task_id": task.id, "message": {"parts": [{"type": "text", "text": "On it; the client is updated."}]}},
+            )
+            seed(
+                relay_url,
+                bob_key,
+                "tasks/update",
+                {"task_id": task.id, "transition": "complete", "result_summary": "Client uses { items, next_cursor }."},
+            )
             done = await client.get_task(GetTaskRequest(id=task.id))
             assert done.status.state == TaskState.TASK_STATE_COMPLETED
             assert done.status.message.role == Role.ROLE_AGENT
@@ -155,8 +176,9 @@ def test_push_notification_config_receives_state_change(relay_url, make_agent):
     async def scenario(rx: Receiver):
         async with sdk_client(relay_url, bob, alice_key) as client:
             task = await _send(client, "tell me when you start")
-            config = await client.create_task_push_notification_config(TaskPushNotificationConfig(
-                task_id=task.id, url=rx.url("/a2a-push"), token="tok-8"))
+            config = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=task.id, url=rx.url("/a2a-push"), token="tok-8")
+            )
             assert config.task_id == task.id and config.token == "tok-8" and config.id
             return task
 

@@ -1,10 +1,11 @@
 """relay-agent (relay/agent_cli.py) as a real subprocess against a live relay.
 
 Issue #9, part 2: an agent's CLI on the public API only. Every test runs the command
-the way an agent would (``python -m relay.agent_cli`` or the installed ``relay-agent``
+the way an agent would (``python -m relay.agent.cli`` or the installed ``relay-agent``
 script) with ``RELAY_URL``/``RELAY_API_KEY`` in its environment and nothing of the
 server's (no DATABASE_URL, no REDIS_URL); each call is bounded by a timeout.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.agent_cli import file_ref_artifact, split_diff
-from relay.client import RelayClient
+from relay.agent.cli import file_ref_artifact, split_diff
+from relay.agent.client import RelayClient
 from tests.conftest import sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +31,10 @@ CALL_TIMEOUT = 60
 @pytest.fixture
 def keys(make_agent, relay_url, settled):
     """API keys of alice@acme and bob@acme on the live relay."""
-    return {"alice": make_agent("alice@acme", name="Alice", role="frontend")[1],
-            "bob": make_agent("bob@acme", name="Bob", role="backend")[1]}
+    return {
+        "alice": make_agent("alice@acme", name="Alice", role="frontend")[1],
+        "bob": make_agent("bob@acme", name="Bob", role="backend")[1],
+    }
 
 
 @pytest.fixture
@@ -41,20 +44,28 @@ def run(relay_url, tmp_path):
     The environment is the test's minus every RELAY_*/DATABASE_URL/REDIS_URL variable,
     plus RELAY_URL/RELAY_API_KEY (None leaves one unset) and a private XDG_STATE_HOME.
     """
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("RELAY_") and k not in ("DATABASE_URL", "REDIS_URL")}
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith("RELAY_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
     clean["XDG_STATE_HOME"] = str(tmp_path / "state")
 
-    def _run(key: str | None, *args: str, script: bool = False, url: str | None = relay_url,
-             env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    def _run(
+        key: str | None,
+        *args: str,
+        script: bool = False,
+        url: str | None = relay_url,
+        env: dict | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         full = dict(clean, **(env or {}))
         if url is not None:
             full["RELAY_URL"] = url
         if key is not None:
             full["RELAY_API_KEY"] = key
-        cmd = [str(SCRIPT)] if script else [sys.executable, "-m", "relay.agent_cli"]
-        return subprocess.run([*cmd, *args], env=full, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=CALL_TIMEOUT, input=input)
+        cmd = [str(SCRIPT)] if script else [sys.executable, "-m", "relay.agent.cli"]
+        return subprocess.run(
+            [*cmd, *args], env=full, cwd=tmp_path, capture_output=True, text=True, timeout=CALL_TIMEOUT, input=input
+        )
 
     return _run
 
@@ -88,14 +99,29 @@ index 1111111..2222222 100644
 
 # --------------------------------------------------------------------------- 1. the README round trip
 
+
 def test_readme_round_trip_with_the_installed_script(run, keys, tmp_path):
     assert SCRIPT.exists(), "pip install -e . did not install the relay-agent console script"
     alice, bob = keys["alice"], keys["bob"]
     (tmp_path / "change.diff").write_text(DIFF)
 
-    sent = ok(run(alice, "send", "bob@acme", "Refactored f(); please update the callers",
-                  "--file-ref", "src/a.py:10-20", "--test-command", "pytest -q",
-                  "--link", "https://example.com/pr/1", "--artifact-file-diff", "change.diff", script=True))
+    sent = ok(
+        run(
+            alice,
+            "send",
+            "bob@acme",
+            "Refactored f(); please update the callers",
+            "--file-ref",
+            "src/a.py:10-20",
+            "--test-command",
+            "pytest -q",
+            "--link",
+            "https://example.com/pr/1",
+            "--artifact-file-diff",
+            "change.diff",
+            script=True,
+        )
+    )
     task_id = field(sent, "task_id")
     assert len(task_id) == 26 and field(sent, "state") == "pending"
 
@@ -127,6 +153,7 @@ def test_readme_round_trip_with_the_installed_script(run, keys, tmp_path):
 
 # --------------------------------------------------------------------------- 2. --json
 
+
 def test_json_output_parses_with_the_expected_keys(run, keys):
     sent = json.loads(ok(run(keys["alice"], "send", "bob@acme", "json please", "--intent", "ask_question", "--json")))
     assert {"task_id", "thread_id", "context_id", "status", "message_id", "sequence_no", "created_at"} <= set(sent)
@@ -135,13 +162,33 @@ def test_json_output_parses_with_the_expected_keys(run, keys):
     inbox = json.loads(ok(run(keys["bob"], "inbox", "--status", "pending", "--json")))
     assert set(inbox) == {"items", "next_cursor"} and inbox["next_cursor"] is None
     [item] = inbox["items"]
-    assert {"task_id", "status", "sender", "recipient", "summary_preview", "intent", "unread_messages",
-            "created_at", "updated_at"} <= set(item)
+    assert {
+        "task_id",
+        "status",
+        "sender",
+        "recipient",
+        "summary_preview",
+        "intent",
+        "unread_messages",
+        "created_at",
+        "updated_at",
+    } <= set(item)
     assert (item["task_id"], item["intent"], item["unread_messages"]) == (sent["task_id"], "ask_question", 1)
 
     shown = json.loads(ok(run(keys["bob"], "show", sent["task_id"], "--json")))
-    assert {"task_id", "thread_id", "status", "sender", "recipient", "summary", "intent", "artifacts",
-            "proposed_action", "messages", "created_at"} <= set(shown)
+    assert {
+        "task_id",
+        "thread_id",
+        "status",
+        "sender",
+        "recipient",
+        "summary",
+        "intent",
+        "artifacts",
+        "proposed_action",
+        "messages",
+        "created_at",
+    } <= set(shown)
     assert shown["messages"][0]["body"] == "json please"
 
     sent_list = json.loads(ok(run(keys["alice"], "inbox", "--sent", "--json")))
@@ -149,18 +196,43 @@ def test_json_output_parses_with_the_expected_keys(run, keys):
 
 
 def test_propose_action_sends_the_proposal_and_the_diff(run, keys):
-    out = json.loads(ok(run(keys["alice"], "send", "bob@acme", "Rename the helper", "--intent", "propose_action",
-                            "--proposed-description", "rename f to g", "--target-file", "src/a.py",
-                            "--target-file", "src/b.py", "--rationale", "clearer", "--artifact-file-diff", "-",
-                            "--json", input=DIFF)))
+    out = json.loads(
+        ok(
+            run(
+                keys["alice"],
+                "send",
+                "bob@acme",
+                "Rename the helper",
+                "--intent",
+                "propose_action",
+                "--proposed-description",
+                "rename f to g",
+                "--target-file",
+                "src/a.py",
+                "--target-file",
+                "src/b.py",
+                "--rationale",
+                "clearer",
+                "--artifact-file-diff",
+                "-",
+                "--json",
+                input=DIFF,
+            )
+        )
+    )
     shown = json.loads(ok(run(keys["bob"], "show", out["task_id"], "--json")))
     assert shown["intent"] == "propose_action"
-    assert shown["proposed_action"] == {"description": "rename f to g", "target_files": ["src/a.py", "src/b.py"],
-                                        "rationale": "clearer", "suggested_diff": DIFF}
+    assert shown["proposed_action"] == {
+        "description": "rename f to g",
+        "target_files": ["src/a.py", "src/b.py"],
+        "rationale": "clearer",
+        "suggested_diff": DIFF,
+    }
     assert shown["artifacts"] == [{"type": "file_diff", "path": "src/a.py", "diff": DIFF}]
 
 
 # --------------------------------------------------------------------------- 3. errors
+
 
 def _closed_port() -> str:
     with socket.socket() as s:
@@ -186,10 +258,11 @@ ERRORS = {
     "thread_terminal": (_terminal, "start a new handoff with relay-agent send"),
     "unauthenticated": (lambda run, keys: run("ah_live_" + "a" * 32, "inbox"), "check RELAY_API_KEY"),
     "recipient_not_found": (lambda run, keys: run(keys["alice"], "send", "nobody@acme", "hi"), "check the handle"),
-    "thread_not_found": (lambda run, keys: run(keys["alice"], "show", "01HXYZ4K2VNJQP7R8MWDB3CSTF"),
-                         "relay-agent inbox"),
-    "connection_error": (lambda run, keys: run(keys["alice"], "whoami", url=_closed_port()),
-                         "is RELAY_URL right"),
+    "thread_not_found": (
+        lambda run, keys: run(keys["alice"], "show", "01HXYZ4K2VNJQP7R8MWDB3CSTF"),
+        "relay-agent inbox",
+    ),
+    "connection_error": (lambda run, keys: run(keys["alice"], "whoami", url=_closed_port()), "is RELAY_URL right"),
 }
 
 
@@ -218,6 +291,7 @@ def test_a_usage_error_is_one_line_naming_what_is_missing(run, keys):
 
 # --------------------------------------------------------------------------- 4. configuration
 
+
 @pytest.mark.parametrize("missing", ["RELAY_URL", "RELAY_API_KEY"])
 def test_a_missing_variable_exits_3_naming_it(run, keys, missing):
     key = None if missing == "RELAY_API_KEY" else keys["alice"]
@@ -232,11 +306,15 @@ def test_a_missing_variable_exits_3_naming_it(run, keys, missing):
     assert "whoami" in ok(run(None, "--help", url=None))
 
 
-@pytest.mark.parametrize("url, key, named", [
-    ("http://[::1", None, "RELAY_URL"),
-    ("localhost:8000", None, "RELAY_URL"),
-    (None, "ah_live_\nX", "RELAY_API_KEY"),
-], ids=["unparseable-url", "no-scheme", "key-with-newline"])
+@pytest.mark.parametrize(
+    "url, key, named",
+    [
+        ("http://[::1", None, "RELAY_URL"),
+        ("localhost:8000", None, "RELAY_URL"),
+        (None, "ah_live_\nX", "RELAY_API_KEY"),
+    ],
+    ids=["unparseable-url", "no-scheme", "key-with-newline"],
+)
 def test_a_malformed_variable_exits_3_naming_it(run, keys, url, key, named):
     proc = run(key or keys["alice"], "inbox", url=url or "http://127.0.0.1:9")
     assert proc.returncode == 3 and proc.stdout == "" and "Traceback" not in proc.stderr
@@ -246,6 +324,7 @@ def test_a_malformed_variable_exits_3_naming_it(run, keys, url, key, named):
 
 
 # --------------------------------------------------------------------------- 5. search
+
 
 def test_search_finds_a_word_of_one_message(run, keys):
     hit = json.loads(ok(run(keys["alice"], "send", "bob@acme", "the kumquat importer drops rows", "--json")))
@@ -259,6 +338,7 @@ def test_search_finds_a_word_of_one_message(run, keys):
 
 
 # --------------------------------------------------------------------------- 6. watch
+
 
 def _watch_ids(run, key, *extra) -> list[str]:
     out = ok(run(key, "watch", "--once", "--json", *extra))
@@ -288,8 +368,12 @@ def test_watch_prints_each_new_message_once_and_resumes_from_its_state_file(run,
     # A message written at exactly the saved timestamp: it is new, so printed (once);
     # the one already printed at that timestamp is not printed again.
     same = alice.send("bob@acme", "same instant")
-    sql(app, "UPDATE messages SET created_at = CAST(:at AS timestamptz) WHERE id = CAST(:id AS uuid)",
-        at=state["since"], id=same.message_id)
+    sql(
+        app,
+        "UPDATE messages SET created_at = CAST(:at AS timestamptz) WHERE id = CAST(:id AS uuid)",
+        at=state["since"],
+        id=same.message_id,
+    )
     assert _watch_ids(run, keys["bob"]) == [same.message_id]
     assert _watch_ids(run, keys["bob"]) == []
     assert sorted(json.loads(state_file.read_text())["seen"]) == sorted([more[-1].message_id, same.message_id])
@@ -306,9 +390,14 @@ def test_watch_stops_quietly_on_ctrl_c(relay_url, keys, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(RELAY_URL=relay_url, RELAY_API_KEY=keys["bob"])
     state_file = tmp_path / "watch.json"
-    proc = subprocess.Popen([sys.executable, "-m", "relay.agent_cli", "watch", "--interval", "0.2",
-                             "--state-file", str(state_file)], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay.agent.cli", "watch", "--interval", "0.2", "--state-file", str(state_file)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + CALL_TIMEOUT
         while not state_file.exists():  # written after the first poll: the loop is running
@@ -325,6 +414,7 @@ def test_watch_stops_quietly_on_ctrl_c(relay_url, keys, tmp_path):
 
 # --------------------------------------------------------------------------- 7. whoami
 
+
 def test_whoami_prints_the_handle(run, keys):
     out = ok(run(keys["alice"], "whoami"))
     assert field(out, "handle") == "alice@acme" and field(out, "name") == "Alice"
@@ -332,6 +422,7 @@ def test_whoami_prints_the_handle(run, keys):
 
 
 # --------------------------------------------------------------------------- artifact parsing (no relay)
+
 
 def test_a_multi_file_diff_becomes_one_artifact_per_file():
     text = DIFF + (
@@ -348,5 +439,9 @@ def test_a_multi_file_diff_becomes_one_artifact_per_file():
 def test_file_ref_lines():
     assert file_ref_artifact("src/a.py") == {"type": "file_ref", "path": "src/a.py"}
     assert file_ref_artifact("src/a.py:7") == {"type": "file_ref", "path": "src/a.py", "line_start": 7}
-    assert file_ref_artifact("src/a.py:10-20") == {"type": "file_ref", "path": "src/a.py", "line_start": 10,
-                                                   "line_end": 20}
+    assert file_ref_artifact("src/a.py:10-20") == {
+        "type": "file_ref",
+        "path": "src/a.py",
+        "line_start": 10,
+        "line_end": 20,
+    }

@@ -1,4 +1,5 @@
 """Bearer authentication on GET /api/v1/identities/me and handle normalisation."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -101,7 +102,9 @@ def test_upper_case_handle_is_lower_cased(client, make_agent):
     assert client.get(ME, headers=bearer(key)).get_json()["handle"] == "frank@acme"
 
 
-@pytest.mark.parametrize("raw", ["frankacme", "frank @acme", "frank@ac me", "@acme", "", "   ", "fränk@acme", "frank@acmé"])
+@pytest.mark.parametrize(
+    "raw", ["frankacme", "frank @acme", "frank@ac me", "@acme", "", "   ", "fränk@acme", "frank@acmé"]
+)
 def test_malformed_handle_is_invalid_params(raw):
     with pytest.raises(RelayError) as info:
         normalize_handle(raw)

@@ -1,4 +1,5 @@
 """``python -m bench run --quick`` works end to end (a smoke test: it checks no speed)."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_bench_runs_and_writes_every_figure(server_urls):
-    env = {**os.environ, "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
-           "REDIS_URL": server_urls[1]}
+    env = {
+        **os.environ,
+        "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
+        "REDIS_URL": server_urls[1],
+    }
     before = set((ROOT / "bench" / "results").glob("*-quick.json"))
-    out = subprocess.run([sys.executable, "-m", "bench", "run", "--quick"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     written = set((ROOT / "bench" / "results").glob("*-quick.json")) - before or before
     results = json.loads(max(written, key=lambda p: p.stat().st_mtime).read_text())

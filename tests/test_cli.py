@@ -1,4 +1,5 @@
 """The real ``relay`` console script, run as a subprocess against the per-session test DB."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ def cli_env(base_env, tmp_path):
 def relay(cli_env, tmp_path):
     def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "relay.cli", *args],
-            env=env or cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            [sys.executable, "-m", "relay.ops.cli", *args],
+            env=env or cli_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     return _run

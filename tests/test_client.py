@@ -1,4 +1,4 @@
-"""relay.client against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
+"""relay.agent.client against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
 
 Issue #9, part 1: typed results for every seed-000 method, one exception class per
 error symbol, retries that never duplicate a handoff (429 with Retry-After, a
@@ -6,6 +6,7 @@ connection dropped after the relay committed), the seed-004 feed and its catch-u
 loop, and Standard Webhooks verification. Nothing is mocked: faults are made with a
 real rate limit and a real TCP proxy that drops a connection.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,17 +17,29 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import requests
 import standardwebhooks
 from ulid import ULID
 
-from relay import client as rc
-from relay.client import (
-    BadResponse, FeedRow, Handoff, Identity, InvalidTransition, Message, Page, RelayClient, RelayConnectionError,
-    SendResult, TaskSummary, TransitionResult, WebhookVerificationError, verify_webhook,
+from relay.agent import client as rc
+from relay.agent.client import (
+    BadResponse,
+    FeedRow,
+    Handoff,
+    Identity,
+    InvalidTransition,
+    Message,
+    Page,
+    RelayClient,
+    RelayConnectionError,
+    SendResult,
+    TaskSummary,
+    TransitionResult,
+    WebhookVerificationError,
+    verify_webhook,
 )
 from tests.conftest import sql
 from tests.live import live_relay
@@ -41,8 +54,13 @@ class CountingSession(requests.Session):
         self.log: list[dict] = []
 
     def send(self, request, **kwargs):
-        entry = {"verb": request.method, "path": request.path_url.split("?")[0], "body": request.body,
-                 "status": None, "headers": {}}
+        entry = {
+            "verb": request.method,
+            "path": request.path_url.split("?")[0],
+            "body": request.body,
+            "status": None,
+            "headers": {},
+        }
         self.log.append(entry)
         resp = super().send(request, **kwargs)
         entry["status"] = resp.status_code
@@ -74,13 +92,17 @@ def _key_of(body: bytes) -> str:
 
 # --------------------------------------------------------------------------- round trip
 
+
 def test_full_handoff_round_trip_returns_typed_results(agents):
     alice, bob = agents["alice"], agents["bob"]
     assert isinstance(alice.whoami(), Identity) and alice.handle == "alice@acme"
 
-    sent = alice.send("bob@acme", "Refactored /users; new shape {items, next_cursor}",
-                      artifacts=[{"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1 +1 @@"}],
-                      metadata={"ticket": "T-1"})
+    sent = alice.send(
+        "bob@acme",
+        "Refactored /users; new shape {items, next_cursor}",
+        artifacts=[{"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1 +1 @@"}],
+        metadata={"ticket": "T-1"},
+    )
     assert isinstance(sent, SendResult)
     assert (sent.state, sent.sequence_no, sent.task_id == sent.thread_id) == ("pending", 1, True)
     assert len(sent.idempotency_key) == 36  # the generated uuid4
@@ -89,7 +111,12 @@ def test_full_handoff_round_trip_returns_typed_results(agents):
     assert isinstance(inbox, Page) and inbox.next_cursor is None
     [item] = inbox.items
     assert isinstance(item, TaskSummary)
-    assert (item.task_id, item.state, item.unread_messages, item.sender.handle) == (sent.task_id, "pending", 1, "alice@acme")
+    assert (item.task_id, item.state, item.unread_messages, item.sender.handle) == (
+        sent.task_id,
+        "pending",
+        1,
+        "alice@acme",
+    )
 
     handoff = bob.get(sent.task_id)
     assert isinstance(handoff, Handoff) and isinstance(handoff.messages[0], Message)
@@ -109,11 +136,15 @@ def test_full_handoff_round_trip_returns_typed_results(agents):
     final = alice.get(sent.task_id)
     assert final.state == "completed" and final.result_summary == "client updated"
     assert [(m.sequence_no, m.author, m.role) for m in final.messages] == [
-        (1, "alice@acme", "caller"), (2, "bob@acme", "agent"), (3, "alice@acme", "caller")]
+        (1, "alice@acme", "caller"),
+        (2, "bob@acme", "agent"),
+        (3, "alice@acme", "caller"),
+    ]
     assert final.raw["task_id"] == sent.task_id  # the server's JSON stays reachable
 
 
 # --------------------------------------------------------------------------- errors
+
 
 def _thread(c):
     return c["alice"].send("bob@acme", "please look").task_id
@@ -149,8 +180,11 @@ ERROR_CASES = {
     "invalid_transition": (lambda c: c["bob"].complete(_thread(c), "skipped accept"), rc.InvalidTransition, 200),
     "not_authorized_transition": (lambda c: c["alice"].accept(_thread(c)), rc.NotAuthorizedTransition, 200),
     "invalid_params": (lambda c: c["alice"].get("not-a-task-id"), rc.InvalidParams, 200),
-    "invalid_intent_payload": (lambda c: c["alice"].send("bob@acme", "x", intent="propose_action"),
-                               rc.InvalidIntentPayload, 200),
+    "invalid_intent_payload": (
+        lambda c: c["alice"].send("bob@acme", "x", intent="propose_action"),
+        rc.InvalidIntentPayload,
+        200,
+    ),
     "unauthenticated": (_bad_key, rc.Unauthenticated, 401),
     "duplicate_idempotency_key": (_duplicate, rc.DuplicateIdempotencyKey, 200),
     "teammate_blocked": (_blocked, rc.TeammateBlocked, 200),
@@ -183,6 +217,7 @@ def test_invalid_params_carries_the_field_errors(agents):
 
 
 # --------------------------------------------------------------------------- retries
+
 
 def test_429_waits_retry_after_and_sends_once(base_env, make_agent, app, relay_url, settled):
     # A fresh agent's sliding window opens at its first hit, so three quick calls fill
@@ -253,7 +288,7 @@ class DroppingProxy:
         while not self._stop.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with self._lock:
                 self.connections += 1
@@ -322,8 +357,10 @@ def test_dropped_connection_retry_returns_the_same_thread(agents, relay_url, app
 
 
 def test_5xx_is_retried_with_the_same_key(agents, app):
-    unavailable = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/html\r\nContent-Length: 13\r\n"
-                   b"Connection: close\r\n\r\n<h1>down</h1>")
+    unavailable = (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/html\r\nContent-Length: 13\r\n"
+        b"Connection: close\r\n\r\n<h1>down</h1>"
+    )
     with DroppingProxy(agents["alice"].base_url, drop=1, fail_with=unavailable) as proxy:
         session = CountingSession()
         alice = RelayClient(proxy.url, agents["alice"].api_key, session=session, backoff=0.05)
@@ -362,6 +399,7 @@ def test_unreachable_relay_raises_connection_error_after_retries():
 
 
 # --------------------------------------------------------------------------- feed (seed 004)
+
 
 def test_catch_up_returns_every_message_once_across_pages(agents):
     alice, bob = agents["alice"], agents["bob"]
@@ -408,7 +446,8 @@ def test_messages_iterates_every_page_newest_first(agents):
     rows = list(reader.messages(limit=5))
     assert [r.body for r in rows] == [f"message {i}" for i in range(11, -1, -1)]
     assert {(r.task_id, r.caller.handle, r.target.handle, r.task_state) for r in rows} == {
-        (tid, "alice@acme", "bob@acme", "pending")}
+        (tid, "alice@acme", "bob@acme", "pending")
+    }
     assert len([e for e in session.log if e["path"].endswith("/a2a/messages")]) == 3
 
 
@@ -439,11 +478,15 @@ def test_search_finds_the_one_message_with_a_word(agents):
 
 # --------------------------------------------------------------------------- webhooks
 
+
 def _signed(secret: str, body: str) -> dict:
     msg_id = f"msg_{secrets.token_hex(8)}"
-    now = datetime.now(timezone.utc)
-    return {"webhook-id": msg_id, "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": standardwebhooks.Webhook(secret).sign(msg_id, now, body)}
+    now = datetime.now(UTC)
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": standardwebhooks.Webhook(secret).sign(msg_id, now, body),
+    }
 
 
 def test_verify_webhook_accepts_a_signed_payload_and_refuses_a_tampered_one():
@@ -460,9 +503,12 @@ def test_verify_webhook_accepts_a_signed_payload_and_refuses_a_tampered_one():
 def test_verify_webhook_accepts_a_real_delivery(agents, relay_url):
     bob = agents["bob"]
     with Receiver() as rx:
-        resp = requests.post(f"{relay_url}/api/v1/identities/bob@acme/webhooks",
-                             headers={"Authorization": f"Bearer {bob.api_key}"},
-                             json={"url": rx.url("/hook"), "events": ["message.created"]}, timeout=10)
+        resp = requests.post(
+            f"{relay_url}/api/v1/identities/bob@acme/webhooks",
+            headers={"Authorization": f"Bearer {bob.api_key}"},
+            json={"url": rx.url("/hook"), "events": ["message.created"]},
+            timeout=10,
+        )
         assert resp.status_code == 201, resp.text
         secret = resp.json()["secret"]
         sent = agents["alice"].send("bob@acme", "ping over a webhook")
@@ -472,6 +518,7 @@ def test_verify_webhook_accepts_a_real_delivery(agents, relay_url):
 
 
 # --------------------------------------------------------------------------- drift
+
 
 def test_client_error_table_matches_the_server():
     from relay.errors import ERRORS
@@ -555,7 +602,7 @@ def test_a_failed_send_carries_its_idempotency_key():
 
 
 def test_next_position_keeps_the_ids_at_a_time_that_did_not_move():
-    from relay.client import next_position
+    from relay.agent.client import next_position
 
     def row(id_, at):
         return FeedRow.from_json({"id": id_, "task_id": "t", "sequence_no": 1, "body": "", "created_at": at})
@@ -568,8 +615,10 @@ def test_next_position_keeps_the_ids_at_a_time_that_did_not_move():
 
 
 def test_the_agent_tools_import_no_server_code():
-    code = ("import sys, relay.client, relay.agent_cli, relay.mcp_server; "
-            "print(sorted(m for m in ('flask', 'sqlalchemy', 'relay.services', 'relay.models') if m in sys.modules))")
+    code = (
+        "import sys, relay.agent.client, relay.agent.cli, relay.agent.mcp; "
+        "print(sorted(m for m in ('flask', 'sqlalchemy', 'relay.services', 'relay.models') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -3,6 +3,7 @@
 Each worker thread uses its own ``app.test_client()``; every request gets its own app
 context and therefore its own database session and connection.
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,15 +18,20 @@ RACE_ROUNDS = 20
 
 
 def rpc(client, key, method, params, id_=1):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params},
-                       headers=bearer(key))
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     return resp.get_json()
 
 
 def create_thread(client, sender_key, recipient_handle, text_="please review"):
-    body = rpc(client, sender_key, "message/send",
-               {"recipient": recipient_handle, "message": {"parts": [{"type": "text", "text": text_}]}})
+    body = rpc(
+        client,
+        sender_key,
+        "message/send",
+        {"recipient": recipient_handle, "message": {"parts": [{"type": "text", "text": text_}]}},
+    )
     assert "result" in body, body
     return body["result"]["task_id"]
 
@@ -52,8 +58,13 @@ def test_concurrent_appends_get_gapless_sequence_numbers(app, client, make_agent
 
         def append(n, key):
             def call(c):
-                return rpc(c, key, "message/send",
-                           {"task_id": task_id, "message": {"parts": [{"type": "text", "text": f"append {n}"}]}})
+                return rpc(
+                    c,
+                    key,
+                    "message/send",
+                    {"task_id": task_id, "message": {"parts": [{"type": "text", "text": f"append {n}"}]}},
+                )
+
             return call
 
         answers = run_parallel(app, [append(n, a_key if n % 2 else b_key) for n in range(8)])
@@ -69,12 +80,17 @@ def test_concurrent_appends_get_gapless_sequence_numbers(app, client, make_agent
             assert by_id[a["result"]["message_id"]]["sequence_no"] == a["result"]["sequence_no"]
 
         with app.app_context():
-            rows = db.session.execute(
-                text("SELECT sequence_no FROM messages WHERE thread_id = :t ORDER BY sequence_no"),
-                {"t": _uuid(task_id)},
-            ).scalars().all()
-            last = db.session.execute(text("SELECT last_sequence_no FROM threads WHERE id = :t"),
-                                      {"t": _uuid(task_id)}).scalar_one()
+            rows = (
+                db.session.execute(
+                    text("SELECT sequence_no FROM messages WHERE thread_id = :t ORDER BY sequence_no"),
+                    {"t": _uuid(task_id)},
+                )
+                .scalars()
+                .all()
+            )
+            last = db.session.execute(
+                text("SELECT last_sequence_no FROM threads WHERE id = :t"), {"t": _uuid(task_id)}
+            ).scalar_one()
         assert rows == list(range(1, 10))
         assert last == 9
 
@@ -100,10 +116,15 @@ def test_cancel_and_accept_race_has_exactly_one_winner(app, client, make_agent):
     task_ids = [create_thread(client, a_key, b_handle, f"race {i}") for i in range(RACE_ROUNDS)]
     winners = {"cancel": 0, "accept": 0}
     for task_id in task_ids:
-        cancel, accept = run_parallel(app, [
-            lambda c: rpc(c, a_key, "tasks/cancel", {"task_id": task_id}),
-            lambda c: rpc(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept", "session_id": "s1"}),
-        ])
+        cancel, accept = run_parallel(
+            app,
+            [
+                lambda c: rpc(c, a_key, "tasks/cancel", {"task_id": task_id}),
+                lambda c: rpc(
+                    c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept", "session_id": "s1"}
+                ),
+            ],
+        )
         outcomes = [_outcome(cancel), _outcome(accept)]
         assert outcomes.count("ok") == 1, (cancel, accept)
         loser = outcomes[1] if outcomes[0] == "ok" else outcomes[0]
@@ -119,10 +140,14 @@ def test_cancel_and_accept_race_has_exactly_one_winner(app, client, make_agent):
         assert (fresh["cancelled_at"] is not None) == (expected == "cancelled")
         assert (fresh["accepted_at"] is not None) == (expected == "accepted")
         with app.app_context():
-            transitions = db.session.execute(
-                text("SELECT action FROM audit_events WHERE thread_id = :t AND from_state IS NOT NULL"),
-                {"t": _uuid(task_id)},
-            ).scalars().all()
+            transitions = (
+                db.session.execute(
+                    text("SELECT action FROM audit_events WHERE thread_id = :t AND from_state IS NOT NULL"),
+                    {"t": _uuid(task_id)},
+                )
+                .scalars()
+                .all()
+            )
         assert transitions == ["cancel" if expected == "cancelled" else "accept"]
     assert sum(winners.values()) == RACE_ROUNDS
 

@@ -14,6 +14,7 @@ end, and for the PostgreSQL drill an otherwise unused Redis db number.
 
 Nothing here asserts on timings; waits are deadline polls.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import psycopg2
@@ -40,9 +42,9 @@ import requests
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
-from relay.embedded import free_port
 from relay.ids import format_ulid
-from relay.migrate import upgrade
+from relay.ops.embedded import free_port
+from relay.ops.migrate import upgrade
 from tests.conftest import migrated_database
 from tests.live import LiveStack
 
@@ -59,8 +61,13 @@ pytestmark = pytest.mark.timeout(240)
 
 def _pg_connect(url: str):
     u = make_url(normalize_database_url(url))
-    conn = psycopg2.connect(host=u.host or u.query.get("host"), port=u.port, user=u.username or "postgres",
-                            password=u.password or None, dbname=u.database or "postgres")
+    conn = psycopg2.connect(
+        host=u.host or u.query.get("host"),
+        port=u.port,
+        user=u.username or "postgres",
+        password=u.password or None,
+        dbname=u.database or "postgres",
+    )
     conn.autocommit = True
     return conn
 
@@ -91,15 +98,31 @@ class PrivateRedis:
     def start(self) -> None:
         log = open(self.workdir / "redis.log", "a")
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + 15
         try:
             while True:
-                assert self.proc.poll() is None, f"redis-server exited: {(self.workdir / 'redis.log').read_text()[-2000:]}"
+                assert self.proc.poll() is None, (
+                    f"redis-server exited: {(self.workdir / 'redis.log').read_text()[-2000:]}"
+                )
                 try:
                     if client.ping():
                         return
@@ -125,7 +148,7 @@ class PrivatePostgres:
     """A pgserver cluster of this drill only (unix socket under ``tmp_path``); stop and start it."""
 
     def __init__(self, home: Path):
-        from relay.embedded import start_postgres
+        from relay.ops.embedded import start_postgres
 
         home.mkdir(parents=True, exist_ok=True)
         self.server, self.url = start_postgres(home)
@@ -191,8 +214,9 @@ class Receiver:
                 except ValueError:
                     doc = {}
                 with outer.lock:
-                    outer.seen.append((self.headers.get("webhook-id", ""), doc.get("type", ""),
-                                       (doc.get("data") or {}).get("id")))
+                    outer.seen.append(
+                        (self.headers.get("webhook-id", ""), doc.get("type", ""), (doc.get("data") or {}).get("id"))
+                    )
                 if outer.delay:
                     time.sleep(outer.delay)
                 try:
@@ -210,7 +234,7 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         self.thread.start()
         return self
 
@@ -249,29 +273,50 @@ class Stack(LiveStack):
 
 def stack_env(database_url: str, redis_url: str, home: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "CELERY_"))}
-    env.update({
-        "DATABASE_URL": database_url, "REDIS_URL": redis_url, "RELAY_ENV": "test",
-        "RELAY_SECRET_KEY": "drill-secret", "RELAY_HOME": str(home),
-        "RELAY_RATE_LIMIT": "1000000/minute", "RELAY_REST_RATE_LIMIT": "1000000/minute",
-        "RELAY_WEBHOOK_ALLOW_PRIVATE": "1", "RELAY_WEBHOOK_ALLOW_HTTP": "1",
-        "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5", "RELAY_WEBHOOK_TIMEOUT": "2",
-        "HOST": "127.0.0.1", "PORT": str(free_port()), "WEB_CONCURRENCY": "2", "CELERY_CONCURRENCY": "2",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "RELAY_ENV": "test",
+            "RELAY_SECRET_KEY": "drill-secret",
+            "RELAY_HOME": str(home),
+            "RELAY_RATE_LIMIT": "1000000/minute",
+            "RELAY_REST_RATE_LIMIT": "1000000/minute",
+            "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+            "RELAY_WEBHOOK_ALLOW_HTTP": "1",
+            "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5",
+            "RELAY_WEBHOOK_TIMEOUT": "2",
+            "HOST": "127.0.0.1",
+            "PORT": str(free_port()),
+            "WEB_CONCURRENCY": "2",
+            "CELERY_CONCURRENCY": "2",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
     env.update(extra)
     return env
 
 
 def create_agent(env: dict, handle: str) -> str:
-    out = subprocess.run([str(BIN / "relay"), "agents", "create", handle, "--name", handle.split("@")[0].title(),
-                          "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(BIN / "relay"), "agents", "create", handle, "--name", handle.split("@")[0].title(), "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["api_key"]
 
 
 def subscribe(stack: Stack, key: str, url: str) -> None:
-    resp = requests.post(f"{stack.base}/api/v1/identities/{RECIPIENT}/webhooks", timeout=RPC_TIMEOUT,
-                         headers={"Authorization": f"Bearer {key}"}, json={"url": url, "events": ["message.created"]})
+    resp = requests.post(
+        f"{stack.base}/api/v1/identities/{RECIPIENT}/webhooks",
+        timeout=RPC_TIMEOUT,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"url": url, "events": ["message.created"]},
+    )
     assert resp.status_code == 201, resp.text
 
 
@@ -303,17 +348,32 @@ class Outcome:
 def send(base: str, key: str, text: str) -> Outcome:
     started = time.monotonic()
     try:
-        resp = requests.post(f"{base}/a2a", timeout=RPC_TIMEOUT, headers={"Authorization": f"Bearer {key}"}, json={
-            "jsonrpc": "2.0", "id": text, "method": "message/send",
-            "params": {"recipient": RECIPIENT, "message": {"parts": [{"type": "text", "text": text}]}}})
+        resp = requests.post(
+            f"{base}/a2a",
+            timeout=RPC_TIMEOUT,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "jsonrpc": "2.0",
+                "id": text,
+                "method": "message/send",
+                "params": {"recipient": RECIPIENT, "message": {"parts": [{"type": "text", "text": text}]}},
+            },
+        )
     except requests.RequestException as exc:
         return Outcome(text, started, time.monotonic(), error=f"{type(exc).__name__}: {exc}")
     try:
         body = resp.json()
     except ValueError:
         body = resp.text[:500]
-    return Outcome(text, started, time.monotonic(), status=resp.status_code, body=body,
-                   content_type=resp.headers.get("Content-Type", ""), request_id=resp.headers.get("X-Request-Id"))
+    return Outcome(
+        text,
+        started,
+        time.monotonic(),
+        status=resp.status_code,
+        body=body,
+        content_type=resp.headers.get("Content-Type", ""),
+        request_id=resp.headers.get("X-Request-Id"),
+    )
 
 
 class Sender(threading.Thread):
@@ -354,7 +414,8 @@ class Sender(threading.Thread):
             assert self.is_alive(), "sender stopped"
             assert time.monotonic() < deadline, (
                 f"only {self.acked_since(since)} acknowledged sends within {timeout} s; last outcomes: "
-                f"{[(o.status, o.body, o.error) for o in self.snapshot()[-3:]]}")
+                f"{[(o.status, o.body, o.error) for o in self.snapshot()[-3:]]}"
+            )
             time.sleep(0.1)
 
 
@@ -397,6 +458,7 @@ def wait_all_delivered(db_url: str, rx: Receiver, acked: dict[str, str], timeout
 
     Returns the receiver's count per webhook-id (duplicates are the caller's to judge).
     """
+
     def state():
         expected = expected_webhook_ids(db_url)
         statuses = dict(_query(db_url, "SELECT status, count(*) FROM webhook_deliveries GROUP BY status"))
@@ -405,8 +467,12 @@ def wait_all_delivered(db_url: str, rx: Receiver, acked: dict[str, str], timeout
 
     def settled():
         expected, got, statuses, unfanned = state()
-        return (expected <= set(got) and unfanned == 0 and statuses == {"succeeded": len(expected)}
-                and set(acked) <= rx.message_ids())
+        return (
+            expected <= set(got)
+            and unfanned == 0
+            and statuses == {"succeeded": len(expected)}
+            and set(acked) <= rx.message_ids()
+        )
 
     poll(settled, timeout)
     expected, got, statuses, unfanned = state()
@@ -432,8 +498,12 @@ def assert_feed_walk(stack: Stack, key: str, db_url: str, acked: dict[str, str])
     cursor = None
     for _ in range(1000):
         params = {"limit": 100, **({"cursor": cursor} if cursor else {})}
-        resp = requests.get(f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages", params=params,
-                            headers={"Authorization": f"Bearer {key}"}, timeout=RPC_TIMEOUT)
+        resp = requests.get(
+            f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages",
+            params=params,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=RPC_TIMEOUT,
+        )
         assert resp.status_code == 200, resp.text
         page = resp.json()
         ids += [item["id"] for item in page["items"]]
@@ -447,8 +517,15 @@ def assert_feed_walk(stack: Stack, key: str, db_url: str, acked: dict[str, str])
     assert set(acked) <= set(ids)
 
 
-def assert_after_drill(stack: Stack, db_url: str, rx: Receiver, outcomes: list[Outcome], recipient_key: str,
-                       deliver_timeout: float, exactly_once: bool) -> Counter:
+def assert_after_drill(
+    stack: Stack,
+    db_url: str,
+    rx: Receiver,
+    outcomes: list[Outcome],
+    recipient_key: str,
+    deliver_timeout: float,
+    exactly_once: bool,
+) -> Counter:
     acked = assert_acknowledged_exactly_once(db_url, outcomes)
     got = wait_all_delivered(db_url, rx, acked, deliver_timeout)
     expected = expected_webhook_ids(db_url)
@@ -545,8 +622,10 @@ def test_redis_stopped_while_agents_keep_sending(shared_database, private_redis,
         assert "Failed to rate limit" in stack.log("web"), "rate limiting failed open without a log line"
 
         assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=60, exactly_once=True)
-        print(f"redis drill: {len(outcomes)} sends, {len(during)} inside the outage"
-              + (", the worker crashed on the broker loss (kombu) and was restarted" if restarted else ""))
+        print(
+            f"redis drill: {len(outcomes)} sends, {len(during)} inside the outage"
+            + (", the worker crashed on the broker loss (kombu) and was restarted" if restarted else "")
+        )
 
 
 def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_path):
@@ -571,8 +650,7 @@ def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_p
         assert pending > 0
         stack.start("worker")
 
-        got = assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=120,
-                                 exactly_once=False)
+        got = assert_after_drill(stack, shared_database, rx, outcomes, key_b, deliver_timeout=120, exactly_once=False)
         duplicates = sum(n - 1 for n in got.values() if n > 1)
         print(f"worker drill: {delivered_at_kill} delivered at the kill, {duplicates} duplicate deliveries after")
 
@@ -641,14 +719,18 @@ def test_postgres_restarted_under_load(tmp_path, spare_redis_db):
             senders[0].wait_acked(10)
             pg.stop()
             outage_start = time.monotonic()
-            failed_during = lambda: [o for sender in senders for o in sender.snapshot()
-                                     if o.started >= outage_start and not o.ok]
+            failed_during = lambda: [
+                o for sender in senders for o in sender.snapshot() if o.started >= outage_start and not o.ok
+            ]
             poll(lambda: len(failed_during()) >= 10, 30, 0.1)
             # Keep it down a few seconds in all (a plain wait, not an assertion).
             time.sleep(max(0.0, OUTAGE - (time.monotonic() - outage_start)))
             # The REST side while PostgreSQL is down: a 503 error envelope with a request id.
-            probe = requests.get(f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages",
-                                 headers={"Authorization": f"Bearer {key_b}"}, timeout=RPC_TIMEOUT)
+            probe = requests.get(
+                f"{stack.base}/api/v1/identities/{RECIPIENT}/a2a/messages",
+                headers={"Authorization": f"Bearer {key_b}"},
+                timeout=RPC_TIMEOUT,
+            )
             pg.start()
             outage_end = time.monotonic()
             for sender in senders:
@@ -677,8 +759,10 @@ def test_postgres_restarted_under_load(tmp_path, spare_redis_db):
 
             got = assert_after_drill(stack, pg.url, rx, outcomes, key_b, deliver_timeout=90, exactly_once=False)
             kinds = Counter((o.status, o.body["error"]["data"]["symbol"]) for o in failures)
-            print(f"postgres drill: {len(outcomes)} sends, failures by (status, symbol) {dict(kinds)}, "
-                  f"{sum(n - 1 for n in got.values() if n > 1)} duplicate deliveries")
+            print(
+                f"postgres drill: {len(outcomes)} sends, failures by (status, symbol) {dict(kinds)}, "
+                f"{sum(n - 1 for n in got.values() if n > 1)} duplicate deliveries"
+            )
     finally:
         pg.cleanup()
 
@@ -702,8 +786,11 @@ def test_gunicorn_worker_killed_while_sending(shared_database, private_redis, tm
         victim.kill()
         victim.wait(timeout=10)
         killed_at = time.monotonic()
-        replaced = poll(lambda: (lambda pids: len(pids) == 2 and victim.pid not in pids)(
-            {p.pid for p in master.children()}), 30, 0.1)
+        replaced = poll(
+            lambda: (lambda pids: len(pids) == 2 and victim.pid not in pids)({p.pid for p in master.children()}),
+            30,
+            0.1,
+        )
         assert replaced, "the master did not replace the killed worker"
         replaced_at = time.monotonic()
         sender.wait_acked(20, since=replaced_at)

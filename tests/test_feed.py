@@ -5,6 +5,7 @@ task_state now, newest first, every parameter's bounds, direction x role, handle
 filters, inclusive since, 401/403/404, keyset paging over shared timestamps and
 deleted rows, the byte budget, and the seed's catch-up loop under concurrent writes.
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,11 +18,26 @@ from ulid import ULID
 from tests.conftest import bearer, rpc, sql
 
 TIE = "2026-03-04 05:06:07.123456+00"
-ROW_FIELDS = {"id", "sequence_no", "role", "from", "body", "parts", "artifacts", "metadata", "created_at",
-              "task_id", "context_id", "task_state", "caller", "target"}
+ROW_FIELDS = {
+    "id",
+    "sequence_no",
+    "role",
+    "from",
+    "body",
+    "parts",
+    "artifacts",
+    "metadata",
+    "created_at",
+    "task_id",
+    "context_id",
+    "task_state",
+    "caller",
+    "target",
+}
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def msg(text_):
     return {"parts": [{"type": "text", "text": text_}]}
@@ -93,21 +109,29 @@ def to_uuid(ulid_text):
 
 # --------------------------------------------------------------------------- row shape
 
+
 def test_feed_row_has_exactly_the_message_and_task_fields(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
     artifact = {"type": "file_ref", "path": "src/users.py", "line_start": 3}
-    sent = create(client, a_key, b_handle, "please review users", artifacts=[artifact],
-                  metadata={"ticket": "T-1"})
+    sent = create(client, a_key, b_handle, "please review users", artifacts=[artifact], metadata={"ticket": "T-1"})
     body = feed(client, b_key, b_handle)
     assert body["next_cursor"] is None
     [row] = body["items"]
     assert set(row) == ROW_FIELDS
     assert row == {
-        "id": sent["message_id"], "sequence_no": 1, "role": "caller", "from": a_handle,
-        "body": "please review users", "parts": [{"type": "text", "text": "please review users"}],
-        "artifacts": [artifact], "metadata": {"ticket": "T-1"}, "created_at": sent["created_at"],
-        "task_id": sent["task_id"], "context_id": sent["context_id"], "task_state": "pending",
+        "id": sent["message_id"],
+        "sequence_no": 1,
+        "role": "caller",
+        "from": a_handle,
+        "body": "please review users",
+        "parts": [{"type": "text", "text": "please review users"}],
+        "artifacts": [artifact],
+        "metadata": {"ticket": "T-1"},
+        "created_at": sent["created_at"],
+        "task_id": sent["task_id"],
+        "context_id": sent["context_id"],
+        "task_state": "pending",
         "caller": {"handle": a_handle, "name": "Alice", "role": "frontend"},
         "target": {"handle": b_handle, "name": "Bob", "role": "backend"},
     }
@@ -158,28 +182,50 @@ def test_feed_is_newest_first(client, alice, bob):
 
 # --------------------------------------------------------------------------- parameter bounds
 
-@pytest.mark.parametrize("query, param", [
-    ({"limit": "0"}, "limit"),
-    ({"limit": "101"}, "limit"),
-    ({"limit": "abc"}, "limit"),
-    ({"q": ""}, "q"),
-    ({"q": "x" * 501}, "q"),
-    ({"since": "yesterday"}, "since"),
-    ({"since": "2026-07-21T18:00:00"}, "since"),
-    ({"task_id": "not-a-task"}, "task_id"),
-    ({"task_id": "01HXYZ4K2VNJQP7R8MWDB3CSTU"}, "task_id"),  # 26 chars, U is not Crockford base32
-    ({"context_id": "12345"}, "context_id"),
-    ({"context_id": "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"}, "context_id"),
-    ({"direction": "sideways"}, "direction"),
-    ({"role": "user"}, "role"),
-    ({"cursor": "garbage!!"}, "cursor"),
-    ({"cursor": "eyJub3QiOiAiYSBjdXJzb3IifQ"}, "cursor"),  # valid base64 JSON, wrong shape
-    ({"colour": "blue"}, "colour"),
-    ({"requester_handle": "not a handle"}, "requester_handle"),
-    ({"worker_handle": "nobody"}, "worker_handle"),
-], ids=["limit-0", "limit-101", "limit-abc", "q-empty", "q-501", "since-unparseable", "since-no-zone",
-        "task_id-malformed", "task_id-bad-ulid", "context_id-short", "context_id-bad-uuid", "direction",
-        "role", "cursor-garbage", "cursor-wrong-shape", "unknown-param", "requester_handle", "worker_handle"])
+
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "101"}, "limit"),
+        ({"limit": "abc"}, "limit"),
+        ({"q": ""}, "q"),
+        ({"q": "x" * 501}, "q"),
+        ({"since": "yesterday"}, "since"),
+        ({"since": "2026-07-21T18:00:00"}, "since"),
+        ({"task_id": "not-a-task"}, "task_id"),
+        ({"task_id": "01HXYZ4K2VNJQP7R8MWDB3CSTU"}, "task_id"),  # 26 chars, U is not Crockford base32
+        ({"context_id": "12345"}, "context_id"),
+        ({"context_id": "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"}, "context_id"),
+        ({"direction": "sideways"}, "direction"),
+        ({"role": "user"}, "role"),
+        ({"cursor": "garbage!!"}, "cursor"),
+        ({"cursor": "eyJub3QiOiAiYSBjdXJzb3IifQ"}, "cursor"),  # valid base64 JSON, wrong shape
+        ({"colour": "blue"}, "colour"),
+        ({"requester_handle": "not a handle"}, "requester_handle"),
+        ({"worker_handle": "nobody"}, "worker_handle"),
+    ],
+    ids=[
+        "limit-0",
+        "limit-101",
+        "limit-abc",
+        "q-empty",
+        "q-501",
+        "since-unparseable",
+        "since-no-zone",
+        "task_id-malformed",
+        "task_id-bad-ulid",
+        "context_id-short",
+        "context_id-bad-uuid",
+        "direction",
+        "role",
+        "cursor-garbage",
+        "cursor-wrong-shape",
+        "unknown-param",
+        "requester_handle",
+        "worker_handle",
+    ],
+)
 def test_bad_parameter_is_422_naming_it(client, alice, query, param):
     a_handle, a_key = alice
     error = assert_error(feed_resp(client, a_key, a_handle, query), 422, "invalid_params")
@@ -187,9 +233,19 @@ def test_bad_parameter_is_422_naming_it(client, alice, query, param):
     assert param in error["message"], error
 
 
-@pytest.mark.parametrize("query", [{"limit": "1"}, {"limit": "100"}, {"q": "x"}, {"q": "x" * 500},
-                                   {"since": "2026-07-21T18:00:00Z"}, {"since": "2026-07-21T18:00:00+02:00"},
-                                   {"direction": "both"}, {"role": "caller"}])
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"limit": "1"},
+        {"limit": "100"},
+        {"q": "x"},
+        {"q": "x" * 500},
+        {"since": "2026-07-21T18:00:00Z"},
+        {"since": "2026-07-21T18:00:00+02:00"},
+        {"direction": "both"},
+        {"role": "caller"},
+    ],
+)
 def test_parameter_at_its_bound_is_accepted(client, alice, query):
     a_handle, a_key = alice
     assert feed(client, a_key, a_handle, **query) == {"items": [], "next_cursor": None}
@@ -236,6 +292,7 @@ def test_exactly_limit_rows_leave_next_cursor_null(client, alice, bob):
 
 # --------------------------------------------------------------------------- id filters
 
+
 def test_task_id_filter_accepts_ulid_and_uuid_forms(client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
@@ -270,6 +327,7 @@ def test_unknown_task_id_filter_is_an_empty_page(client, alice, bob):
 
 # --------------------------------------------------------------------------- direction x role
 
+
 @pytest.fixture
 def two_way(client, alice, bob):
     """alice -> bob: "a-open", bob replies "b-reply"; bob -> alice: "b-open", alice replies "a-reply"."""
@@ -282,18 +340,21 @@ def two_way(client, alice, bob):
     return a_handle, a_key
 
 
-@pytest.mark.parametrize("direction, role, expected", [
-    ("inbound", "agent", ["a-reply"]),             # seed 004: your own replies on work others sent you
-    ("inbound", "caller", ["b-open"]),
-    ("inbound", None, ["a-reply", "b-open"]),
-    ("outbound", "caller", ["a-open"]),            # your own opening messages
-    ("outbound", "agent", ["b-reply"]),
-    ("outbound", None, ["b-reply", "a-open"]),
-    ("both", "caller", ["b-open", "a-open"]),
-    ("both", "agent", ["a-reply", "b-reply"]),
-    ("both", None, ["a-reply", "b-open", "b-reply", "a-open"]),
-    (None, None, ["a-reply", "b-open", "b-reply", "a-open"]),
-])
+@pytest.mark.parametrize(
+    "direction, role, expected",
+    [
+        ("inbound", "agent", ["a-reply"]),  # seed 004: your own replies on work others sent you
+        ("inbound", "caller", ["b-open"]),
+        ("inbound", None, ["a-reply", "b-open"]),
+        ("outbound", "caller", ["a-open"]),  # your own opening messages
+        ("outbound", "agent", ["b-reply"]),
+        ("outbound", None, ["b-reply", "a-open"]),
+        ("both", "caller", ["b-open", "a-open"]),
+        ("both", "agent", ["a-reply", "b-reply"]),
+        ("both", None, ["a-reply", "b-open", "b-reply", "a-open"]),
+        (None, None, ["a-reply", "b-open", "b-reply", "a-open"]),
+    ],
+)
 def test_direction_and_role_are_independent_axes(client, two_way, direction, role, expected):
     a_handle, a_key = two_way
     query = {k: v for k, v in (("direction", direction), ("role", role)) if v is not None}
@@ -310,6 +371,7 @@ def test_feed_never_shows_threads_the_identity_is_not_part_of(client, alice, bob
 
 
 # --------------------------------------------------------------------------- requester / worker filters
+
 
 @pytest.fixture
 def three_threads(client, alice, bob, make_agent):
@@ -336,8 +398,9 @@ def test_worker_handle_keeps_threads_that_handle_received(client, three_threads)
 
 def test_requester_and_worker_handles_combine(client, three_threads):
     a_handle, a_key = three_threads
-    assert bodies(client, a_key, a_handle, requester_handle="carol@acme", worker_handle="alice@acme") \
-        == ["carol asks alice"]
+    assert bodies(client, a_key, a_handle, requester_handle="carol@acme", worker_handle="alice@acme") == [
+        "carol asks alice"
+    ]
     assert bodies(client, a_key, a_handle, requester_handle="carol@acme", worker_handle="bob@acme") == []
 
 
@@ -353,6 +416,7 @@ def test_unknown_handle_filter_is_an_empty_list(client, three_threads, param):
 
 
 # --------------------------------------------------------------------------- since
+
 
 def test_since_is_inclusive_at_a_messages_exact_created_at(client, alice, bob):
     _a, a_key = alice
@@ -372,7 +436,9 @@ def test_since_with_an_offset_means_the_same_instant(client, app, alice, bob):
     b_handle, b_key = bob
     task_id = create(client, a_key, b_handle, "early")["task_id"]
     append(client, a_key, task_id, "late")
-    sql(app, "UPDATE messages SET created_at = CAST(:t AS timestamptz) WHERE body = 'early'", t="2026-07-21 15:59:59+00")
+    sql(
+        app, "UPDATE messages SET created_at = CAST(:t AS timestamptz) WHERE body = 'early'", t="2026-07-21 15:59:59+00"
+    )
     sql(app, "UPDATE messages SET created_at = CAST(:t AS timestamptz) WHERE body = 'late'", t="2026-07-21 16:00:00+00")
     assert bodies(client, b_key, b_handle, since="2026-07-21T18:00:00+02:00") == ["late"]
     assert bodies(client, b_key, b_handle, since="2026-07-21T16:00:00Z") == ["late"]
@@ -380,6 +446,7 @@ def test_since_with_an_offset_means_the_same_instant(client, app, alice, bob):
 
 
 # --------------------------------------------------------------------------- who may read
+
 
 def test_missing_key_is_401(client, alice):
     a_handle, _ = alice
@@ -435,6 +502,7 @@ def test_own_handle_in_upper_case_reads_own_feed(client, alice, bob):
 
 
 # --------------------------------------------------------------------------- C7: keyset paging
+
 
 def _tied_messages(app, client, a_key, b_handle, n=25):
     task_id = create(client, a_key, b_handle, "tied 0")["task_id"]
@@ -561,6 +629,7 @@ def test_budget_page_respects_limit_too(client, alice, bob):
 
 # --------------------------------------------------------------------------- seed 004 catch-up loop
 
+
 def _catch_up(client, key, handle, saved, seen):
     """One catch-up pass of seed 004: page since saved, follow next_cursor, dedupe on id."""
     cursor, newest = None, saved
@@ -588,8 +657,7 @@ def test_catch_up_loop_sees_every_message_written_while_it_runs(app, client, ali
     _b, b_key = bob
     _c, c_key = make_agent("carol@acme")
     # The saved timestamp: the server's clock now, in the feed's own format.
-    [(saved,)] = sql(app, "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', "
-                          "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+    [(saved,)] = sql(app, "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
     openings = [create(client, key, a_handle, f"thread of {who}") for who, key in (("bob", b_key), ("carol", c_key))]
     threads = [o["task_id"] for o in openings]
     keys = (b_key, c_key)

@@ -13,6 +13,7 @@ schemathesis is driven through its Python API (the served document through ``fro
 rather than ``schemathesis.pytest.from_fixture``: the lazy fixture loader of schemathesis
 4.32 reads ``Function._nodeid``, which pytest 9.2 no longer has.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,18 +22,29 @@ from typing import Any
 import pytest
 import schemathesis
 from flask import Flask
-from hypothesis import HealthCheck, Phase, event, example, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, example, given, settings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
-                                 response_schema_conformance, status_code_conformance)
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.conftest import bearer
 
 OPENAPI = "/api/v1/openapi.json"
 ME, TEAMMATE, STRANGER = "fuzz@acme", "frank@acme", "zed@elsewhere"
 # Never derived from a random seed: the same examples run locally and in CI.
-SWEEP = dict(derandomize=True, database=None, deadline=None, print_blob=False,
-             phases=[Phase.explicit, Phase.generate, Phase.shrink])
+SWEEP = dict(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+)
 JSON_TYPES = ("application/json", "application/problem+json")
 
 
@@ -43,8 +55,8 @@ def _document_operations() -> list[tuple[str, str]]:
     the ``api_v1`` blueprint yields the same operations as the served document (the
     test itself loads the served one and fails if an operation is missing from it).
     """
-    from relay.api import bp
-    from relay.api.openapi import build_spec
+    from relay.transport.rest import bp
+    from relay.transport.rest.openapi import build_spec
 
     bare = Flask("fuzz-collect")
     bare.register_blueprint(bp)
@@ -57,6 +69,7 @@ OPERATIONS = _document_operations()
 
 
 # --------------------------------------------------------------------------- shared checks
+
 
 def assert_clean_body(content: bytes, content_type: str | None, status: int, sent: bytes = b"") -> Any:
     """No 5xx; a body, when present, is JSON of a JSON content type without a traceback."""
@@ -76,6 +89,7 @@ def assert_clean_body(content: bytes, content_type: str | None, status: int, sen
 
 # --------------------------------------------------------------------------- REST: schemathesis
 
+
 @pytest.fixture
 def rest_world(app, client, make_agent):
     """A caller with a thread each way, a webhook and a spare key; two other agents.
@@ -88,16 +102,18 @@ def rest_world(app, client, make_agent):
     stranger, _ = make_agent(STRANGER)
 
     def rpc(caller_key, method, params):
-        resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                           headers=bearer(caller_key))
+        resp = client.post(
+            "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(caller_key)
+        )
         assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_data(as_text=True)
         return resp.get_json()["result"]
 
     message = {"parts": [{"type": "text", "text": "please review the fuzz"}]}
     inbound = rpc(teammate_key, "message/send", {"recipient": me, "message": message})["task_id"]
     outbound = rpc(key, "message/send", {"recipient": teammate, "message": message})["task_id"]
-    hook = client.post(f"/api/v1/identities/{me}/webhooks", json={"url": "http://127.0.0.1:9/fuzz"},
-                       headers=bearer(key))
+    hook = client.post(
+        f"/api/v1/identities/{me}/webhooks", json={"url": "http://127.0.0.1:9/fuzz"}, headers=bearer(key)
+    )
     assert hook.status_code == 201, hook.get_data(as_text=True)
     spare = client.post(f"/api/v1/identities/{me}/keys", json={"label": "spare"}, headers=bearer(key))
     assert spare.status_code == 201, spare.get_data(as_text=True)
@@ -115,8 +131,13 @@ def rest_world(app, client, make_agent):
     }
 
 
-RESPONSE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-                   response_headers_conformance, response_schema_conformance]
+RESPONSE_CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 # A negative case for a 262,144-character bound is a string of 262,145: more choices than one
 # hypothesis example may hold, so generating it fails (InvalidArgument) instead of testing.
 # Bounds past this are capped in the copy the sweep generates from; the /a2a sweep below and
@@ -141,8 +162,9 @@ def _generable(node: Any) -> Any:
 def test_rest_operation_survives_generated_requests(app, rest_world, method, path, mode):
     served = app.test_client().get(OPENAPI)
     assert served.status_code == 200, served.get_data(as_text=True)
-    schema = schemathesis.openapi.from_dict(_generable(served.get_json()),
-                                            config=schemathesis.Config.from_dict({"seed": 20260420}))
+    schema = schemathesis.openapi.from_dict(
+        _generable(served.get_json()), config=schemathesis.Config.from_dict({"seed": 20260420})
+    )
     schema.app = app  # requests go to the app in-process (WSGI), as with from_wsgi
     operation = schema[path][method]  # KeyError: the served document lacks this operation
     if mode.is_negative and not any((operation.path_parameters, operation.query, operation.headers, operation.body)):
@@ -153,8 +175,11 @@ def test_rest_operation_survives_generated_requests(app, rest_world, method, pat
     choices = st.fixed_dictionaries({n: st.sampled_from(steer.get(n, [None])) for n in names})
 
     # Generation-efficiency health checks only: schemathesis strategies are large and filtered.
-    @settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                                      HealthCheck.data_too_large], **SWEEP)
+    @settings(
+        max_examples=25,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+        **SWEEP,
+    )
     @given(case=operation.as_strategy(generation_mode=mode), picks=choices)
     def sweep(case, picks):
         for name, value in picks.items():
@@ -172,41 +197,109 @@ def test_rest_operation_survives_generated_requests(app, rest_world, method, pat
 # --------------------------------------------------------------------------- /a2a: hypothesis
 
 METHODS = ["message/send", "tasks/get", "tasks/list", "tasks/update", "tasks/cancel"]
-GARBAGE_METHODS = ["", "message/Send", "tasks/", "tasks/get ", "rpc.discover", "__init__", "message\x00send",
-                   "../tasks/get", "tasks/get/extra", "é/ü"]
-PARAM_KEYS = ["task_id", "recipient", "intent", "context_id", "message", "artifacts", "proposed_action",
-              "metadata", "filter", "page", "transition", "session_id", "result_summary"]
+GARBAGE_METHODS = [
+    "",
+    "message/Send",
+    "tasks/",
+    "tasks/get ",
+    "rpc.discover",
+    "__init__",
+    "message\x00send",
+    "../tasks/get",
+    "tasks/get/extra",
+    "é/ü",
+]
+PARAM_KEYS = [
+    "task_id",
+    "recipient",
+    "intent",
+    "context_id",
+    "message",
+    "artifacts",
+    "proposed_action",
+    "metadata",
+    "filter",
+    "page",
+    "transition",
+    "session_id",
+    "result_summary",
+]
 
 # NUL, lone surrogates, quotes and backslashes turn up often, not once in a million characters.
-any_text = st.text(st.characters(codec=None, exclude_categories=()) | st.characters(categories=["Cs"])
-                   | st.sampled_from("\x00\"\\\u2028"), max_size=40)
-scalars = (st.none() | st.booleans() | st.integers() | st.floats() | any_text
-           | st.sampled_from([2**63, -(2**63) - 1, 10**30, 1e308, -0.0, 5e-324]))
-json_values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=5)
-                           | st.dictionaries(any_text, kids, max_size=5), max_leaves=25)
+any_text = st.text(
+    st.characters(codec=None, exclude_categories=())
+    | st.characters(categories=["Cs"])
+    | st.sampled_from('\x00"\\\u2028'),
+    max_size=40,
+)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | any_text
+    | st.sampled_from([2**63, -(2**63) - 1, 10**30, 1e308, -0.0, 5e-324])
+)
+json_values = st.recursive(
+    scalars, lambda kids: st.lists(kids, max_size=5) | st.dictionaries(any_text, kids, max_size=5), max_leaves=25
+)
 huge_text = st.builds(lambda ch, n: ch * n, st.characters(codec="utf-8"), st.integers(1, 300_000))
 ids = st.integers() | any_text | st.none() | st.floats() | st.booleans() | json_values
 # Placeholders the test swaps for the ids of real threads, so tasks/get, tasks/update and
 # tasks/cancel also run on threads that exist (see a2a_world).
 REAL_IDS = ("@@INBOUND@@", "@@OUTBOUND@@", "@@CONTEXT@@")
-ulid_like = (st.sampled_from(REAL_IDS) | st.sampled_from(REAL_IDS)
-             | st.sampled_from(["01HXYZ4K2VNJQP7R8MWDB3CSTF", "01hxyz4k2vnjqp7r8mwdb3cstf", "8ZZZZZZZZZZZZZZZZZZZZZZZZZ",
-                                "00000000-0000-0000-0000-000000000000", "not-a-ulid", ""]) | any_text | huge_text)
+ulid_like = (
+    st.sampled_from(REAL_IDS)
+    | st.sampled_from(REAL_IDS)
+    | st.sampled_from(
+        [
+            "01HXYZ4K2VNJQP7R8MWDB3CSTF",
+            "01hxyz4k2vnjqp7r8mwdb3cstf",
+            "8ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "00000000-0000-0000-0000-000000000000",
+            "not-a-ulid",
+            "",
+        ]
+    )
+    | any_text
+    | huge_text
+)
 text_like = any_text | huge_text | json_values
-message_like = st.fixed_dictionaries({}, optional={
-    "role": text_like, "parts": st.lists(st.fixed_dictionaries({}, optional={"type": st.just("text") | text_like,
-                                                                           "text": text_like}), max_size=3)
-    | json_values,
-}) | json_values
+message_like = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "role": text_like,
+            "parts": st.lists(
+                st.fixed_dictionaries({}, optional={"type": st.just("text") | text_like, "text": text_like}), max_size=3
+            )
+            | json_values,
+        },
+    )
+    | json_values
+)
 param_values = {
-    "task_id": ulid_like | json_values, "context_id": ulid_like | json_values,
+    "task_id": ulid_like | json_values,
+    "context_id": ulid_like | json_values,
     "recipient": st.sampled_from([TEAMMATE, ME, "nobody@nowhere", "NOT A HANDLE"]) | text_like,
-    "intent": text_like, "message": message_like, "transition": st.sampled_from(["accept", "complete", "cancel"])
-    | text_like, "session_id": text_like, "result_summary": text_like,
-    "artifacts": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["file_diff", "file_ref", "test_command",
-                                                                        "api_contract", "link"]) | text_like},
-                                                optional={"path": text_like, "diff": text_like, "spec": json_values,
-                                                          "url": text_like, "command": text_like}), max_size=3)
+    "intent": text_like,
+    "message": message_like,
+    "transition": st.sampled_from(["accept", "complete", "cancel"]) | text_like,
+    "session_id": text_like,
+    "result_summary": text_like,
+    "artifacts": st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["file_diff", "file_ref", "test_command", "api_contract", "link"]) | text_like},
+            optional={
+                "path": text_like,
+                "diff": text_like,
+                "spec": json_values,
+                "url": text_like,
+                "command": text_like,
+            },
+        ),
+        max_size=3,
+    )
     | json_values,
     "metadata": st.dictionaries(st.just("client_idempotency_key") | any_text, json_values | huge_text, max_size=3)
     | json_values,
@@ -215,41 +308,81 @@ param_values = {
     "page": st.fixed_dictionaries({}, optional={"limit": json_values, "cursor": text_like}) | json_values,
     "proposed_action": json_values,
 }
-params = (st.fixed_dictionaries({}, optional={k: param_values[k] for k in PARAM_KEYS})
-          | st.dictionaries(st.sampled_from(PARAM_KEYS) | any_text, json_values, max_size=4) | json_values)
+params = (
+    st.fixed_dictionaries({}, optional={k: param_values[k] for k in PARAM_KEYS})
+    | st.dictionaries(st.sampled_from(PARAM_KEYS) | any_text, json_values, max_size=4)
+    | json_values
+)
 # Each method with plausible params (real thread ids, a valid message) and one odd member,
 # so calls get past the schema into the services and the state machine.
 plain_text = st.text(max_size=30)
-good_message = st.fixed_dictionaries({"parts": st.lists(st.fixed_dictionaries(
-    {"type": st.just("text"), "text": plain_text | any_text}), min_size=1, max_size=2)})
+good_message = st.fixed_dictionaries(
+    {
+        "parts": st.lists(
+            st.fixed_dictionaries({"type": st.just("text"), "text": plain_text | any_text}), min_size=1, max_size=2
+        )
+    }
+)
 real_task = st.sampled_from(REAL_IDS[:2]) | ulid_like
 plausible_calls = st.one_of(
-    st.fixed_dictionaries({"method": st.just("message/send"), "params": st.fixed_dictionaries(
-        {"message": good_message}, optional={"task_id": real_task, "recipient": param_values["recipient"],
-                                             "context_id": ulid_like, "metadata": param_values["metadata"],
-                                             "artifacts": param_values["artifacts"],
-                                             "intent": plain_text, "proposed_action": json_values})}),
-    st.fixed_dictionaries({"method": st.sampled_from(["tasks/get", "tasks/cancel"]),
-                           "params": st.fixed_dictionaries({"task_id": real_task})}),
-    st.fixed_dictionaries({"method": st.just("tasks/update"), "params": st.fixed_dictionaries(
-        {"task_id": real_task, "transition": param_values["transition"]},
-        optional={"session_id": text_like, "result_summary": text_like})}),
-    st.fixed_dictionaries({"method": st.just("tasks/list"), "params": st.fixed_dictionaries({}, optional={
-        "filter": param_values["filter"], "page": param_values["page"]})}),
+    st.fixed_dictionaries(
+        {
+            "method": st.just("message/send"),
+            "params": st.fixed_dictionaries(
+                {"message": good_message},
+                optional={
+                    "task_id": real_task,
+                    "recipient": param_values["recipient"],
+                    "context_id": ulid_like,
+                    "metadata": param_values["metadata"],
+                    "artifacts": param_values["artifacts"],
+                    "intent": plain_text,
+                    "proposed_action": json_values,
+                },
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "method": st.sampled_from(["tasks/get", "tasks/cancel"]),
+            "params": st.fixed_dictionaries({"task_id": real_task}),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "method": st.just("tasks/update"),
+            "params": st.fixed_dictionaries(
+                {"task_id": real_task, "transition": param_values["transition"]},
+                optional={"session_id": text_like, "result_summary": text_like},
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "method": st.just("tasks/list"),
+            "params": st.fixed_dictionaries(
+                {}, optional={"filter": param_values["filter"], "page": param_values["page"]}
+            ),
+        }
+    ),
 )
 # Mostly a valid envelope around a real method, so the params reach the method's schema and
 # service; then envelopes with any member missing or of the wrong type; then any object.
 valid_ids = st.integers(-(2**53), 2**53) | st.text(max_size=20)
 rpc_objects = st.one_of(
     st.builds(lambda call, id_: {"jsonrpc": "2.0", "id": id_, **call}, plausible_calls, valid_ids),
-    st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "id": valid_ids, "method": st.sampled_from(METHODS),
-                           "params": params}),
-    st.fixed_dictionaries({}, optional={
-        "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0", "2", 2.0, 2]) | json_values,
-        "id": ids,
-        "method": st.sampled_from(METHODS + METHODS + GARBAGE_METHODS) | any_text | huge_text | json_values,
-        "params": params,
-    }),
+    st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0"), "id": valid_ids, "method": st.sampled_from(METHODS), "params": params}
+    ),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0", "2", 2.0, 2]) | json_values,
+            "id": ids,
+            "method": st.sampled_from(METHODS + METHODS + GARBAGE_METHODS) | any_text | huge_text | json_values,
+            "params": params,
+        },
+    ),
     st.dictionaries(any_text, json_values, max_size=4),
 )
 
@@ -277,34 +410,55 @@ def _is_utf8(data: bytes) -> bool:
 
 
 # Overlong, surrogate, past-U+10FFFF, truncated and stray continuation bytes, then any junk.
-INVALID_UTF8 = st.sampled_from([b"\xff", b"\xfe\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
-                                b"\x80", b"\xe2\x82", b"\xf0\x9f\x98"]) | st.binary(min_size=1, max_size=20).filter(
-    lambda b: not _is_utf8(b))
-RPC_PREFIX = (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"recipient":"' + TEAMMATE.encode()
-              + b'","message":{"parts":[{"type":"text","text":"')
+INVALID_UTF8 = st.sampled_from(
+    [b"\xff", b"\xfe\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80", b"\xe2\x82", b"\xf0\x9f\x98"]
+) | st.binary(min_size=1, max_size=20).filter(lambda b: not _is_utf8(b))
+RPC_PREFIX = (
+    b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"recipient":"'
+    + TEAMMATE.encode()
+    + b'","message":{"parts":[{"type":"text","text":"'
+)
 RPC_SUFFIX = b'"}]}}}'
 bodies = st.one_of(
-    json_values.map(_encode),                                              # any JSON value
-    rpc_objects.map(_encode),                                              # request-shaped, wrong types
-    rpc_objects.map(_encode),                                              # (weighted: the deepest reach)
+    json_values.map(_encode),  # any JSON value
+    rpc_objects.map(_encode),  # request-shaped, wrong types
+    rpc_objects.map(_encode),  # (weighted: the deepest reach)
     rpc_objects.map(_encode),
-    st.lists(rpc_objects, min_size=0, max_size=6).map(_encode),            # batches, empty included
+    st.lists(rpc_objects, min_size=0, max_size=6).map(_encode),  # batches, empty included
     st.builds(lambda n: _encode([{"jsonrpc": "2.0", "method": "tasks/list"}] * n), st.integers(99, 102)),
-    st.builds(lambda depth: _nested(depth, b"[", b"]"), st.integers(1, 10_000)),       # deep nesting
+    st.builds(lambda depth: _nested(depth, b"[", b"]"), st.integers(1, 10_000)),  # deep nesting
     st.builds(lambda depth: _nested(depth, b'{"a":', b"}"), st.integers(1, 10_000)),
-    st.builds(lambda depth: RPC_PREFIX[:-len(b'"text":"')] + b'"text":"x"}]},"metadata":{"deep":'
-              + _nested(depth, b"[", b"]") + b"}}}", st.integers(1, 3_000)),  # deep, inside params
-    st.builds(_invalid_utf8, st.sampled_from([b"", b'{"jsonrpc":"2.0","id":"', RPC_PREFIX]), INVALID_UTF8,
-              st.sampled_from([b"", b'"}', RPC_SUFFIX])),                   # invalid UTF-8
-    st.builds(lambda text: RPC_PREFIX + text.encode("utf-8") + RPC_SUFFIX,
-              huge_text.filter(lambda t: '"' not in t and "\\" not in t and not any(ord(c) < 32 for c in t))),
+    st.builds(
+        lambda depth: (
+            RPC_PREFIX[: -len(b'"text":"')] + b'"text":"x"}]},"metadata":{"deep":' + _nested(depth, b"[", b"]") + b"}}}"
+        ),
+        st.integers(1, 3_000),
+    ),  # deep, inside params
+    st.builds(
+        _invalid_utf8,
+        st.sampled_from([b"", b'{"jsonrpc":"2.0","id":"', RPC_PREFIX]),
+        INVALID_UTF8,
+        st.sampled_from([b"", b'"}', RPC_SUFFIX]),
+    ),  # invalid UTF-8
+    st.builds(
+        lambda text: RPC_PREFIX + text.encode("utf-8") + RPC_SUFFIX,
+        huge_text.filter(lambda t: '"' not in t and "\\" not in t and not any(ord(c) < 32 for c in t)),
+    ),
     st.builds(lambda pad, doc: b" " * pad + _encode(doc), st.integers(900_000, 1_100_000), rpc_objects),  # ~limit
-    st.binary(max_size=2_000),                                             # random bytes
+    st.binary(max_size=2_000),  # random bytes
 )
 auth_headers = st.sampled_from(["valid"] * 9 + ["none", "garbage", "basic", "empty"])
-content_types = st.sampled_from(["application/json", "application/json", "text/plain", None,
-                                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                                 "application/json; charset=latin-1"])
+content_types = st.sampled_from(
+    [
+        "application/json",
+        "application/json",
+        "text/plain",
+        None,
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+    ]
+)
 
 
 @pytest.fixture
@@ -314,8 +468,18 @@ def a2a_world(client, make_agent):
     _, key = make_agent(ME)
     ids = {}
     for name, sender_key, recipient in (("@@INBOUND@@", teammate_key, ME), ("@@OUTBOUND@@", key, TEAMMATE)):
-        resp = post_a2a(client, sender_key, _encode({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
-            "recipient": recipient, "message": {"parts": [{"type": "text", "text": "fuzz me"}]}}}))
+        resp = post_a2a(
+            client,
+            sender_key,
+            _encode(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "message/send",
+                    "params": {"recipient": recipient, "message": {"parts": [{"type": "text", "text": "fuzz me"}]}},
+                }
+            ),
+        )
         result = resp.get_json()["result"]
         ids[name] = result["task_id"]
         ids["@@CONTEXT@@"] = result["context_id"]
@@ -337,8 +501,13 @@ def assert_rpc_answer(doc: Any) -> None:
 
 
 def post_a2a(client, key: str, body: bytes, auth: str = "valid", content_type: str | None = "application/json"):
-    headers = {"valid": bearer(key), "none": {}, "garbage": {"Authorization": "Bearer ah_live_nope"},
-               "basic": {"Authorization": "Basic Zm9vOmJhcg=="}, "empty": {"Authorization": "Bearer "}}[auth]
+    headers = {
+        "valid": bearer(key),
+        "none": {},
+        "garbage": {"Authorization": "Bearer ah_live_nope"},
+        "basic": {"Authorization": "Basic Zm9vOmJhcg=="},
+        "empty": {"Authorization": "Bearer "},
+    }[auth]
     if content_type is not None:
         headers = {**headers, "Content-Type": content_type}
     return client.post("/a2a", data=body, headers=headers)
@@ -362,13 +531,19 @@ def check_a2a(resp, body: bytes, auth: str) -> None:
 # That is intended here: the test client keeps no state between requests (no cookies), the
 # agents and key are created once and only read, and rows the examples write (threads,
 # messages) change no assertion. So the health check is suppressed for these two tests only.
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                   HealthCheck.data_too_large], **SWEEP)
+@settings(
+    max_examples=200,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    **SWEEP,
+)
 @given(body=bodies, auth=auth_headers, content_type=content_types)
 @example(body=b"", auth="valid", content_type="application/json")
 @example(body=b"[" * 10_000 + b"]" * 10_000, auth="valid", content_type="application/json")
-@example(body=b'{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"task_id":"\xff"}}', auth="valid",
-         content_type="application/json")
+@example(
+    body=b'{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"task_id":"\xff"}}',
+    auth="valid",
+    content_type="application/json",
+)
 def test_a2a_survives_any_body(client, a2a_world, body, auth, content_type):
     key, real_ids = a2a_world
     for placeholder, value in real_ids.items():
@@ -379,19 +554,28 @@ def test_a2a_survives_any_body(client, a2a_world, body, auth, content_type):
 
 # schemathesis only ever sends valid JSON; the REST routes that read a body get the same
 # bytes as /a2a (the JSON parser is theirs, not the one behind /a2a).
-REST_BODY_ROUTES = [("POST", "{me}/a2a/tasks/{task}/messages"), ("POST", "{me}/a2a/tasks/{task}/transitions"),
-                    ("POST", "{me}/webhooks"), ("PATCH", "{me}/webhooks/{hook}"), ("POST", "{me}/keys")]
+REST_BODY_ROUTES = [
+    ("POST", "{me}/a2a/tasks/{task}/messages"),
+    ("POST", "{me}/a2a/tasks/{task}/transitions"),
+    ("POST", "{me}/webhooks"),
+    ("PATCH", "{me}/webhooks/{hook}"),
+    ("POST", "{me}/keys"),
+]
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                   HealthCheck.data_too_large], **SWEEP)
+@settings(
+    max_examples=100,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    **SWEEP,
+)
 @given(route=st.sampled_from(REST_BODY_ROUTES), body=bodies, content_type=content_types)
 @example(route=REST_BODY_ROUTES[0], body=b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
 def test_rest_bodies_survive_any_bytes(client, rest_world, route, body, content_type):
     steer = rest_world["steer"]
     method, template = route
-    url = "/api/v1/identities/" + template.format(me=steer["handle"][0], task=steer["task_id"][0],
-                                                  hook=steer["webhook_id"][0])
+    url = "/api/v1/identities/" + template.format(
+        me=steer["handle"][0], task=steer["task_id"][0], hook=steer["webhook_id"][0]
+    )
     headers = {**bearer(rest_world["key"]), **({"Content-Type": content_type} if content_type else {})}
     resp = client.open(url, method=method, data=body, headers=headers)
     event(f"HTTP {resp.status_code}")
@@ -402,6 +586,7 @@ def test_rest_bodies_survive_any_bytes(client, rest_world, route, body, content_
 
 
 # --------------------------------------------------------------------------- regressions the sweep found
+
 
 def _cursor(stamp: str) -> str:
     import base64
@@ -414,15 +599,20 @@ def _cursor(stamp: str) -> str:
 # Found by schemathesis: GET .../a2a/tasks?since=0340-05-21T11:36:51+18:21 answered 500.
 # Python accepts offsets up to ±23:59, PostgreSQL only ±15:59; times are now made UTC
 # before they reach the database.
-@pytest.mark.parametrize("since", ["0340-05-21T11:36:51+18:21", "2026-04-20T00:00:00+23:59", "2026-04-20T00:00:00-16:00"])
+@pytest.mark.parametrize(
+    "since", ["0340-05-21T11:36:51+18:21", "2026-04-20T00:00:00+23:59", "2026-04-20T00:00:00-16:00"]
+)
 def test_since_with_an_offset_postgresql_refuses_is_not_a_server_error(client, make_agent, since):
     me, key = make_agent(ME)
     for path in ("a2a/tasks", "a2a/messages"):
         resp = client.get(f"/api/v1/identities/{me}/{path}", query_string={"since": since}, headers=bearer(key))
         assert resp.status_code == 200, resp.get_data(as_text=True)
         assert resp.get_json() == {"items": [], "next_cursor": None}
-    resp = post_a2a(client, key, _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list",
-                                          "params": {"filter": {"since": since}}}))
+    resp = post_a2a(
+        client,
+        key,
+        _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {"filter": {"since": since}}}),
+    )
     assert resp.status_code == 200 and resp.get_json()["result"] == {"items": [], "next_cursor": None}, resp.get_json()
 
 
@@ -432,8 +622,11 @@ def test_since_outside_the_utc_calendar_is_422_naming_since(client, make_agent, 
     resp = client.get(f"/api/v1/identities/{me}/a2a/tasks", query_string={"since": since}, headers=bearer(key))
     assert resp.status_code == 422, resp.get_data(as_text=True)
     assert "since" in resp.get_json()["error"]["details"]
-    resp = post_a2a(client, key, _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list",
-                                          "params": {"filter": {"since": since}}}))
+    resp = post_a2a(
+        client,
+        key,
+        _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {"filter": {"since": since}}}),
+    )
     error = resp.get_json()["error"]
     assert error["code"] == -32602 and "filter.since" in error["data"]["errors"], error
 
@@ -443,11 +636,15 @@ def test_since_outside_the_utc_calendar_is_422_naming_since(client, make_agent, 
 def test_cursor_with_a_far_offset_is_not_a_server_error(client, make_agent, stamp, status):
     me, key = make_agent(ME)
     for path in ("a2a/tasks", "a2a/messages"):
-        resp = client.get(f"/api/v1/identities/{me}/{path}", query_string={"cursor": _cursor(stamp)},
-                          headers=bearer(key))
+        resp = client.get(
+            f"/api/v1/identities/{me}/{path}", query_string={"cursor": _cursor(stamp)}, headers=bearer(key)
+        )
         assert resp.status_code == status, resp.get_data(as_text=True)
-    resp = post_a2a(client, key, _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list",
-                                          "params": {"page": {"cursor": _cursor(stamp)}}}))
+    resp = post_a2a(
+        client,
+        key,
+        _encode({"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {"page": {"cursor": _cursor(stamp)}}}),
+    )
     assert ("result" in resp.get_json()) == (status == 200), resp.get_json()
 
 
@@ -458,17 +655,24 @@ def _reply_body(extra: bytes) -> bytes:
 # Found probing the REST body parser (/a2a already refused these as -32700): NaN, Infinity
 # and 1e400 (inf) reached jsonb, and 100,000 levels of nesting raised RecursionError in
 # Flask's get_json: all three were 500.
-@pytest.mark.parametrize("body", [
-    _reply_body(b'"metadata":{"a":NaN}'),
-    _reply_body(b'"metadata":{"a":-Infinity}'),
-    _reply_body(b'"metadata":{"a":1e400}'),
-    _reply_body(b'"artifacts":[{"type":"api_contract","name":"n","spec":{"a":NaN}}]'),
-    b"[" * 100_000 + b"]" * 100_000,
-], ids=["nan", "-infinity", "1e400", "nan-in-artifact", "deep-100000"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        _reply_body(b'"metadata":{"a":NaN}'),
+        _reply_body(b'"metadata":{"a":-Infinity}'),
+        _reply_body(b'"metadata":{"a":1e400}'),
+        _reply_body(b'"artifacts":[{"type":"api_contract","name":"n","spec":{"a":NaN}}]'),
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["nan", "-infinity", "1e400", "nan-in-artifact", "deep-100000"],
+)
 def test_rest_body_that_is_not_storable_json_is_422(client, rest_world, body):
     me, task = rest_world["steer"]["handle"][0], rest_world["steer"]["task_id"][0]
-    resp = client.post(f"/api/v1/identities/{me}/a2a/tasks/{task}/messages", data=body,
-                       headers={**bearer(rest_world["key"]), "Content-Type": "application/json"})
+    resp = client.post(
+        f"/api/v1/identities/{me}/a2a/tasks/{task}/messages",
+        data=body,
+        headers={**bearer(rest_world["key"]), "Content-Type": "application/json"},
+    )
     assert resp.status_code == 422, resp.get_data(as_text=True)
     assert resp.get_json()["error"]["details"] == {"body": ["must be a JSON object"]}
 
@@ -496,7 +700,9 @@ def test_params_nested_past_the_bound_are_refused_naming_the_member(client, rest
     assert resp.get_json()["error"]["details"] == {member: ["must not be nested deeper than 64 levels"]}
 
     params = b'{"task_id":"' + task.encode() + b'",' + body[1:]
-    resp = post_a2a(client, rest_world["key"], b'{"jsonrpc":"2.0","id":7,"method":"message/send","params":' + params + b"}")
+    resp = post_a2a(
+        client, rest_world["key"], b'{"jsonrpc":"2.0","id":7,"method":"message/send","params":' + params + b"}"
+    )
     error = resp.get_json()["error"]
     assert error["code"] == -32602 and error["data"]["errors"] == {member: ["must not be nested deeper than 64 levels"]}
 
@@ -505,9 +711,15 @@ def test_nesting_up_to_the_bound_is_accepted(client, rest_world):
     me, task = rest_world["steer"]["handle"][0], rest_world["steer"]["task_id"][0]
     headers = {**bearer(rest_world["key"]), "Content-Type": "application/json"}
     # metadata (1) -> "a" (2) -> 62 lists -> 1 at level 64
-    resp = client.post(f"/api/v1/identities/{me}/a2a/tasks/{task}/messages",
-                       data=_reply_body(b'"metadata":{"a":' + _deep(62) + b"}"), headers=headers)
+    resp = client.post(
+        f"/api/v1/identities/{me}/a2a/tasks/{task}/messages",
+        data=_reply_body(b'"metadata":{"a":' + _deep(62) + b"}"),
+        headers=headers,
+    )
     assert resp.status_code == 201, resp.get_data(as_text=True)
-    resp = client.post(f"/api/v1/identities/{me}/a2a/tasks/{task}/messages",
-                       data=_reply_body(b'"metadata":{"a":' + _deep(63) + b"}"), headers=headers)
+    resp = client.post(
+        f"/api/v1/identities/{me}/a2a/tasks/{task}/messages",
+        data=_reply_body(b'"metadata":{"a":' + _deep(63) + b"}"),
+        headers=headers,
+    )
     assert resp.status_code == 422, resp.get_data(as_text=True)

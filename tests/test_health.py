@@ -1,4 +1,5 @@
 """/healthz, /readyz against real and unreachable servers; configuration errors."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ CLOSED_DATABASE = "postgresql://postgres@127.0.0.1:1/x"
 # keep the session ``app`` of the other tests on the real servers.
 _READYZ_CHILD = """
 import json, os
-from relay import create_app
+from relay.factory import create_app
 app = create_app(dict(os.environ), TESTING=True)
 resp = app.test_client().get("/readyz")
 print(json.dumps({"status": resp.status_code, "body": resp.get_json()}))
@@ -25,8 +26,7 @@ print(json.dumps({"status": resp.status_code, "body": resp.get_json()}))
 
 
 def _readyz_in_fresh_app(env: dict) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-c", _READYZ_CHILD], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", _READYZ_CHILD], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return out["status"], out["body"]

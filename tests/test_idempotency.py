@@ -1,4 +1,5 @@
 """Client idempotency keys on ``message/send`` (DESIGN.md "Idempotency", case C6)."""
+
 from __future__ import annotations
 
 import threading
@@ -14,8 +15,9 @@ CONCURRENT_CALLS = 10
 
 
 def rpc(client, key, method, params, id_=1):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params},
-                       headers=bearer(key))
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     body = resp.get_json()
     assert body["id"] == id_
@@ -85,8 +87,11 @@ def test_key_of_a_create_reused_for_an_append_is_duplicate(app, client, make_age
     b_handle, _b_key = make_agent("bob@acme")
     created = rpc(client, a_key, "message/send", send_params(b_handle, idem="k"))["result"]
     before = counts(app)
-    append = {"task_id": created["task_id"], "message": {"parts": [{"type": "text", "text": "more"}]},
-              "metadata": {"client_idempotency_key": "k"}}
+    append = {
+        "task_id": created["task_id"],
+        "message": {"parts": [{"type": "text", "text": "more"}]},
+        "metadata": {"client_idempotency_key": "k"},
+    }
     assert_error(rpc(client, a_key, "message/send", append), -32011, "duplicate_idempotency_key")
     assert counts(app) == before
 
@@ -198,5 +203,6 @@ def test_expired_key_can_be_reused_with_other_params(app, client, make_agent):
     assert counts(app) == {"threads": 2, "messages": 2, "events": 2, "idempotency_records": 1}
     # The key now answers for the new params.
     assert rpc(client, a_key, "message/send", send_params(b_handle, "two", idem="k"))["result"] == second["result"]
-    assert_error(rpc(client, a_key, "message/send", send_params(b_handle, "one", idem="k")),
-                 -32011, "duplicate_idempotency_key")
+    assert_error(
+        rpc(client, a_key, "message/send", send_params(b_handle, "one", idem="k")), -32011, "duplicate_idempotency_key"
+    )

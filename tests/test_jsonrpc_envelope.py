@@ -3,6 +3,7 @@ notifications, HTTP statuses, authentication and the body limit.
 
 DESIGN.md ("JSON-RPC endpoint", "Decisions") and cases C1-C2 of shared/cases/README.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ JSON = "application/json"
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _post_raw(client, key, body, content_type=JSON):
     data = body if isinstance(body, bytes) else body.encode("utf-8")
@@ -84,8 +86,9 @@ def test_c1_truncated_body_sent_as_text_plain_is_parse_error(client, key):
 
 
 def test_valid_request_sent_as_text_plain_is_served(client, key):
-    resp = _post_raw(client, key, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}),
-                     content_type="text/plain")
+    resp = _post_raw(
+        client, key, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}), content_type="text/plain"
+    )
     assert resp.status_code == 200
     body = _assert_clean_json(resp)
     assert body["id"] == 1
@@ -115,6 +118,7 @@ def test_empty_body_is_parse_error(client, key):
 
 # --------------------------------------------------------------------------- C2: invalid requests
 
+
 def test_c2_object_that_is_not_a_request_is_invalid_request_with_null_id(client, key):
     _single_error(_post(client, key, {"hello": "world"}), -32600, "invalid_request")
 
@@ -133,25 +137,41 @@ def test_missing_method_is_invalid_request_echoing_id(client, key):
 
 
 def test_c2_unknown_method_echoes_string_id(client, key):
-    err = _single_error(_post(client, key, {"jsonrpc": "2.0", "id": "req-9", "method": "tasks/explode"}),
-                        -32601, "method_not_found", id_="req-9")
+    err = _single_error(
+        _post(client, key, {"jsonrpc": "2.0", "id": "req-9", "method": "tasks/explode"}),
+        -32601,
+        "method_not_found",
+        id_="req-9",
+    )
     assert err["data"]["method"] == "tasks/explode"
 
 
 def test_c2_unknown_method_echoes_numeric_id(client, key):
-    _single_error(_post(client, key, {"jsonrpc": "2.0", "id": 77, "method": "nope", "params": {}}),
-                  -32601, "method_not_found", id_=77)
+    _single_error(
+        _post(client, key, {"jsonrpc": "2.0", "id": 77, "method": "nope", "params": {}}),
+        -32601,
+        "method_not_found",
+        id_=77,
+    )
 
 
 def test_c2_array_params_are_invalid_params_echoing_id(client, key):
-    err = _single_error(_post(client, key, {"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": ["x"]}),
-                        -32602, "invalid_params", id_=5)
+    err = _single_error(
+        _post(client, key, {"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": ["x"]}),
+        -32602,
+        "invalid_params",
+        id_=5,
+    )
     assert "params" in err["data"]["errors"]
 
 
 def test_string_params_are_invalid_request(client, key):
-    _single_error(_post(client, key, {"jsonrpc": "2.0", "id": 6, "method": "tasks/get", "params": "x"}),
-                  -32600, "invalid_request", id_=6)
+    _single_error(
+        _post(client, key, {"jsonrpc": "2.0", "id": 6, "method": "tasks/get", "params": "x"}),
+        -32600,
+        "invalid_request",
+        id_=6,
+    )
 
 
 @pytest.mark.parametrize("bad_id", [{"a": 1}, True, False, [1]], ids=["object", "true", "false", "array"])
@@ -161,8 +181,12 @@ def test_id_of_wrong_type_is_invalid_request_with_null_id(client, key, bad_id):
 
 
 def test_invalid_params_name_the_field(client, key):
-    err = _single_error(_post(client, key, {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {}}),
-                        -32602, "invalid_params", id_=3)
+    err = _single_error(
+        _post(client, key, {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {}}),
+        -32602,
+        "invalid_params",
+        id_=3,
+    )
     assert set(err["data"]["errors"]) == {"task_id"}
     assert all(isinstance(r, str) for r in err["data"]["errors"]["task_id"])
 
@@ -176,6 +200,7 @@ def test_null_id_is_answered_with_null_id(client, key):
 
 
 # --------------------------------------------------------------------------- batches
+
 
 def test_batch_is_answered_in_order_with_mixed_results(client, make_agent, key):
     make_agent("grace@acme")
@@ -224,6 +249,7 @@ def test_batch_of_only_notifications_answers_204_with_empty_body(client, key):
 
 # --------------------------------------------------------------------------- notifications
 
+
 def test_notification_answers_204_and_is_carried_out(client, make_agent, key):
     _grace, grace_key = make_agent("grace@acme")
     doc = {"jsonrpc": "2.0", "method": "message/send", "params": _send_params("grace@acme", "notified handoff")}
@@ -263,8 +289,10 @@ ERROR_BODIES = {
     "bool_id": ('{"jsonrpc":"2.0","id":true,"method":"tasks/list"}', -32600),
     "empty_batch": ("[]", -32600),
     "missing_task_id": ('{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{}}', -32602),
-    "unknown_thread": ('{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"task_id":"01HXYZ4K2VNJQP7R8MWDB3CSTF"}}',
-                       -32006),
+    "unknown_thread": (
+        '{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"task_id":"01HXYZ4K2VNJQP7R8MWDB3CSTF"}}',
+        -32006,
+    ),
 }
 
 
@@ -279,6 +307,7 @@ def test_every_jsonrpc_error_is_http_200_with_a_symbol(client, key, name):
 
 
 # --------------------------------------------------------------------------- authentication
+
 
 def test_missing_key_is_401_with_bearer_challenge(client):
     resp = _post(client, None, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"})
@@ -311,6 +340,7 @@ def test_missing_key_with_unparseable_body_is_still_401(client):
 
 
 # --------------------------------------------------------------------------- body limit
+
 
 def test_body_over_the_limit_is_413_payload_too_large(client, key):
     filler = "x" * 1_100_000

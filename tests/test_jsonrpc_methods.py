@@ -4,6 +4,7 @@ tasks/update, tasks/cancel; the state machine, unread counts, audit rows and out
 DESIGN.md ("Threads", "State machine", "JSON-RPC endpoint", "Decisions"), seed 000 and
 cases C3-C4 of shared/cases/README.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ UNKNOWN_ULID = "01HXYZ4K2VNJQP7R8MWDB3CSTF"
 
 # --------------------------------------------------------------------------- helpers
 
+
 class Rpc:
     """Calls POST /a2a as one agent."""
 
@@ -39,7 +41,9 @@ class Rpc:
         doc = {"jsonrpc": "2.0", "id": f"req-{self._n}", "method": method}
         if params is not None:
             doc["params"] = params
-        resp = self.client.post(URL, data=json.dumps(doc), headers={**bearer(self.key), "Content-Type": "application/json"})
+        resp = self.client.post(
+            URL, data=json.dumps(doc), headers={**bearer(self.key), "Content-Type": "application/json"}
+        )
         assert resp.status_code == 200, resp.get_data(as_text=True)
         body = resp.get_json()
         assert body["jsonrpc"] == "2.0" and body["id"] == doc["id"]
@@ -133,6 +137,7 @@ def _agent_id(app, handle):
 
 # --------------------------------------------------------------------------- message/send: create
 
+
 def test_create_returns_ids_state_and_first_message(alice, bob):
     result = alice.create("bob@acme")
     assert _is_ulid(result["task_id"])
@@ -178,15 +183,19 @@ def test_unknown_artifact_type_names_its_type_field(alice, bob):
     assert alice.sent() == []
 
 
-@pytest.mark.parametrize("artifact, field", [
-    ({"type": "file_diff", "path": "a.py"}, "artifacts.0.diff"),
-    ({"type": "file_diff", "diff": "@@"}, "artifacts.0.path"),
-    ({"type": "file_ref"}, "artifacts.0.path"),
-    ({"type": "test_command"}, "artifacts.0.command"),
-    ({"type": "api_contract", "name": "GET /users"}, "artifacts.0.spec"),
-    ({"type": "api_contract", "spec": "openapi: 3.1.0"}, "artifacts.0.name"),
-    ({"type": "link"}, "artifacts.0.url"),
-], ids=["diff", "diff_path", "ref_path", "command", "spec", "contract_name", "url"])
+@pytest.mark.parametrize(
+    "artifact, field",
+    [
+        ({"type": "file_diff", "path": "a.py"}, "artifacts.0.diff"),
+        ({"type": "file_diff", "diff": "@@"}, "artifacts.0.path"),
+        ({"type": "file_ref"}, "artifacts.0.path"),
+        ({"type": "test_command"}, "artifacts.0.command"),
+        ({"type": "api_contract", "name": "GET /users"}, "artifacts.0.spec"),
+        ({"type": "api_contract", "spec": "openapi: 3.1.0"}, "artifacts.0.name"),
+        ({"type": "link"}, "artifacts.0.url"),
+    ],
+    ids=["diff", "diff_path", "ref_path", "command", "spec", "contract_name", "url"],
+)
 def test_artifact_missing_a_required_field_names_it(alice, bob, artifact, field):
     params = {"recipient": "bob@acme", "message": _msg(), "artifacts": [artifact]}
     alice.invalid("message/send", params, field)
@@ -194,15 +203,21 @@ def test_artifact_missing_a_required_field_names_it(alice, bob, artifact, field)
 
 @pytest.mark.parametrize("line", [1.5, "3", 10**30, 0], ids=["fraction", "string", "huge", "zero"])
 def test_file_ref_line_must_be_a_whole_number_in_range(alice, bob, line):
-    params = {"recipient": "bob@acme", "message": _msg(),
-              "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": line}]}
+    params = {
+        "recipient": "bob@acme",
+        "message": _msg(),
+        "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": line}],
+    }
     alice.invalid("message/send", params, "artifacts.0.line_start")
     assert alice.sent() == []
 
 
 def test_second_bad_artifact_is_named_by_its_index(alice, bob):
-    params = {"recipient": "bob@acme", "message": _msg(),
-              "artifacts": [ARTIFACTS["link"], {"type": "file_diff", "path": "a.py"}]}
+    params = {
+        "recipient": "bob@acme",
+        "message": _msg(),
+        "artifacts": [ARTIFACTS["link"], {"type": "file_diff", "path": "a.py"}],
+    }
     errors = alice.invalid("message/send", params, "artifacts.1.diff")
     assert not any(k.startswith("artifacts.0") for k in errors)
 
@@ -233,8 +248,10 @@ def test_message_whose_parts_have_only_blank_text_is_invalid(alice, bob):
 
 
 def test_non_text_part_is_invalid(alice, bob):
-    params = {"recipient": "bob@acme",
-              "message": {"parts": [{"type": "file", "file": {"uri": "https://example.com/a.png"}}]}}
+    params = {
+        "recipient": "bob@acme",
+        "message": {"parts": [{"type": "file", "file": {"uri": "https://example.com/a.png"}}]},
+    }
     alice.invalid("message/send", params, "message.parts.0.type")
 
 
@@ -280,8 +297,11 @@ def test_block_is_one_way(app, alice, bob):
     assert result["status"] == {"state": "pending"}
 
 
-PROPOSED = {"description": "Switch /users to keyset pagination", "target_files": ["src/api/users.py"],
-            "rationale": "Offset pagination skips rows under concurrent inserts"}
+PROPOSED = {
+    "description": "Switch /users to keyset pagination",
+    "target_files": ["src/api/users.py"],
+    "rationale": "Offset pagination skips rows under concurrent inserts",
+}
 
 
 def test_propose_action_without_proposed_action_is_invalid_intent_payload(alice, bob):
@@ -306,8 +326,11 @@ def test_propose_action_with_proposed_action_is_stored(alice, bob):
 
 def test_proposed_action_missing_rationale_is_invalid_params(alice, bob):
     pa = {k: v for k, v in PROPOSED.items() if k != "rationale"}
-    alice.invalid("message/send", {"recipient": "bob@acme", "intent": "propose_action", "message": _msg(),
-                                   "proposed_action": pa}, "proposed_action.rationale")
+    alice.invalid(
+        "message/send",
+        {"recipient": "bob@acme", "intent": "propose_action", "message": _msg(), "proposed_action": pa},
+        "proposed_action.rationale",
+    )
 
 
 def test_invalid_intent_string_is_invalid_params(alice, bob):
@@ -352,8 +375,9 @@ def test_unknown_context_id_is_invalid_params(alice, bob):
 def test_someone_elses_context_id_is_invalid_params(alice, bob, carol, make_agent):
     make_agent("dave@acme")
     foreign = bob.create("dave@acme")
-    alice.invalid("message/send", {"recipient": "bob@acme", "message": _msg(), "context_id": foreign["context_id"]},
-                  "context_id")
+    alice.invalid(
+        "message/send", {"recipient": "bob@acme", "message": _msg(), "context_id": foreign["context_id"]}, "context_id"
+    )
 
 
 @pytest.mark.parametrize("bad", ["not-a-ulid", "01HXYZ4K2VNJQP7R8MWDB3CST!", "8" * 26, 12345, ""])
@@ -371,6 +395,7 @@ def test_malformed_task_id_is_invalid_params(alice, bad):
 
 # --------------------------------------------------------------------------- message/send: append
 
+
 def test_append_numbers_messages_2_and_3(alice, bob):
     created = alice.create("bob@acme")
     second = bob.append(created["task_id"], "what about /search?")
@@ -382,7 +407,10 @@ def test_append_numbers_messages_2_and_3(alice, bob):
     assert _is_utc_iso(second["created_at"])
     messages = alice.get(created["task_id"])["messages"]
     assert [(m["sequence_no"], m["from"], m["body"]) for m in messages] == [
-        (1, "alice@acme", TEXT), (2, "bob@acme", "what about /search?"), (3, "alice@acme", "same shape")]
+        (1, "alice@acme", TEXT),
+        (2, "bob@acme", "what about /search?"),
+        (3, "alice@acme", "same shape"),
+    ]
 
 
 def test_append_by_a_stranger_is_not_a_participant(alice, bob, carol):
@@ -395,8 +423,10 @@ def test_append_to_unknown_thread_is_thread_not_found(alice):
     alice.err("message/send", {"task_id": UNKNOWN_ULID, "message": _msg()}, -32006, "thread_not_found")
 
 
-@pytest.mark.parametrize("field, value", [("recipient", "bob@acme"), ("intent", "inform"),
-                                          ("proposed_action", PROPOSED), ("context_id", None)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("recipient", "bob@acme"), ("intent", "inform"), ("proposed_action", PROPOSED), ("context_id", None)],
+)
 def test_append_with_a_create_only_field_is_invalid(alice, bob, field, value):
     created = alice.create("bob@acme")
     if field == "context_id":
@@ -450,15 +480,28 @@ def test_lower_case_ulid_is_accepted(alice, bob):
 
 # --------------------------------------------------------------------------- tasks/get
 
-SEED_GET_FIELDS = {"thread_id", "task_id", "status", "sender", "recipient_id", "summary", "intent", "artifacts",
-                   "proposed_action", "messages", "accepted_at", "completed_at", "cancelled_at", "created_at"}
+SEED_GET_FIELDS = {
+    "thread_id",
+    "task_id",
+    "status",
+    "sender",
+    "recipient_id",
+    "summary",
+    "intent",
+    "artifacts",
+    "proposed_action",
+    "messages",
+    "accepted_at",
+    "completed_at",
+    "cancelled_at",
+    "created_at",
+}
 SEED_MESSAGE_FIELDS = {"id", "sequence_no", "from", "body", "payload", "created_at"}
 
 
 def test_tasks_get_returns_every_seed_field(app, alice, bob):
     artifact = ARTIFACTS["file_diff"]
-    created = alice.create("bob@acme", artifacts=[artifact],
-                           metadata={"client_idempotency_key": "k-1", "trace": "abc"})
+    created = alice.create("bob@acme", artifacts=[artifact], metadata={"client_idempotency_key": "k-1", "trace": "abc"})
     thread = bob.get(created["task_id"])
     assert SEED_GET_FIELDS | {"recipient", "context_id", "result_summary"} <= set(thread)
     assert thread["thread_id"] == thread["task_id"] == created["task_id"]
@@ -510,6 +553,7 @@ def test_summary_is_the_opening_messages_text_only(alice, bob):
 
 # --------------------------------------------------------------------------- unread
 
+
 def test_new_handoff_is_unread_for_the_recipient_until_tasks_get(alice, bob):
     tid = alice.create("bob@acme")["task_id"]
     assert _item(bob.inbox(), tid)["unread_messages"] == 1
@@ -543,11 +587,21 @@ def test_stranger_tasks_get_does_not_mark_read(alice, bob, carol):
 
 # --------------------------------------------------------------------------- tasks/list
 
+
 def test_list_item_fields(alice, bob):
     created = alice.create("bob@acme")
     [item] = bob.inbox()
-    assert {"thread_id", "task_id", "status", "sender", "summary_preview", "intent", "unread_messages",
-            "created_at", "updated_at"} <= set(item)
+    assert {
+        "thread_id",
+        "task_id",
+        "status",
+        "sender",
+        "summary_preview",
+        "intent",
+        "unread_messages",
+        "created_at",
+        "updated_at",
+    } <= set(item)
     assert item["task_id"] == item["thread_id"] == created["task_id"]
     assert item["status"] == {"state": "pending"}
     assert item["sender"] == {"handle": "alice@acme", "name": "Alice", "role": "frontend"}
@@ -676,6 +730,7 @@ def test_list_newest_activity_first(alice, bob):
 
 # --------------------------------------------------------------------------- transitions: allowed
 
+
 def test_recipient_accepts_pending(alice, bob):
     tid = alice.create("bob@acme")["task_id"]
     result = bob.update(tid, "accept", session_id="claude-1234")
@@ -734,6 +789,7 @@ def test_transition_on_unknown_thread_is_thread_not_found(alice):
 
 # --------------------------------------------------------------------------- transitions: refused
 
+
 def test_sender_accepting_is_not_authorized(alice, bob):
     tid = alice.create("bob@acme")["task_id"]
     alice.err("tasks/update", {"task_id": tid, "transition": "accept"}, -32009, "not_authorized_transition")
@@ -776,6 +832,7 @@ def test_refused_transition_error_data_names_state_and_transition(alice, bob):
 
 # --------------------------------------------------------------------------- C3: strangers
 
+
 def test_c3_stranger_gets_not_a_participant_from_every_method(alice, bob, carol):
     secret = "Rotate the prod database password before Friday"
     tid = alice.create("bob@acme", secret)["task_id"]
@@ -806,6 +863,7 @@ def test_c3_stranger_gets_not_a_participant_on_terminal_thread_too(alice, bob, c
 
 
 # --------------------------------------------------------------------------- C4: terminal states
+
 
 def test_c4_completed_thread_stays_completed(alice, bob):
     tid = alice.create("bob@acme")["task_id"]
@@ -847,6 +905,7 @@ def test_cancelled_thread_stays_cancelled(alice, bob):
 
 # --------------------------------------------------------------------------- audit and outbox
 
+
 def test_audit_rows_record_actor_states_session_and_result(app, alice, bob):
     tid = alice.create("bob@acme")["task_id"]
     bob.update(tid, "accept", session_id="claude-1234")
@@ -854,9 +913,17 @@ def test_audit_rows_record_actor_states_session_and_result(app, alice, bob):
     alice_id, bob_id = _agent_id(app, "alice@acme"), _agent_id(app, "bob@acme")
     with app.app_context():
         rows = db.session.execute(
-            select(AuditEvent.action, AuditEvent.actor_id, AuditEvent.from_state, AuditEvent.to_state,
-                   AuditEvent.session_id, AuditEvent.result_summary, AuditEvent.created_at)
-            .where(AuditEvent.thread_id == ULID.from_str(tid).to_uuid()).order_by(AuditEvent.id)
+            select(
+                AuditEvent.action,
+                AuditEvent.actor_id,
+                AuditEvent.from_state,
+                AuditEvent.to_state,
+                AuditEvent.session_id,
+                AuditEvent.result_summary,
+                AuditEvent.created_at,
+            )
+            .where(AuditEvent.thread_id == ULID.from_str(tid).to_uuid())
+            .order_by(AuditEvent.id)
         ).all()
         db.session.rollback()
     assert [tuple(r[:6]) for r in rows] == [
@@ -872,8 +939,9 @@ def test_cancel_writes_an_audit_row(app, alice, bob):
     alice.ok("tasks/cancel", {"task_id": tid})
     with app.app_context():
         rows = db.session.execute(
-            select(AuditEvent.action, AuditEvent.actor_id, AuditEvent.from_state, AuditEvent.to_state)
-            .where(AuditEvent.thread_id == ULID.from_str(tid).to_uuid(), AuditEvent.action == "cancel")
+            select(AuditEvent.action, AuditEvent.actor_id, AuditEvent.from_state, AuditEvent.to_state).where(
+                AuditEvent.thread_id == ULID.from_str(tid).to_uuid(), AuditEvent.action == "cancel"
+            )
         ).all()
         db.session.rollback()
     assert [tuple(r) for r in rows] == [("cancel", _agent_id(app, "alice@acme"), "pending", "cancelled")]
@@ -903,10 +971,12 @@ def test_events_announce_each_message_and_transition_to_the_other_side(app, alic
     with app.app_context():
         rows = db.session.execute(
             select(Event.type, Event.agent_id, Event.message_id, Event.payload)
-            .where(Event.thread_id == thread_uuid).order_by(Event.created_at, Event.id)
+            .where(Event.thread_id == thread_uuid)
+            .order_by(Event.created_at, Event.id)
         ).all()
-        message_ids = db.session.scalars(select(Message.id).where(Message.thread_id == thread_uuid)
-                                         .order_by(Message.sequence_no)).all()
+        message_ids = db.session.scalars(
+            select(Message.id).where(Message.thread_id == thread_uuid).order_by(Message.sequence_no)
+        ).all()
         db.session.rollback()
     assert [str(m) for m in message_ids] == [created["message_id"], reply["message_id"]]
     created_events = [(r.agent_id, str(r.message_id)) for r in rows if r.type == "message.created"]
@@ -953,8 +1023,9 @@ def test_updated_at_moves_forward_with_each_message_and_transition(alice, bob):
 UNSTORABLE = {"nul": "a\u0000b", "lone_surrogate": "a\ud800b"}
 SEND_FIELDS = {
     "message.parts.0.text": lambda s: {"message": _msg(s)},
-    "message.parts.1.text": lambda s: {"message": {"parts": [{"type": "text", "text": "ok"},
-                                                              {"type": "text", "text": s}]}},
+    "message.parts.1.text": lambda s: {
+        "message": {"parts": [{"type": "text", "text": "ok"}, {"type": "text", "text": s}]}
+    },
     "message.parts.0.note": lambda s: {"message": {"parts": [{"type": "text", "text": "ok", "note": s}]}},
     "metadata.trace": lambda s: {"metadata": {"trace": s}},
     "metadata.deep.0.x": lambda s: {"metadata": {"deep": [{"x": s}]}},
@@ -962,7 +1033,10 @@ SEND_FIELDS = {
     "metadata.client_idempotency_key": lambda s: {"metadata": {"client_idempotency_key": s}},
     "artifacts.0.path": lambda s: {"artifacts": [{"type": "file_ref", "path": s}]},
     "artifacts.0.spec.x": lambda s: {"artifacts": [{"type": "api_contract", "name": "n", "spec": {"x": s}}]},
-    "proposed_action.description": lambda s: {"intent": "propose_action", "proposed_action": {**PROPOSED, "description": s}},
+    "proposed_action.description": lambda s: {
+        "intent": "propose_action",
+        "proposed_action": {**PROPOSED, "description": s},
+    },
 }
 
 
@@ -987,17 +1061,18 @@ def test_transition_with_unstorable_session_or_summary_is_invalid(alice, bob, ki
     tid = alice.create("bob@acme")["task_id"]
     bob.invalid("tasks/update", {"task_id": tid, "transition": "accept", "session_id": UNSTORABLE[kind]}, "session_id")
     bob.update(tid, "accept")
-    bob.invalid("tasks/update", {"task_id": tid, "transition": "complete", "result_summary": UNSTORABLE[kind]},
-                "result_summary")
+    bob.invalid(
+        "tasks/update", {"task_id": tid, "transition": "complete", "result_summary": UNSTORABLE[kind]}, "result_summary"
+    )
     assert alice.get(tid)["status"] == {"state": "accepted"}
 
 
 def test_other_non_ascii_text_round_trips(alice, bob):
-    text = "caf\u00e9 \u2014 \u65e5\u672c\u8a9e \U0001F680 don\u02bct"
-    tid = alice.create("bob@acme", text, metadata={"\u00e9": "\U0001F680"})["task_id"]
+    text = "caf\u00e9 \u2014 \u65e5\u672c\u8a9e \U0001f680 don\u02bct"
+    tid = alice.create("bob@acme", text, metadata={"\u00e9": "\U0001f680"})["task_id"]
     thread = bob.get(tid)
     assert thread["summary"] == text
-    assert thread["messages"][0]["payload"] == {"\u00e9": "\U0001F680"}
+    assert thread["messages"][0]["payload"] == {"\u00e9": "\U0001f680"}
 
 
 def test_unread_counts_stay_per_thread_when_the_caller_has_read_several_threads(client, make_agent):
@@ -1006,13 +1081,20 @@ def test_unread_counts_stay_per_thread_when_the_caller_has_read_several_threads(
     recipient, rkey = make_agent("unread-r@acme")
 
     def call(key, method, params):
-        body = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                           headers={"Authorization": f"Bearer {key}"}).get_json()
+        body = client.post(
+            "/a2a",
+            json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+            headers={"Authorization": f"Bearer {key}"},
+        ).get_json()
         assert "result" in body, body
         return body["result"]
 
-    ids = [call(skey, "message/send", {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"t{i}"}]}})["task_id"]
-           for i in range(3)]
+    ids = [
+        call(skey, "message/send", {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"t{i}"}]}})[
+            "task_id"
+        ]
+        for i in range(3)
+    ]
     for task_id in ids:
         call(rkey, "tasks/get", {"task_id": task_id})
     call(skey, "message/send", {"task_id": ids[1], "message": {"parts": [{"type": "text", "text": "one more"}]}})

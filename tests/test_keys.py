@@ -1,4 +1,5 @@
 """API keys: format, uniqueness, and digest-only storage (README, "Administration")."""
+
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,7 @@ def test_plaintext_key_never_stored_in_any_column(app, make_agent):
     _handle, key = make_agent("frank@acme")
     rows = _api_key_rows(app)
     assert len(rows) == 1
-    secret_part = key[len("ah_live_"):]
+    secret_part = key[len("ah_live_") :]
     for column, value in rows[0].items():
         if value is None:
             continue

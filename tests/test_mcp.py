@@ -6,6 +6,7 @@ subprocess, and it is driven only with the official MCP Python SDK's own client
 hand-written JSON-RPC. Every wait is bounded (``anyio.fail_after``); nothing asserts
 on timing.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,22 +17,32 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from relay.embedded import free_port
+from relay.ops.embedded import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
 RELAY_MCP = Path(sys.executable).parent / "relay-mcp"
-TOOLS = {"send_handoff", "reply", "list_inbox", "get_thread", "accept", "complete", "cancel", "search_messages",
-         "catch_up"}
+TOOLS = {
+    "send_handoff",
+    "reply",
+    "list_inbox",
+    "get_thread",
+    "accept",
+    "complete",
+    "cancel",
+    "search_messages",
+    "catch_up",
+}
 BOUND = 90  # seconds: the outer bound of one test's MCP conversation
 
 
@@ -91,6 +102,7 @@ def run(test) -> None:
 
 # --------------------------------------------------------------------------- 1. the tool list
 
+
 def test_stdio_lists_exactly_the_nine_tools_with_schemas_and_descriptions(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
@@ -118,49 +130,77 @@ def test_stdio_lists_exactly_the_nine_tools_with_schemas_and_descriptions(relay_
 
 # --------------------------------------------------------------------------- 2. the round trip
 
+
 def test_full_round_trip_over_stdio(relay_url, keys):
     brief = "Refactored /users; the new shape is {items, next_cursor}. Please update the zanzibar client."
 
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
-            sent = ok(await alice.call_tool("send_handoff", {
-                "recipient": "bob@acme", "text": brief, "intent": "inform",
-                "artifacts": [{"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1 +1 @@\n-a\n+b"},
-                              {"type": "file_ref", "path": "src/api/users.py", "line_start": 3, "line_end": 9},
-                              {"type": "test_command", "command": "pytest tests/test_users.py -q"},
-                              {"type": "api_contract", "name": "GET /users", "spec": {"type": "object"}},
-                              {"type": "link", "url": "https://example.com/issues/9", "title": "issue 9"}],
-            }))
+            sent = ok(
+                await alice.call_tool(
+                    "send_handoff",
+                    {
+                        "recipient": "bob@acme",
+                        "text": brief,
+                        "intent": "inform",
+                        "artifacts": [
+                            {"type": "file_diff", "path": "src/api/users.py", "diff": "@@ -1 +1 @@\n-a\n+b"},
+                            {"type": "file_ref", "path": "src/api/users.py", "line_start": 3, "line_end": 9},
+                            {"type": "test_command", "command": "pytest tests/test_users.py -q"},
+                            {"type": "api_contract", "name": "GET /users", "spec": {"type": "object"}},
+                            {"type": "link", "url": "https://example.com/issues/9", "title": "issue 9"},
+                        ],
+                    },
+                )
+            )
             task_id = sent["task_id"]
             assert sent["status"]["state"] == "pending" and len(task_id) == 26 and sent["idempotency_key"]
 
             # Bob's inbox shows it, unread; his sent list does not.
             inbox = ok(await bob.call_tool("list_inbox", {}))
             [item] = inbox["items"]
-            assert (item["task_id"], item["state"], item["sender"], item["recipient"], item["unread_messages"]) == \
-                (task_id, "pending", "alice@acme", "bob@acme", 1)
+            assert (item["task_id"], item["state"], item["sender"], item["recipient"], item["unread_messages"]) == (
+                task_id,
+                "pending",
+                "alice@acme",
+                "bob@acme",
+                1,
+            )
             assert inbox["next_cursor"] is None
             assert ok(await bob.call_tool("list_inbox", {"sent": True}))["items"] == []
-            assert [i["task_id"] for i in ok(await bob.call_tool("list_inbox", {"status": ["pending"]}))["items"]] \
-                == [task_id]
+            assert [i["task_id"] for i in ok(await bob.call_tool("list_inbox", {"status": ["pending"]}))["items"]] == [
+                task_id
+            ]
             assert ok(await bob.call_tool("list_inbox", {"status": ["completed"]}))["items"] == []
 
             thread = ok(await bob.call_tool("get_thread", {"task_id": task_id}))
             assert thread["summary"] == brief and thread["sender"]["handle"] == "alice@acme"
             [first] = thread["messages"]
             assert first["body"] == brief and first["sequence_no"] == 1
-            assert [a["type"] for a in first["artifacts"]] == ["file_diff", "file_ref", "test_command",
-                                                               "api_contract", "link"]
-            assert first["artifacts"][1] == {"type": "file_ref", "path": "src/api/users.py", "line_start": 3,
-                                             "line_end": 9}
+            assert [a["type"] for a in first["artifacts"]] == [
+                "file_diff",
+                "file_ref",
+                "test_command",
+                "api_contract",
+                "link",
+            ]
+            assert first["artifacts"][1] == {
+                "type": "file_ref",
+                "path": "src/api/users.py",
+                "line_start": 3,
+                "line_end": 9,
+            }
             assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["unread_messages"] == 0  # read now
 
             replied = ok(await bob.call_tool("reply", {"task_id": task_id, "text": "On it: updating the client now."}))
             assert replied["sequence_no"] == 2 and replied["message_id"]
             accepted = ok(await bob.call_tool("accept", {"task_id": task_id, "session_id": "claude-1234"}))
             assert accepted["status"]["state"] == "accepted" and accepted["accepted_at"]
-            done = ok(await bob.call_tool("complete", {"task_id": task_id,
-                                                       "result_summary": "Client updated; all tests pass."}))
+            done = ok(
+                await bob.call_tool(
+                    "complete", {"task_id": task_id, "result_summary": "Client updated; all tests pass."}
+                )
+            )
             assert done["status"]["state"] == "completed"
 
             seen = ok(await alice.call_tool("get_thread", {"task_id": task_id}))
@@ -190,8 +230,9 @@ def test_full_round_trip_over_stdio(relay_url, keys):
             assert [m["id"] for m in one["messages"]] == ids[:1] and one["more"] is True
             rest = ok(await bob.call_tool("catch_up", {"since": one["next_since"], "seen_ids": one["next_seen_ids"]}))
             assert [m["id"] for m in rest["messages"]] == ids[1:] and rest["more"] is False
-            inbound_for_alice = ok(await alice.call_tool("catch_up", {"since": sent["created_at"],
-                                                                       "direction": "inbound"}))
+            inbound_for_alice = ok(
+                await alice.call_tool("catch_up", {"since": sent["created_at"], "direction": "inbound"})
+            )
             assert inbound_for_alice["messages"] == []
 
     run(test)
@@ -200,13 +241,28 @@ def test_full_round_trip_over_stdio(relay_url, keys):
 def test_propose_action_and_context_id(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
-            first = ok(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "Which page size?",
-                                                              "intent": "ask_question"}))
-            proposal = {"description": "Default page size 50", "target_files": ["src/api/users.py"],
-                        "rationale": "Matches the relay's own default"}
-            second = ok(await alice.call_tool("send_handoff", {
-                "recipient": "bob@acme", "text": "Proposal attached", "intent": "propose_action",
-                "proposed_action": proposal, "context_id": first["context_id"]}))
+            first = ok(
+                await alice.call_tool(
+                    "send_handoff", {"recipient": "bob@acme", "text": "Which page size?", "intent": "ask_question"}
+                )
+            )
+            proposal = {
+                "description": "Default page size 50",
+                "target_files": ["src/api/users.py"],
+                "rationale": "Matches the relay's own default",
+            }
+            second = ok(
+                await alice.call_tool(
+                    "send_handoff",
+                    {
+                        "recipient": "bob@acme",
+                        "text": "Proposal attached",
+                        "intent": "propose_action",
+                        "proposed_action": proposal,
+                        "context_id": first["context_id"],
+                    },
+                )
+            )
             assert second["context_id"] == first["context_id"] and second["task_id"] != first["task_id"]
             thread = ok(await alice.call_tool("get_thread", {"task_id": second["task_id"]}))
             assert thread["intent"] == "propose_action"
@@ -223,6 +279,7 @@ def test_propose_action_and_context_id(relay_url, keys):
 
 # --------------------------------------------------------------------------- 3. errors
 
+
 def test_relay_errors_are_one_line_tool_errors_and_the_session_goes_on(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
@@ -235,21 +292,30 @@ def test_relay_errors_are_one_line_tool_errors_and_the_session_goes_on(relay_url
             assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["state"] == "pending"
 
             assert err(await alice.call_tool("accept", {"task_id": task_id})).startswith("not_authorized_transition: ")
-            assert err(await bob.call_tool("complete", {"task_id": task_id, "result_summary": "x"})) \
-                .startswith("invalid_transition: ")
-            assert err(await alice.call_tool("send_handoff", {"recipient": "nobody@acme", "text": "hi"})) \
-                .startswith("recipient_not_found: ")
-            assert err(await alice.call_tool("get_thread", {"task_id": "01HXYZ4K2VNJQP7R8MWDB3CSTF"})) \
-                .startswith("thread_not_found: ")
+            assert err(await bob.call_tool("complete", {"task_id": task_id, "result_summary": "x"})).startswith(
+                "invalid_transition: "
+            )
+            assert err(await alice.call_tool("send_handoff", {"recipient": "nobody@acme", "text": "hi"})).startswith(
+                "recipient_not_found: "
+            )
+            assert err(await alice.call_tool("get_thread", {"task_id": "01HXYZ4K2VNJQP7R8MWDB3CSTF"})).startswith(
+                "thread_not_found: "
+            )
             bad = err(await alice.call_tool("get_thread", {"task_id": "not-a-ulid"}))
             assert bad.startswith("invalid_params: ") and "task_id" in bad
-            assert err(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "x",
-                                                              "intent": "propose_action"})) \
-                .startswith("invalid_intent_payload: ")
+            assert err(
+                await alice.call_tool(
+                    "send_handoff", {"recipient": "bob@acme", "text": "x", "intent": "propose_action"}
+                )
+            ).startswith("invalid_intent_payload: ")
             assert err(await alice.call_tool("catch_up", {"since": "yesterday"})).startswith("invalid_params: ")
             # Arguments that fail the input schema are refused in the same one-line shape.
-            schema = err(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "x",
-                                                                "artifacts": [{"type": "file_diff", "path": "a"}]}))
+            schema = err(
+                await alice.call_tool(
+                    "send_handoff",
+                    {"recipient": "bob@acme", "text": "x", "artifacts": [{"type": "file_diff", "path": "a"}]},
+                )
+            )
             assert schema.startswith("invalid_params: ") and "diff" in schema
 
             assert ok(await alice.call_tool("cancel", {"task_id": task_id}))["status"]["state"] == "cancelled"
@@ -263,9 +329,17 @@ def test_relay_errors_are_one_line_tool_errors_and_the_session_goes_on(relay_url
 def test_unknown_arguments_are_refused_by_name_and_nothing_is_sent(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
-            text = err(await alice.call_tool("send_handoff", {
-                "recipient": "bob@acme", "text": "typo test",
-                "artifact": [{"type": "link", "url": "https://x.example/"}], "contextid": "whatever"}))
+            text = err(
+                await alice.call_tool(
+                    "send_handoff",
+                    {
+                        "recipient": "bob@acme",
+                        "text": "typo test",
+                        "artifact": [{"type": "link", "url": "https://x.example/"}],
+                        "contextid": "whatever",
+                    },
+                )
+            )
             assert text.startswith("invalid_params: ") and "artifact" in text and "contextid" in text, text
             assert ok(await alice.call_tool("list_inbox", {"sent": True}))["items"] == []
 
@@ -293,6 +367,7 @@ def test_a_bad_key_is_an_unauthenticated_tool_error(relay_url, keys):
 
 # --------------------------------------------------------------------------- 4. streamable HTTP
 
+
 def _wait_listening(proc: subprocess.Popen, port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -310,9 +385,14 @@ def test_streamable_http(relay_url, keys, tmp_path):
     port = free_port()
     log = tmp_path / "relay-mcp-http.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(RELAY_MCP), "--http", "--port", str(port)],
-                                env=_server_env(relay_url, keys["bob"]),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(RELAY_MCP), "--http", "--port", str(port)],
+            env=_server_env(relay_url, keys["bob"]),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_listening(proc, port)
 
@@ -326,8 +406,9 @@ def test_streamable_http(relay_url, keys, tmp_path):
                     assert {t.name for t in (await bob.list_tools()).tools} == TOOLS
                     [item] = ok(await bob.call_tool("list_inbox", {}))["items"]
                     assert (item["task_id"], item["sender"]) == (task_id, "alice@acme")
-                    assert err(await bob.call_tool("cancel", {"task_id": task_id})) \
-                        .startswith("not_authorized_transition: ")
+                    assert err(await bob.call_tool("cancel", {"task_id": task_id})).startswith(
+                        "not_authorized_transition: "
+                    )
                     assert ok(await bob.call_tool("accept", {"task_id": task_id}))["status"]["state"] == "accepted"
 
         run(test)
@@ -347,17 +428,27 @@ def test_streamable_http(relay_url, keys, tmp_path):
 
 # --------------------------------------------------------------------------- 5. configuration
 
+
 @pytest.mark.parametrize("missing", ["RELAY_API_KEY", "RELAY_URL"])
 def test_missing_configuration_exits_3_with_one_line(missing):
-    env = _server_env(None if missing == "RELAY_URL" else "http://127.0.0.1:9",
-                      None if missing == "RELAY_API_KEY" else "ah_live_" + "a" * 32)
-    done = subprocess.run([str(RELAY_MCP)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=60)
+    env = _server_env(
+        None if missing == "RELAY_URL" else "http://127.0.0.1:9",
+        None if missing == "RELAY_API_KEY" else "ah_live_" + "a" * 32,
+    )
+    done = subprocess.run(
+        [str(RELAY_MCP)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 3
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
     assert missing in line and "not set" in line and line.startswith("relay-mcp: ")
     # --http is refused the same way, before anything listens.
-    done = subprocess.run([str(RELAY_MCP), "--http", "--port", str(free_port())], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(RELAY_MCP), "--http", "--port", str(free_port())],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3 and missing in done.stderr

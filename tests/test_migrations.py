@@ -1,4 +1,5 @@
 """Alembic migrations against real PostgreSQL: they match the models, and 0003 goes down and up cleanly."""
+
 from __future__ import annotations
 
 import uuid
@@ -9,13 +10,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
+import relay.models  # noqa: F401  (the tables register on db.metadata)
 from relay.config import normalize_database_url
 from relay.extensions import db
 from relay.ids import new_ulid
-from relay.migrate import alembic_config, upgrade
+from relay.ops.migrate import alembic_config, upgrade
 from tests.conftest import migrated_database
-
-import relay.models  # noqa: F401  (the tables register on db.metadata)
 
 
 def _connect(url: str):
@@ -37,20 +37,28 @@ def test_downgrading_0003_removes_push_configs_and_keeps_webhooks(server_urls):
         conn.autocommit = True
         agent, thread = uuid.uuid4(), new_ulid()
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO agents (id, handle, org, name, role) VALUES (%s, 'a@x', 'x', 'A', '')", (str(agent),))
-            cur.execute("INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, state, version,"
-                        " last_sequence_no) VALUES (%s, %s, %s, %s, 'inform', 's', 'pending', 1, 1)",
-                        (str(thread), str(new_ulid()), str(agent), str(agent)))
+            cur.execute(
+                "INSERT INTO agents (id, handle, org, name, role) VALUES (%s, 'a@x', 'x', 'A', '')", (str(agent),)
+            )
+            cur.execute(
+                "INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, state, version,"
+                " last_sequence_no) VALUES (%s, %s, %s, %s, 'inform', 's', 'pending', 1, 1)",
+                (str(thread), str(new_ulid()), str(agent), str(agent)),
+            )
             for kind, thread_id, config_id in (("webhook", None, None), ("a2a_push", str(thread), "c1")):
-                cur.execute("INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled,"
-                            " secret_encrypted, kind, thread_id, push_config_id) VALUES"
-                            " (%s, %s, 'http://127.0.0.1:9/', '', '[]', true, 'x', %s, %s, %s)",
-                            (str(uuid.uuid4()), str(agent), kind, thread_id, config_id))
+                cur.execute(
+                    "INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled,"
+                    " secret_encrypted, kind, thread_id, push_config_id) VALUES"
+                    " (%s, %s, 'http://127.0.0.1:9/', '', '[]', true, 'x', %s, %s, %s)",
+                    (str(uuid.uuid4()), str(agent), kind, thread_id, config_id),
+                )
             # A push config must name its task, and a webhook must not.
             try:
-                cur.execute("INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled,"
-                            " secret_encrypted, kind) VALUES (%s, %s, 'http://x/', '', '[]', true, 'x', 'a2a_push')",
-                            (str(uuid.uuid4()), str(agent)))
+                cur.execute(
+                    "INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled,"
+                    " secret_encrypted, kind) VALUES (%s, %s, 'http://x/', '', '[]', true, 'x', 'a2a_push')",
+                    (str(uuid.uuid4()), str(agent)),
+                )
                 raise AssertionError("a push config without a task was stored")
             except psycopg2.errors.CheckViolation:
                 pass

@@ -1,4 +1,5 @@
 """Configuration check, request ids, metrics and log hygiene (issue 7, points 2 and 3)."""
+
 from __future__ import annotations
 
 import json
@@ -6,18 +7,24 @@ import os
 import subprocess
 import sys
 
-from relay import create_app
+from relay.factory import create_app
 from tests.conftest import bearer
 
 
 def _relay(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relay.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_config_check_prints_the_effective_settings_with_secrets_masked(base_env, tmp_path):
-    env = {**base_env, "RELAY_HOME": str(tmp_path), "RELAY_SECRET_KEY": "s3cret-value-123",
-           "DATABASE_URL": "postgres://relay:dbpass-456@db.example:5432/relay", "RELAY_METRICS_TOKEN": "tok-789"}
+    env = {
+        **base_env,
+        "RELAY_HOME": str(tmp_path),
+        "RELAY_SECRET_KEY": "s3cret-value-123",
+        "DATABASE_URL": "postgres://relay:dbpass-456@db.example:5432/relay",
+        "RELAY_METRICS_TOKEN": "tok-789",
+    }
     out = _relay(env, "config", "check")
     assert out.returncode == 0, out.stderr
     assert "database_url" in out.stdout and "postgresql+psycopg2://relay:***@db.example:5432/relay" in out.stdout
@@ -35,8 +42,14 @@ def test_config_check_names_a_bad_variable_in_one_line(base_env, tmp_path):
 
 def test_gunicorn_entry_point_stops_with_one_line_on_a_bad_setting(base_env):
     env = {**base_env, "RELAY_ENV": "production", "RELAY_SECRET_KEY": ""}
-    out = subprocess.run([sys.executable, "-c", "import app"], env=env, capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", "import app"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.returncode == 3
     assert out.stderr.strip() == "relay: configuration error: RELAY_SECRET_KEY is required when RELAY_ENV=production"
 
@@ -49,13 +62,25 @@ def test_request_id_is_echoed_when_safe_and_generated_otherwise(client):
 
 
 def test_metrics_count_requests_and_report_backlog_gauges(client, alice, bob):
-    client.post("/a2a", headers=bearer(alice[1]), json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
-        "recipient": bob[0], "message": {"parts": [{"type": "text", "text": "metrics"}]}}})
+    client.post(
+        "/a2a",
+        headers=bearer(alice[1]),
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "metrics"}]}},
+        },
+    )
     text = client.get("/metrics").get_data(as_text=True)
     assert 'relay_rpc_calls_total{method="message/send",outcome="ok"}' in text
     assert 'relay_http_requests_total{method="POST",route="/a2a",status="200"}' in text
-    for gauge in ("relay_outbox_backlog", "relay_webhook_deliveries_pending", "relay_messages_unindexed",
-                  "relay_webhook_oldest_pending_seconds"):
+    for gauge in (
+        "relay_outbox_backlog",
+        "relay_webhook_deliveries_pending",
+        "relay_messages_unindexed",
+        "relay_webhook_oldest_pending_seconds",
+    ):
         assert f"\n{gauge} " in text
     # No worker runs in this test, so the message is still unindexed.
     assert "\nrelay_messages_unindexed 1.0" in text
@@ -72,11 +97,19 @@ def test_metrics_need_the_token_when_one_is_set(base_env):
 def test_request_log_line_has_the_fields_and_no_key_secret_or_body(client, alice, bob, capsys):
     capsys.readouterr()
     body_text = "confidential-body-text-31337"
-    client.post("/a2a", headers={**bearer(alice[1]), "X-Request-Id": "log-check-1"}, json={
-        "jsonrpc": "2.0", "id": 1, "method": "message/send",
-        "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": body_text}]}}})
-    made = client.post(f"/api/v1/identities/{bob[0]}/webhooks", headers=bearer(bob[1]),
-                       json={"url": "http://127.0.0.1:9/hook"}).get_json()
+    client.post(
+        "/a2a",
+        headers={**bearer(alice[1]), "X-Request-Id": "log-check-1"},
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": body_text}]}},
+        },
+    )
+    made = client.post(
+        f"/api/v1/identities/{bob[0]}/webhooks", headers=bearer(bob[1]), json={"url": "http://127.0.0.1:9/hook"}
+    ).get_json()
     client.get("/api/v1/identities/me", headers={"Authorization": "Bearer ah_live_" + "a" * 32})
     captured = capsys.readouterr()
     logs = captured.out + captured.err

@@ -1,4 +1,5 @@
 """Keyset paging of ``tasks/list`` (DESIGN.md "tasks/list", case C7, JSON-RPC half)."""
+
 from __future__ import annotations
 
 import base64
@@ -15,8 +16,9 @@ EARLIER = "2026-01-01 00:00:00.000001+00"
 
 
 def rpc(client, key, method, params, id_=1):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params},
-                       headers=bearer(key))
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     return resp.get_json()
 
@@ -24,8 +26,12 @@ def rpc(client, key, method, params, id_=1):
 def make_threads(client, sender_key, recipient, n):
     ids = []
     for i in range(n):
-        body = rpc(client, sender_key, "message/send",
-                   {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"handoff {i}"}]}})
+        body = rpc(
+            client,
+            sender_key,
+            "message/send",
+            {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"handoff {i}"}]}},
+        )
         ids.append(body["result"]["task_id"])
     return ids
 
@@ -35,8 +41,10 @@ def set_updated_at(app, stamp, task_ids=None):
         if task_ids is None:
             db.session.execute(text("UPDATE threads SET updated_at = CAST(:s AS timestamptz)"), {"s": stamp})
         else:
-            db.session.execute(text("UPDATE threads SET updated_at = CAST(:s AS timestamptz) WHERE id = ANY(:ids)"),
-                               {"s": stamp, "ids": [parse_ulid(t) for t in task_ids]})
+            db.session.execute(
+                text("UPDATE threads SET updated_at = CAST(:s AS timestamptz) WHERE id = ANY(:ids)"),
+                {"s": stamp, "ids": [parse_ulid(t) for t in task_ids]},
+            )
         db.session.commit()
 
 
@@ -59,10 +67,14 @@ def walk(client, key, limit, filter_=None):
 def expected_order(app, task_ids):
     """(updated_at desc, id desc), read back from the database."""
     with app.app_context():
-        rows = db.session.execute(
-            text("SELECT id FROM threads WHERE id = ANY(:ids) ORDER BY updated_at DESC, id DESC"),
-            {"ids": [parse_ulid(t) for t in task_ids]},
-        ).scalars().all()
+        rows = (
+            db.session.execute(
+                text("SELECT id FROM threads WHERE id = ANY(:ids) ORDER BY updated_at DESC, id DESC"),
+                {"ids": [parse_ulid(t) for t in task_ids]},
+            )
+            .scalars()
+            .all()
+        )
     by_uuid = {parse_ulid(t): t for t in task_ids}
     return [by_uuid[r] for r in rows]
 
@@ -149,8 +161,16 @@ def test_garbage_cursor_is_invalid_params(client, make_agent):
 
 def test_well_formed_cursor_of_another_shape_is_invalid_params(client, make_agent):
     _b, b_key = make_agent("bob@acme")
-    shapes = (["x", "y"], ["2026-01-02T03:04:05+00:00"], {"a": 1}, ["2026-01-02T03:04:05", "00000000-0000-0000-0000-000000000000"],
-              ["2026-01-02T03:04:05+00:00", "not-a-uuid"], [1, 2], None, "just a string")
+    shapes = (
+        ["x", "y"],
+        ["2026-01-02T03:04:05+00:00"],
+        {"a": 1},
+        ["2026-01-02T03:04:05", "00000000-0000-0000-0000-000000000000"],
+        ["2026-01-02T03:04:05+00:00", "not-a-uuid"],
+        [1, 2],
+        None,
+        "just a string",
+    )
     for shape in shapes:
         cursor = base64.urlsafe_b64encode(json.dumps(shape).encode()).decode().rstrip("=")
         assert_invalid_cursor(rpc(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))
@@ -159,8 +179,12 @@ def test_well_formed_cursor_of_another_shape_is_invalid_params(client, make_agen
 def test_cursor_with_non_string_parts_is_invalid_params(client, make_agent):
     # A time and an id that are JSON numbers, lists or objects instead of strings.
     _b, b_key = make_agent("bob@acme")
-    shapes = (["2026-01-02T03:04:05+00:00", 5], ["2026-01-02T03:04:05+00:00", ["a"]],
-              ["2026-01-02T03:04:05+00:00", {"a": 1}], [5, "00000000-0000-0000-0000-000000000000"])
+    shapes = (
+        ["2026-01-02T03:04:05+00:00", 5],
+        ["2026-01-02T03:04:05+00:00", ["a"]],
+        ["2026-01-02T03:04:05+00:00", {"a": 1}],
+        [5, "00000000-0000-0000-0000-000000000000"],
+    )
     for shape in shapes:
         cursor = base64.urlsafe_b64encode(json.dumps(shape).encode()).decode().rstrip("=")
         assert_invalid_cursor(rpc(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))

@@ -1,4 +1,5 @@
 """The Procfile as a Heroku-style host runs it: release, web, worker, beat (issue 7, point 1)."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ import requests
 from honcho.environ import parse_procfile
 from sqlalchemy.engine import make_url
 
-from relay.embedded import free_port
+from relay.ops.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
@@ -31,12 +32,18 @@ def heroku_env(server_urls, tmp_path):
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update({
-        "DATABASE_URL": f"postgres://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{name}",
-        "REDIS_URL": server_urls[1], "RELAY_HOME": str(tmp_path), "RELAY_RATE_LIMIT": "4/minute",
-        "WEB_CONCURRENCY": "1", "HOST": "127.0.0.1", "CELERY_CONCURRENCY": "1",
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-    })
+    env.update(
+        {
+            "DATABASE_URL": f"postgres://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{name}",
+            "REDIS_URL": server_urls[1],
+            "RELAY_HOME": str(tmp_path),
+            "RELAY_RATE_LIMIT": "4/minute",
+            "WEB_CONCURRENCY": "1",
+            "HOST": "127.0.0.1",
+            "CELERY_CONCURRENCY": "1",
+            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        }
+    )
     yield env
     with admin.cursor() as cur:
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -44,13 +51,21 @@ def heroku_env(server_urls, tmp_path):
 
 
 def _shell(command: str, env: dict, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, **kw)
+    return subprocess.run(
+        ["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def _start(command: str, env: dict, log: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log is not None else subprocess.DEVNULL
-    return subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], env=env, cwd=ROOT, start_new_session=True,
-                            stdout=out, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        ["/bin/sh", "-c", f"exec {command}"],
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=out,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -111,17 +126,39 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         _wait_healthy(port_a, procs[0])
         _wait_healthy(port_b, procs[1])
         headers = {"Authorization": f"Bearer {key}"}
-        sent = requests.post(f"http://127.0.0.1:{port_a}/a2a", headers=headers, timeout=10, json={
-            "jsonrpc": "2.0", "id": 1, "method": "message/send",
-            "params": {"recipient": "bob@acme", "message": {"parts": [{"type": "text", "text": "over the Procfile"}]}}})
+        sent = requests.post(
+            f"http://127.0.0.1:{port_a}/a2a",
+            headers=headers,
+            timeout=10,
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "message/send",
+                "params": {
+                    "recipient": "bob@acme",
+                    "message": {"parts": [{"type": "text", "text": "over the Procfile"}]},
+                },
+            },
+        )
         task_id = sent.json()["result"]["task_id"]
         # The other web process sees the same data ...
-        got = requests.post(f"http://127.0.0.1:{port_b}/a2a", headers=headers, timeout=10, json={
-            "jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"task_id": task_id}})
+        got = requests.post(
+            f"http://127.0.0.1:{port_b}/a2a",
+            headers=headers,
+            timeout=10,
+            json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"task_id": task_id}},
+        )
         assert got.json()["result"]["summary"] == "over the Procfile"
         # ... and the same rate-limit budget (4/minute): two more calls fit, the fifth does not.
-        codes = [requests.post(f"http://127.0.0.1:{port}/a2a", headers=headers, timeout=10, json={
-            "jsonrpc": "2.0", "id": 3, "method": "tasks/list"}).status_code for port in (port_a, port_b, port_b)]
+        codes = [
+            requests.post(
+                f"http://127.0.0.1:{port}/a2a",
+                headers=headers,
+                timeout=10,
+                json={"jsonrpc": "2.0", "id": 3, "method": "tasks/list"},
+            ).status_code
+            for port in (port_a, port_b, port_b)
+        ]
         assert codes == [200, 200, 429]
         # The worker and beat are running (they would have exited on a bad configuration).
         assert procs[2].poll() is None and procs[3].poll() is None
@@ -139,10 +176,12 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         conn.close()
         assert indexed
         # The worker's own log lines are JSON too (Celery neither hijacks logging nor stdout).
-        worker_lines = [json.loads(line) for line in (tmp_path / "worker.log").read_text().splitlines()
-                        if line.startswith("{")]
-        assert any(line["logger"] == "celery.apps.worker" and line["message"].endswith("ready.")
-                   for line in worker_lines)
+        worker_lines = [
+            json.loads(line) for line in (tmp_path / "worker.log").read_text().splitlines() if line.startswith("{")
+        ]
+        assert any(
+            line["logger"] == "celery.apps.worker" and line["message"].endswith("ready.") for line in worker_lines
+        )
     finally:
         for proc in procs:
             _stop(proc)

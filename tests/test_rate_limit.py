@@ -3,6 +3,7 @@
 Each test builds its own app limited to 5 calls a minute; agents are fresh per test,
 so counters left in Redis by earlier runs never apply.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ DEAD_REDIS = "redis://127.0.0.1:1/0"
 
 
 def build_app(env, **overrides):
-    from relay import create_app
+    from relay.factory import create_app
 
     return create_app(env, RATELIMIT_KEY_PREFIX="rl-" + secrets.token_hex(4), **overrides)
 
@@ -41,13 +42,17 @@ def limited(base_env):
 
 def call(client, key, id_=1, method="tasks/list", params=None):
     headers = bearer(key) if key is not None else {}
-    return client.post("/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}},
-                       headers=headers)
+    return client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}, headers=headers
+    )
 
 
 def batch(client, key, n):
-    return client.post("/a2a", json=[{"jsonrpc": "2.0", "id": i, "method": "tasks/list", "params": {}}
-                                      for i in range(n)], headers=bearer(key))
+    return client.post(
+        "/a2a",
+        json=[{"jsonrpc": "2.0", "id": i, "method": "tasks/list", "params": {}} for i in range(n)],
+        headers=bearer(key),
+    )
 
 
 def assert_ok(resp):
@@ -134,8 +139,12 @@ def test_unreachable_redis_fails_open(base_env, make_agent):
     _a, a_key = make_agent("alice@acme")
     b_handle, _b_key = make_agent("bob@acme")
     dead = build_app({**base_env, "REDIS_URL": DEAD_REDIS, "RELAY_RATE_LIMIT": f"{LIMIT}/minute"}).test_client()
-    sent = call(dead, a_key, method="message/send",
-                params={"recipient": b_handle, "message": {"parts": [{"type": "text", "text": "still works"}]}})
+    sent = call(
+        dead,
+        a_key,
+        method="message/send",
+        params={"recipient": b_handle, "message": {"parts": [{"type": "text", "text": "still works"}]}},
+    )
     assert_ok(sent)
     assert sent.get_json()["result"]["status"] == {"state": "pending"}
     for i in range(3):
@@ -163,8 +172,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 
 def _post(url, key, id_):
-    return requests.post(url + "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": "tasks/list", "params": {}},
-                         headers={**bearer(key), "Connection": "close"}, timeout=10)
+    return requests.post(
+        url + "/a2a",
+        json={"jsonrpc": "2.0", "id": id_, "method": "tasks/list", "params": {}},
+        headers={**bearer(key), "Connection": "close"},
+        timeout=10,
+    )
 
 
 class HeldRequest:
@@ -177,8 +190,10 @@ class HeldRequest:
 
     def __init__(self, port, key, id_):
         body = json.dumps({"jsonrpc": "2.0", "id": id_, "method": "tasks/list", "params": {}}).encode()
-        head = (f"POST /a2a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-                f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n")
+        head = (
+            f"POST /a2a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        )
         self.rest = b"\r\n" + body
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.sock.sendall(head.encode())
@@ -201,8 +216,13 @@ def gunicorn(env):
     env = {**env, "HOST": "127.0.0.1", "PORT": str(port)}
     log_fd, log_name = tempfile.mkstemp(prefix="relay-gunicorn-", suffix=".log")
     log = Path(log_name)
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "app:app", "--config", "gunicorn.conf.py"],
-                            cwd=ROOT, env=env, stdout=log_fd, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "app:app", "--config", "gunicorn.conf.py"],
+        cwd=ROOT,
+        env=env,
+        stdout=log_fd,
+        stderr=subprocess.STDOUT,
+    )
     os.close(log_fd)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -223,14 +243,14 @@ def test_limit_is_shared_by_two_gunicorn_workers(base_env, make_agent):
     _b, b_key = make_agent("bob@acme")
     env = {**base_env, "WEB_CONCURRENCY": "2", "RELAY_RATE_LIMIT": f"{LIMIT}/minute"}
     with gunicorn(env) as (url, port):
-        held = HeldRequest(port, a_key, 0)        # one worker now waits on this request
+        held = HeldRequest(port, a_key, 0)  # one worker now waits on this request
         first = [_post(url, a_key, i) for i in (1, 2)]  # ...so the other worker serves these
         held_status, held_headers, held_body = held.finish()
         rest = [_post(url, a_key, i) for i in range(3, LIMIT + 3)]
         statuses = [r.status_code for r in first] + [held_status] + [r.status_code for r in rest]
         assert statuses == [200] * LIMIT + [429] * 3, statuses
         assert "result" in held_body, held_body
-        for r in rest[LIMIT - 3:]:
+        for r in rest[LIMIT - 3 :]:
             assert r.headers["Retry-After"].isdigit() and 1 <= int(r.headers["Retry-After"]) <= 60
             assert r.json()["error"]["code"] == -32003
             assert r.json()["error"]["data"]["symbol"] == "rate_limited"

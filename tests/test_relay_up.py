@@ -1,4 +1,5 @@
 """End to end: ``relay up`` on embedded PostgreSQL/Redis, an agent, then a clean SIGTERM."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from relay.embedded import free_port
+from relay.ops.embedded import free_port
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 RELAY = SCRIPTS / "relay"
@@ -25,7 +26,7 @@ RELAY = SCRIPTS / "relay"
 def _relay_cmd(*args: str) -> list[str]:
     if RELAY.exists():
         return [str(RELAY), *args]
-    return [sys.executable, "-m", "relay.cli", *args]
+    return [sys.executable, "-m", "relay.ops.cli", *args]
 
 
 def _up_env(home: Path) -> dict[str, str]:
@@ -41,8 +42,10 @@ def _up_env(home: Path) -> dict[str, str]:
 
 def _matching_processes(needles: list[str]) -> list[tuple[int, str]]:
     """Processes (other than this one) whose command line contains one of ``needles``."""
-    patterns = [re.compile(r"(?<![0-9])" + re.escape(n) + r"(?![0-9])") if n.isdigit() else re.compile(re.escape(n))
-                for n in needles]
+    patterns = [
+        re.compile(r"(?<![0-9])" + re.escape(n) + r"(?![0-9])") if n.isdigit() else re.compile(re.escape(n))
+        for n in needles
+    ]
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         if proc.info["pid"] == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
@@ -105,8 +108,14 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
     needles = [str(home), str(port)]
     descendants: set[int] = set()
     with open(log, "wb") as out:
-        up = subprocess.Popen(_relay_cmd("up", "--port", str(port)), env=env, cwd=tmp_path,
-                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            _relay_cmd("up", "--port", str(port)),
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
 
@@ -118,13 +127,18 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
 
         created = subprocess.run(
             _relay_cmd("agents", "create", "frank@acme", "--name", "Frank", "--role", "frontend", "--json"),
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert created.returncode == 0, created.stderr
         api_key = json.loads(created.stdout)["api_key"]
 
-        me = requests.get(f"http://127.0.0.1:{port}/api/v1/identities/me",
-                          headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+        me = requests.get(
+            f"http://127.0.0.1:{port}/api/v1/identities/me", headers={"Authorization": f"Bearer {api_key}"}, timeout=10
+        )
         assert me.status_code == 200
         assert me.json()["handle"] == "frank@acme"
 

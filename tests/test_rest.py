@@ -4,6 +4,7 @@ blocks, keys, the one error shape, the OpenAPI document and the REST rate limit.
 REST calls the same services as JSON-RPC, so the rules are the same; these tests check
 that the REST side maps each rule to the right status and error code.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,9 +21,11 @@ KEY_FORMAT = re.compile(r"^ah_live_[a-z2-7]{32}$")
 
 # --------------------------------------------------------------------------- helpers
 
+
 def rpc_raw(client, key, method, params):
-    resp = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                       headers=bearer(key))
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     return resp.get_json()
 
@@ -88,6 +91,7 @@ def carol(make_agent):
 
 
 # --------------------------------------------------------------------------- GET .../a2a/tasks
+
 
 def test_list_tasks_defaults_to_the_inbox_newest_first(client, alice, bob, carol):
     a_handle, a_key = alice
@@ -161,17 +165,28 @@ def test_list_tasks_since_is_inclusive_on_last_activity(app, client, alice, bob)
     b_handle, b_key = bob
     old = create(client, a_key, b_handle, "old")["task_id"]
     new = create(client, a_key, b_handle, "new")["task_id"]
-    sql(app, "UPDATE threads SET updated_at = CAST(:t AS timestamptz) WHERE summary = 'old'", t="2026-05-01 10:00:00+00")
-    sql(app, "UPDATE threads SET updated_at = CAST(:t AS timestamptz) WHERE summary = 'new'", t="2026-05-01 10:00:01+00")
+    sql(
+        app, "UPDATE threads SET updated_at = CAST(:t AS timestamptz) WHERE summary = 'old'", t="2026-05-01 10:00:00+00"
+    )
+    sql(
+        app, "UPDATE threads SET updated_at = CAST(:t AS timestamptz) WHERE summary = 'new'", t="2026-05-01 10:00:01+00"
+    )
     assert task_ids(client, b_key, b_handle, since="2026-05-01T10:00:00Z") == [new, old]
     assert task_ids(client, b_key, b_handle, since="2026-05-01T10:00:00.000001Z") == [new]
     assert task_ids(client, b_key, b_handle, since="2026-05-01T12:00:01+02:00") == [new]
 
 
-@pytest.mark.parametrize("query, param", [({"limit": "0"}, "limit"), ({"limit": "201"}, "limit"),
-                                          ({"since": "2026-05-01T10:00:00"}, "since"),
-                                          ({"cursor": "nope"}, "cursor"), ({"page": "2"}, "page")],
-                         ids=["limit-0", "limit-201", "since-no-zone", "cursor", "unknown"])
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "201"}, "limit"),
+        ({"since": "2026-05-01T10:00:00"}, "since"),
+        ({"cursor": "nope"}, "cursor"),
+        ({"page": "2"}, "page"),
+    ],
+    ids=["limit-0", "limit-201", "since-no-zone", "cursor", "unknown"],
+)
 def test_list_tasks_bad_parameter_is_422_naming_it(client, alice, query, param):
     a_handle, a_key = alice
     error = assert_error(get(client, a_key, f"{a_handle}/a2a/tasks", **query), 422, "invalid_params")
@@ -206,6 +221,7 @@ def test_list_tasks_of_a_teammate_is_403(client, alice, bob):
 
 # --------------------------------------------------------------------------- GET .../a2a/tasks/{id}
 
+
 def test_get_task_returns_history_and_marks_read(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
@@ -214,8 +230,10 @@ def test_get_task_returns_history_and_marks_read(client, alice, bob):
     assert tasks(client, b_key, b_handle)["items"][0]["unread_messages"] == 2
     thread = ok(get(client, b_key, f"{b_handle}/a2a/tasks/{sent['task_id']}"))
     assert thread["task_id"] == sent["task_id"] and thread["status"] == {"state": "pending"}
-    assert [(m["sequence_no"], m["body"], m["from"]) for m in thread["messages"]] == \
-        [(1, "read me", a_handle), (2, "and this", a_handle)]
+    assert [(m["sequence_no"], m["body"], m["from"]) for m in thread["messages"]] == [
+        (1, "read me", a_handle),
+        (2, "and this", a_handle),
+    ]
     assert thread["messages"][0]["id"] == sent["message_id"]
     assert tasks(client, b_key, b_handle)["items"][0]["unread_messages"] == 0
 
@@ -250,6 +268,7 @@ def test_get_task_by_a_non_participant_is_403_without_content(client, alice, bob
 
 # --------------------------------------------------------------------------- POST .../messages (reply)
 
+
 def test_reply_is_201_with_sequence_no(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
@@ -259,8 +278,10 @@ def test_reply_is_201_with_sequence_no(client, alice, bob):
     assert (first["task_id"], first["sequence_no"], second["sequence_no"]) == (task_id, 2, 3)
     assert first["status"] == {"state": "pending"}
     history = ok(get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}"))["messages"]
-    assert [(m["id"], m["role"], m["body"]) for m in history[1:]] == \
-        [(first["message_id"], "agent", "on it"), (second["message_id"], "caller", "thanks")]
+    assert [(m["id"], m["role"], m["body"]) for m in history[1:]] == [
+        (first["message_id"], "agent", "on it"),
+        (second["message_id"], "caller", "thanks"),
+    ]
 
 
 def test_reply_with_artifacts_and_metadata_stores_them(client, alice, bob):
@@ -291,8 +312,7 @@ def test_reply_with_a_reused_key_and_other_text_is_409(app, client, alice, bob):
     task_id = create(client, a_key, b_handle)["task_id"]
     meta = {"client_idempotency_key": "reply-2"}
     ok(reply(client, b_key, b_handle, task_id, "first text", metadata=meta), 201)
-    assert_error(reply(client, b_key, b_handle, task_id, "other text", metadata=meta), 409,
-                 "duplicate_idempotency_key")
+    assert_error(reply(client, b_key, b_handle, task_id, "other text", metadata=meta), 409, "duplicate_idempotency_key")
     [(count,)] = sql(app, "SELECT count(*) FROM messages")
     assert count == 2
 
@@ -323,8 +343,9 @@ def test_reply_without_a_message_is_422_naming_it(client, alice, bob):
     a_handle, a_key = alice
     b_handle, _b = bob
     task_id = create(client, a_key, b_handle)["task_id"]
-    error = assert_error(post(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/messages", {"metadata": {}}),
-                         422, "invalid_params")
+    error = assert_error(
+        post(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/messages", {"metadata": {}}), 422, "invalid_params"
+    )
     assert "message" in error["details"]
 
 
@@ -332,12 +353,16 @@ def test_reply_with_a_non_object_body_is_422(client, alice, bob):
     a_handle, a_key = alice
     b_handle, _b = bob
     task_id = create(client, a_key, b_handle)["task_id"]
-    resp = client.post(f"{API}/{a_handle}/a2a/tasks/{task_id}/messages", data="[1, 2]",
-                       headers={**bearer(a_key), "Content-Type": "application/json"})
+    resp = client.post(
+        f"{API}/{a_handle}/a2a/tasks/{task_id}/messages",
+        data="[1, 2]",
+        headers={**bearer(a_key), "Content-Type": "application/json"},
+    )
     assert "body" in assert_error(resp, 422, "invalid_params")["details"]
 
 
 # --------------------------------------------------------------------------- POST .../transitions
+
 
 def test_accept_then_complete(client, alice, bob):
     _a, a_key = alice
@@ -397,9 +422,11 @@ def test_transition_with_a_malformed_id_is_422(client, alice):
     assert "task_id" in error["details"]
 
 
-@pytest.mark.parametrize("body, field", [({"transition": "finish"}, "transition"), ({}, "transition"),
-                                         ({"transition": "accept", "reason": "x"}, "reason")],
-                         ids=["bad-name", "missing", "unknown-field"])
+@pytest.mark.parametrize(
+    "body, field",
+    [({"transition": "finish"}, "transition"), ({}, "transition"), ({"transition": "accept", "reason": "x"}, "reason")],
+    ids=["bad-name", "missing", "unknown-field"],
+)
 def test_bad_transition_body_is_422_naming_the_field(client, alice, bob, body, field):
     _a, a_key = alice
     b_handle, b_key = bob
@@ -411,6 +438,7 @@ def test_bad_transition_body_is_422_naming_the_field(client, alice, bob, body, f
 
 # --------------------------------------------------------------------------- GET .../audit
 
+
 def test_audit_lists_create_append_accept_complete_in_order(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
@@ -420,8 +448,10 @@ def test_audit_lists_create_append_accept_complete_in_order(client, alice, bob):
     ok(transition(client, b_key, b_handle, task_id, "accept", session_id="sess-42"))
     ok(transition(client, b_key, b_handle, task_id, "complete", result_summary="all green"))
     rows = ok(get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/audit"))["items"]
-    assert [(r["action"], r["actor"], r["from_state"], r["to_state"], r["session_id"], r["result_summary"],
-             r["message_id"]) for r in rows] == [
+    assert [
+        (r["action"], r["actor"], r["from_state"], r["to_state"], r["session_id"], r["result_summary"], r["message_id"])
+        for r in rows
+    ] == [
         ("create", a_handle, None, "pending", None, None, sent["message_id"]),
         ("append", b_handle, None, "pending", None, None, appended["message_id"]),
         ("accept", b_handle, "pending", "accepted", "sess-42", None, None),
@@ -445,6 +475,7 @@ def test_audit_of_an_unknown_thread_is_404(client, alice):
 
 
 # --------------------------------------------------------------------------- blocks
+
 
 def block(client, key, handle, other):
     return client.put(f"{API}/{handle}/blocks/{other}", headers=bearer(key))
@@ -570,8 +601,10 @@ def test_create_key_is_201_and_the_new_key_works(client, alice):
 
 def test_create_key_with_an_unknown_field_is_422(client, alice):
     a_handle, a_key = alice
-    assert "scope" in assert_error(post(client, a_key, f"{a_handle}/keys", {"scope": "all"}), 422,
-                                   "invalid_params")["details"]
+    assert (
+        "scope"
+        in assert_error(post(client, a_key, f"{a_handle}/keys", {"scope": "all"}), 422, "invalid_params")["details"]
+    )
 
 
 def test_revoking_another_agents_key_is_404_and_leaves_it_working(client, alice, bob):
@@ -585,8 +618,11 @@ def test_revoking_another_agents_key_is_404_and_leaves_it_working(client, alice,
 
 def test_revoking_an_unknown_key_is_404_and_a_malformed_id_is_422(client, alice):
     a_handle, a_key = alice
-    assert_error(client.delete(f"{API}/{a_handle}/keys/00000000-0000-4000-8000-000000000000", headers=bearer(a_key)),
-                 404, "key_not_found")
+    assert_error(
+        client.delete(f"{API}/{a_handle}/keys/00000000-0000-4000-8000-000000000000", headers=bearer(a_key)),
+        404,
+        "key_not_found",
+    )
     error = assert_error(client.delete(f"{API}/{a_handle}/keys/nope", headers=bearer(a_key)), 422, "invalid_params")
     assert "key_id" in error["details"]
 
@@ -610,6 +646,7 @@ def test_keys_of_a_teammate_are_403(client, alice, bob):
 
 # --------------------------------------------------------------------------- error shape, unknown paths
 
+
 def test_unknown_rest_path_is_a_json_404(client, alice):
     _a, a_key = alice
     resp = client.get("/api/v1/nothing/here", headers=bearer(a_key))
@@ -630,12 +667,21 @@ def test_wrong_method_is_a_json_405(client, alice):
 def test_missing_key_on_every_identity_route_is_401_in_the_error_shape(app, client, alice):
     a_handle, _a = alice
     task_id = str(ULID())
-    routes = [("get", f"{a_handle}/a2a/messages"), ("get", f"{a_handle}/a2a/tasks"),
-              ("get", f"{a_handle}/a2a/tasks/{task_id}"), ("post", f"{a_handle}/a2a/tasks/{task_id}/messages"),
-              ("post", f"{a_handle}/a2a/tasks/{task_id}/transitions"), ("get", f"{a_handle}/a2a/tasks/{task_id}/audit"),
-              ("get", f"{a_handle}/blocks"), ("put", f"{a_handle}/blocks/b@acme"),
-              ("delete", f"{a_handle}/blocks/b@acme"), ("get", f"{a_handle}/keys"), ("post", f"{a_handle}/keys"),
-              ("delete", f"{a_handle}/keys/{task_id}"), ("get", "me")]
+    routes = [
+        ("get", f"{a_handle}/a2a/messages"),
+        ("get", f"{a_handle}/a2a/tasks"),
+        ("get", f"{a_handle}/a2a/tasks/{task_id}"),
+        ("post", f"{a_handle}/a2a/tasks/{task_id}/messages"),
+        ("post", f"{a_handle}/a2a/tasks/{task_id}/transitions"),
+        ("get", f"{a_handle}/a2a/tasks/{task_id}/audit"),
+        ("get", f"{a_handle}/blocks"),
+        ("put", f"{a_handle}/blocks/b@acme"),
+        ("delete", f"{a_handle}/blocks/b@acme"),
+        ("get", f"{a_handle}/keys"),
+        ("post", f"{a_handle}/keys"),
+        ("delete", f"{a_handle}/keys/{task_id}"),
+        ("get", "me"),
+    ]
     for method, path in routes:
         resp = getattr(client, method)(f"{API}/{path}", json={})
         assert_error(resp, 401, "unauthenticated")
@@ -643,6 +689,7 @@ def test_missing_key_on_every_identity_route_is_401_in_the_error_shape(app, clie
 
 
 # --------------------------------------------------------------------------- OpenAPI
+
 
 def test_openapi_document_is_3_1_and_lists_every_route_and_method(app, client):
     resp = client.get("/api/v1/openapi.json")
@@ -656,8 +703,12 @@ def test_openapi_document_is_3_1_and_lists_every_route_and_method(app, client):
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             expected.add((path, method.lower()))
     assert len(expected) >= 20
-    documented = {(path, method) for path, ops in doc["paths"].items() for method in ops
-                  if method in {"get", "put", "post", "patch", "delete"}}
+    documented = {
+        (path, method)
+        for path, ops in doc["paths"].items()
+        for method in ops
+        if method in {"get", "put", "post", "patch", "delete"}
+    }
     assert expected <= documented, sorted(expected - documented)
     assert documented <= expected, sorted(documented - expected)
 
@@ -666,8 +717,19 @@ def test_openapi_declares_the_feed_parameters_and_error_shape(client):
     doc = ok(client.get("/api/v1/openapi.json"))
     op = doc["paths"]["/api/v1/identities/{handle}/a2a/messages"]["get"]
     names = {p["name"] for p in op["parameters"]}
-    assert {"handle", "direction", "requester_handle", "worker_handle", "task_id", "context_id", "role", "q",
-            "since", "cursor", "limit"} <= names
+    assert {
+        "handle",
+        "direction",
+        "requester_handle",
+        "worker_handle",
+        "task_id",
+        "context_id",
+        "role",
+        "q",
+        "since",
+        "cursor",
+        "limit",
+    } <= names
     assert {"200", "401", "403", "404", "422", "429"} <= set(op["responses"])
     error = doc["components"]["schemas"]["Error"]
     assert set(error["properties"]["error"]["properties"]) == {"code", "message", "details"}
@@ -675,11 +737,13 @@ def test_openapi_declares_the_feed_parameters_and_error_shape(client):
 
 # --------------------------------------------------------------------------- REST rate limit
 
-def limited_client(base_env, **env):
-    from relay import create_app
 
-    return create_app({**base_env, "RELAY_REST_RATE_LIMIT": "3/minute", **env},
-                      RATELIMIT_KEY_PREFIX="t-" + secrets.token_hex(4)).test_client()
+def limited_client(base_env, **env):
+    from relay.factory import create_app
+
+    return create_app(
+        {**base_env, "RELAY_REST_RATE_LIMIT": "3/minute", **env}, RATELIMIT_KEY_PREFIX="t-" + secrets.token_hex(4)
+    ).test_client()
 
 
 def test_rest_rate_limit_fourth_call_is_429_with_retry_after(base_env, make_agent):
@@ -720,8 +784,9 @@ def test_rest_budget_is_separate_from_the_jsonrpc_budget(base_env, make_agent):
     for _ in range(3):
         ok(limited.get(f"{API}/{a_handle}/a2a/messages", headers=bearer(a_key)))
     assert_error(limited.get(f"{API}/{a_handle}/a2a/messages", headers=bearer(a_key)), 429, "rate_limited")
-    resp = limited.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}},
-                        headers=bearer(a_key))
+    resp = limited.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}}, headers=bearer(a_key)
+    )
     assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_data(as_text=True)
 
 

@@ -4,6 +4,7 @@ The worker writes each message's ``search_vector`` after commit; until it has, t
 query falls back to the row's own text, so search never lags a write. The vector
 covers the message's own body and artifacts, never the thread summary.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,19 +24,27 @@ WORKER_DEADLINE_S = 10.0
 
 # --------------------------------------------------------------------------- helpers
 
+
 def create(client, key, recipient, text_, **extra):
-    return rpc(client, key, "message/send",
-               {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text_}]}, **extra})
+    return rpc(
+        client,
+        key,
+        "message/send",
+        {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text_}]}, **extra},
+    )
 
 
 def append(client, key, task_id, text_, **extra):
-    return rpc(client, key, "message/send",
-               {"task_id": task_id, "message": {"parts": [{"type": "text", "text": text_}]}, **extra})
+    return rpc(
+        client,
+        key,
+        "message/send",
+        {"task_id": task_id, "message": {"parts": [{"type": "text", "text": text_}]}, **extra},
+    )
 
 
 def search_resp(client, key, handle, q, **query):
-    return client.get(f"/api/v1/identities/{handle}/a2a/messages", query_string={"q": q, **query},
-                      headers=bearer(key))
+    return client.get(f"/api/v1/identities/{handle}/a2a/messages", query_string={"q": q, **query}, headers=bearer(key))
 
 
 def search(client, key, handle, q, **query):
@@ -59,8 +68,11 @@ def wait_indexed(app, message_ids):
     """Poll the database until the worker has written every message's vector."""
     deadline = time.monotonic() + WORKER_DEADLINE_S
     while True:
-        [(pending,)] = sql(app, "SELECT count(*) FROM messages WHERE id = ANY(CAST(:ids AS uuid[])) "
-                                "AND search_vector IS NULL", ids=list(message_ids))
+        [(pending,)] = sql(
+            app,
+            "SELECT count(*) FROM messages WHERE id = ANY(CAST(:ids AS uuid[])) AND search_vector IS NULL",
+            ids=list(message_ids),
+        )
         if pending == 0:
             return
         if time.monotonic() > deadline:
@@ -70,13 +82,17 @@ def wait_indexed(app, message_ids):
 
 # --------------------------------------------------------------------------- the worker indexes
 
+
 def test_worker_writes_the_search_vector_after_a_send(app, client, alice, bob, celery_worker):
     _a, a_key = alice
     b_handle, _b = bob
     sent = create(client, a_key, b_handle, "the zebrafish migration is ready")
     wait_indexed(app, [sent["message_id"]])
-    [(matches,)] = sql(app, "SELECT search_vector @@ to_tsquery('english', 'zebrafish') FROM messages "
-                            "WHERE id = CAST(:id AS uuid)", id=sent["message_id"])
+    [(matches,)] = sql(
+        app,
+        "SELECT search_vector @@ to_tsquery('english', 'zebrafish') FROM messages WHERE id = CAST(:id AS uuid)",
+        id=sent["message_id"],
+    )
     assert matches is True
 
 
@@ -86,17 +102,27 @@ def test_worker_indexes_appends_too(app, client, alice, bob, celery_worker):
     task_id = create(client, a_key, b_handle, "opening")["task_id"]
     reply = append(client, b_key, task_id, "a reply about capybaras")
     wait_indexed(app, [reply["message_id"]])
-    [(matches,)] = sql(app, "SELECT search_vector @@ to_tsquery('english', 'capybara') FROM messages "
-                            "WHERE id = CAST(:id AS uuid)", id=reply["message_id"])
+    [(matches,)] = sql(
+        app,
+        "SELECT search_vector @@ to_tsquery('english', 'capybara') FROM messages WHERE id = CAST(:id AS uuid)",
+        id=reply["message_id"],
+    )
     assert matches is True
 
 
 def test_worker_indexed_message_is_found_by_body_and_artifact_words(app, client, alice, bob, celery_worker):
     _a, a_key = alice
     b_handle, b_key = bob
-    sent = create(client, a_key, b_handle, "the tapir report",
-                  artifacts=[{"type": "file_diff", "path": "lib/okapi/index.ts", "diff": "+ const gecko = 1"},
-                             {"type": "test_command", "command": "npm test -- dingo"}])
+    sent = create(
+        client,
+        a_key,
+        b_handle,
+        "the tapir report",
+        artifacts=[
+            {"type": "file_diff", "path": "lib/okapi/index.ts", "diff": "+ const gecko = 1"},
+            {"type": "test_command", "command": "npm test -- dingo"},
+        ],
+    )
     wait_indexed(app, [sent["message_id"]])
     for word in ("tapir", "okapi", "gecko", "dingo"):
         assert hit_ids(client, b_key, b_handle, word) == [sent["message_id"]], word
@@ -107,10 +133,20 @@ def indexed(app, client, alice, bob):
     """Three messages with stored vectors: body words, an artifact path and a test command."""
     a_handle, a_key = alice
     b_handle, b_key = bob
-    first = create(client, a_key, b_handle, "Please migrate the zebrafish tables",
-                   artifacts=[{"type": "file_ref", "path": "src/storage/quokka_loader.py"}])
-    reply = append(client, b_key, first["task_id"], "Done; run the checks below",
-                   artifacts=[{"type": "test_command", "command": "pytest -k wombat_suite tests/test_db.py"}])
+    first = create(
+        client,
+        a_key,
+        b_handle,
+        "Please migrate the zebrafish tables",
+        artifacts=[{"type": "file_ref", "path": "src/storage/quokka_loader.py"}],
+    )
+    reply = append(
+        client,
+        b_key,
+        first["task_id"],
+        "Done; run the checks below",
+        artifacts=[{"type": "test_command", "command": "pytest -k wombat_suite tests/test_db.py"}],
+    )
     other = create(client, b_key, a_handle, "Unrelated pelican question")
     ids = {"first": first["message_id"], "reply": reply["message_id"], "other": other["message_id"]}
     with app.app_context():
@@ -172,11 +208,17 @@ def test_search_with_websearch_syntax_or_and_negation(client, indexed):
 
 # --------------------------------------------------------------------------- unindexed rows
 
+
 def test_message_not_yet_indexed_is_still_found(app, client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
-    sent = create(client, a_key, b_handle, "the narwhal deploy failed",
-                  artifacts=[{"type": "test_command", "command": "make axolotl-check"}])
+    sent = create(
+        client,
+        a_key,
+        b_handle,
+        "the narwhal deploy failed",
+        artifacts=[{"type": "test_command", "command": "make axolotl-check"}],
+    )
     assert vector_is_null(app, sent["message_id"]) is True  # no worker in this test
     assert hit_ids(client, b_key, b_handle, "narwhal") == [sent["message_id"]]
     assert hit_ids(client, b_key, b_handle, "axolotl") == [sent["message_id"]]
@@ -209,8 +251,11 @@ def test_search_results_stay_newest_first_across_pages(app, client, alice, bob):
     b_handle, b_key = bob
     task_id = create(client, a_key, b_handle, "pelican zero")["task_id"]
     sent = [append(client, a_key, task_id, f"filler {i}" if i % 2 else f"pelican {i}") for i in range(1, 8)]
-    expected = [s["message_id"] for s in reversed(sent) if "pelican" in sql(
-        app, "SELECT body FROM messages WHERE id = CAST(:id AS uuid)", id=s["message_id"])[0][0]]
+    expected = [
+        s["message_id"]
+        for s in reversed(sent)
+        if "pelican" in sql(app, "SELECT body FROM messages WHERE id = CAST(:id AS uuid)", id=s["message_id"])[0][0]
+    ]
     expected.append(sql(app, "SELECT id::text FROM messages WHERE sequence_no = 1")[0][0])
     seen, cursor = [], None
     for _ in range(10):
@@ -233,8 +278,15 @@ def test_stop_words_only_query_is_200_with_no_rows(client, alice, bob):
 
 # --------------------------------------------------------------------------- C8: any text is a valid query
 
-C8_QUERIES = ["team:foo", "a & | !", '"unterminated', "don\u02bct", "Cannot read config file:",
-              "\U0001F600\U0001F525\U0001F680\U0001F41B", "\u914d\u7f6e\u6587\u4ef6\u8bfb\u53d6\u5931\u8d25"]
+C8_QUERIES = [
+    "team:foo",
+    "a & | !",
+    '"unterminated',
+    "don\u02bct",
+    "Cannot read config file:",
+    "\U0001f600\U0001f525\U0001f680\U0001f41b",
+    "\u914d\u7f6e\u6587\u4ef6\u8bfb\u53d6\u5931\u8d25",
+]
 C8_IDS = ["team-colon", "operators", "unterminated-quote", "modifier-apostrophe", "trailing-colon", "emoji", "cjk"]
 
 
@@ -247,9 +299,15 @@ def test_c8_query_answers_200_never_500(client, alice, bob, q):
 
 
 # (query, whether a message whose body is exactly that text must be found by it)
-C8_FOUND = [("team:foo", True), ("a & | !", False), ('"unterminated', True), ("don\u02bct", True),
-            ("Cannot read config file:", True), ("\U0001F600\U0001F525\U0001F680\U0001F41B", False),
-            ("\u914d\u7f6e\u6587\u4ef6\u8bfb\u53d6\u5931\u8d25", True)]
+C8_FOUND = [
+    ("team:foo", True),
+    ("a & | !", False),
+    ('"unterminated', True),
+    ("don\u02bct", True),
+    ("Cannot read config file:", True),
+    ("\U0001f600\U0001f525\U0001f680\U0001f41b", False),
+    ("\u914d\u7f6e\u6587\u4ef6\u8bfb\u53d6\u5931\u8d25", True),
+]
 
 
 @pytest.mark.parametrize("q, found", C8_FOUND, ids=C8_IDS)
@@ -276,6 +334,7 @@ def test_c8_queries_against_worker_indexed_rows_answer_200(app, client, alice, b
 
 # --------------------------------------------------------------------------- the beat sweep
 
+
 def test_index_pending_indexes_rows_left_null(app, client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
@@ -298,13 +357,16 @@ def test_index_pending_messages_task_sweeps_in_batches_until_done(app, client, a
     b_handle, _b = bob
     create(client, a_key, b_handle, "egret")
     # More rows than one batch: copy the message 1200 times as further messages of its thread.
-    sql(app, """
+    sql(
+        app,
+        """
         INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role, body, parts,
                               artifacts, metadata, created_at)
         SELECT gen_random_uuid(), m.thread_id, m.sequence_no + g, m.author_id, m.caller_id, m.target_id, m.role,
                'egret ' || g, m.parts, m.artifacts, m.metadata, m.created_at
         FROM messages m, generate_series(1, 1200) g
-    """)
+    """,
+    )
     import workers.tasks  # noqa: F401  (registers the shared tasks on the app's Celery)
 
     task = app.extensions["celery"].tasks["workers.tasks.index_pending_messages"]
@@ -325,7 +387,9 @@ def _seed_bulk(app, client, make_agent, n=BULK_N):
         _s, s_key = make_agent(sender)
         make_agent(recipient)
         pairs.append(create(client, s_key, recipient, f"{sender} opens")["task_id"])
-    sql(app, """
+    sql(
+        app,
+        """
         INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role, body, parts,
                               artifacts, metadata, created_at, search_vector)
         SELECT gen_random_uuid(), m.thread_id, m.sequence_no + g, m.author_id, m.caller_id, m.target_id, m.role,
@@ -333,7 +397,9 @@ def _seed_bulk(app, client, make_agent, n=BULK_N):
                m.parts, m.artifacts, m.metadata, m.created_at - g * interval '1 second',
                to_tsvector('english', 'bulk message ' || g || CASE WHEN g % 500 = 0 THEN ' kingfisher' ELSE '' END)
         FROM messages m, generate_series(1, :n) g
-    """, n=n)
+    """,
+        n=n,
+    )
     sql(app, "UPDATE messages SET search_vector = to_tsvector('english', body) WHERE search_vector IS NULL")
     sql(app, "ANALYZE messages")
     [(count,)] = sql(app, "SELECT count(*) FROM messages")

@@ -1,4 +1,5 @@
 """Regressions found by following the README as a new user would (one test per finding)."""
+
 from __future__ import annotations
 
 import io
@@ -7,28 +8,39 @@ from tests.conftest import bearer
 
 
 def _rpc(client, key, method, params, **kw):
-    return client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-                       headers=bearer(key), **kw)
+    return client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key), **kw
+    )
 
 
 def _create(client, sender_key, recipient):
-    body = _rpc(client, sender_key, "message/send", {
-        "recipient": recipient, "message": {"parts": [{"type": "text", "text": "hi"}]}}).get_json()
+    body = _rpc(
+        client,
+        sender_key,
+        "message/send",
+        {"recipient": recipient, "message": {"parts": [{"type": "text", "text": "hi"}]}},
+    ).get_json()
     return body["result"]["task_id"]
 
 
 def test_chunked_body_over_the_limit_is_413_on_a2a_not_a_parse_error(client, alice):
     big = b'{"jsonrpc":"2.0","id":1,"method":"tasks/list","params":{"x":"' + b"a" * (1024 * 1024 + 10) + b'"}}'
-    resp = client.post("/a2a", input_stream=io.BytesIO(big),
-                       headers={**bearer(alice[1]), "Transfer-Encoding": "chunked", "Content-Type": "application/json"})
+    resp = client.post(
+        "/a2a",
+        input_stream=io.BytesIO(big),
+        headers={**bearer(alice[1]), "Transfer-Encoding": "chunked", "Content-Type": "application/json"},
+    )
     assert resp.status_code == 413
     assert resp.get_json()["error"]["data"]["symbol"] == "payload_too_large"
 
 
 def test_chunked_body_over_the_limit_is_413_on_rest(client, alice):
     big = b'{"url":"' + b"a" * (1024 * 1024 + 10) + b'"}'
-    resp = client.post(f"/api/v1/identities/{alice[0]}/webhooks", input_stream=io.BytesIO(big),
-                       headers={**bearer(alice[1]), "Transfer-Encoding": "chunked", "Content-Type": "application/json"})
+    resp = client.post(
+        f"/api/v1/identities/{alice[0]}/webhooks",
+        input_stream=io.BytesIO(big),
+        headers={**bearer(alice[1]), "Transfer-Encoding": "chunked", "Content-Type": "application/json"},
+    )
     assert resp.status_code == 413
     assert resp.get_json()["error"]["code"] == "payload_too_large"
 
@@ -36,8 +48,11 @@ def test_chunked_body_over_the_limit_is_413_on_rest(client, alice):
 def test_rest_reply_refuses_create_only_and_unknown_fields(client, alice, bob):
     task_id = _create(client, alice[1], bob[0])
     for extra in ({"recipient": alice[0]}, {"bogus": 1}):
-        resp = client.post(f"/api/v1/identities/{bob[0]}/a2a/tasks/{task_id}/messages", headers=bearer(bob[1]),
-                           json={"message": {"parts": [{"type": "text", "text": "r"}]}, **extra})
+        resp = client.post(
+            f"/api/v1/identities/{bob[0]}/a2a/tasks/{task_id}/messages",
+            headers=bearer(bob[1]),
+            json={"message": {"parts": [{"type": "text", "text": "r"}]}, **extra},
+        )
         assert resp.status_code == 422, resp.get_json()
         assert list(extra)[0] in resp.get_json()["error"]["details"]
 
@@ -49,18 +64,24 @@ def test_jsonrpc_unknown_top_level_param_is_32602_naming_it(client, alice):
 
 
 def test_webhook_enabled_must_be_a_real_boolean(client, alice):
-    made = client.post(f"/api/v1/identities/{alice[0]}/webhooks", headers=bearer(alice[1]),
-                       json={"url": "http://127.0.0.1:9/hook"}).get_json()
+    made = client.post(
+        f"/api/v1/identities/{alice[0]}/webhooks", headers=bearer(alice[1]), json={"url": "http://127.0.0.1:9/hook"}
+    ).get_json()
     for value in ("off", 1, "yes"):
-        resp = client.patch(f"/api/v1/identities/{alice[0]}/webhooks/{made['id']}", headers=bearer(alice[1]),
-                            json={"enabled": value})
+        resp = client.patch(
+            f"/api/v1/identities/{alice[0]}/webhooks/{made['id']}", headers=bearer(alice[1]), json={"enabled": value}
+        )
         assert resp.status_code == 422, (value, resp.get_json())
         assert "enabled" in resp.get_json()["error"]["details"]
 
 
 def test_rest_json_body_without_a_content_type_is_read(client, alice):
-    resp = client.post(f"/api/v1/identities/{alice[0]}/keys", headers=bearer(alice[1]),
-                       data=b'{"label": "curl -d"}', content_type="application/x-www-form-urlencoded")
+    resp = client.post(
+        f"/api/v1/identities/{alice[0]}/keys",
+        headers=bearer(alice[1]),
+        data=b'{"label": "curl -d"}',
+        content_type="application/x-www-form-urlencoded",
+    )
     assert resp.status_code == 201, resp.get_json()
     assert resp.get_json()["label"] == "curl -d"
 
@@ -86,8 +107,15 @@ def test_identity_and_key_times_use_z_like_the_rest_of_the_api(client, alice):
 
 
 def test_file_ref_line_end_before_line_start_is_refused(client, alice, bob):
-    body = _rpc(client, alice[1], "message/send", {
-        "recipient": bob[0], "message": {"parts": [{"type": "text", "text": "see"}]},
-        "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": 10, "line_end": 2}]}).get_json()
+    body = _rpc(
+        client,
+        alice[1],
+        "message/send",
+        {
+            "recipient": bob[0],
+            "message": {"parts": [{"type": "text", "text": "see"}]},
+            "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": 10, "line_end": 2}],
+        },
+    ).get_json()
     assert body["error"]["code"] == -32602
     assert "artifacts.0.line_end" in body["error"]["data"]["errors"]

@@ -12,6 +12,7 @@ the deliveries it enqueues run on the real worker. The task is looked up on the 
 Celery app rather than through ``workers.tasks.sweep_outbox`` because every extra
 ``create_app`` below makes its own Celery the default one.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,17 @@ BOTH_EVENTS = ["message.created", "task.updated"]
 
 # --------------------------------------------------------------------------- helpers
 
+
 def _msg(text):
     return {"role": "user", "parts": [{"type": "text", "text": text}]}
 
 
 def rpc(client, key, method, params):
-    resp = client.post("/a2a", data=json.dumps({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}),
-                       headers={**bearer(key), "Content-Type": "application/json"})
+    resp = client.post(
+        "/a2a",
+        data=json.dumps({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}),
+        headers={**bearer(key), "Content-Type": "application/json"},
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     return resp.get_json()
 
@@ -59,8 +64,9 @@ def append(client, key, task_id, text="a follow-up"):
 
 
 def transition(client, handle, key, task_id, name):
-    resp = client.post(f"/api/v1/identities/{handle}/a2a/tasks/{task_id}/transitions",
-                       json={"transition": name}, headers=bearer(key))
+    resp = client.post(
+        f"/api/v1/identities/{handle}/a2a/tasks/{task_id}/transitions", json={"transition": name}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     return resp.get_json()
 
@@ -95,9 +101,11 @@ def deliveries(client, handle, key, hook_id):
 
 def wait_delivery(client, handle, key, hook_id, status, timeout=20.0, count=1):
     """Wait until the endpoint has ``count`` deliveries, all with ``status``; return them."""
+
     def done():
         items = deliveries(client, handle, key, hook_id)
         return items if len(items) == count and all(d["status"] == status for d in items) else None
+
     return wait_until(done, timeout, f"{count} {status} deliveries of {hook_id}")
 
 
@@ -116,6 +124,7 @@ def verify(secret, req):
 
 
 # --------------------------------------------------------------------------- fixtures
+
 
 @pytest.fixture
 def sql(database_url):
@@ -156,12 +165,15 @@ def sweep(celery_app):
 @pytest.fixture
 def settle(sql):
     """Wait until every event is fanned out and no delivery is pending."""
+
     def run(timeout=30.0):
         def idle():
             events = sql("SELECT count(*) FROM events WHERE fanned_out_at IS NULL")[0][0]
             pending = sql("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")[0][0]
             return events == 0 and pending == 0
+
         wait_until(idle, timeout, "events fanned out and deliveries finished")
+
     return run
 
 
@@ -175,20 +187,23 @@ def app_down(base_env, celery_app, redis_url):
 @pytest.fixture(scope="module")
 def app_off(base_env, celery_app, redis_url):
     """The relay with private targets refused (the production default)."""
-    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0",
-                   RELAY_WEBHOOK_ALLOW_HTTP="1") as other:
+    with extra_app(
+        base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="0", RELAY_WEBHOOK_ALLOW_HTTP="1"
+    ) as other:
         yield other
 
 
 @pytest.fixture(scope="module")
 def app_https_only(base_env, celery_app, redis_url):
     """Private targets allowed, plain http refused."""
-    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="1",
-                   RELAY_WEBHOOK_ALLOW_HTTP="0") as other:
+    with extra_app(
+        base_env, celery_app, redis_url, RELAY_WEBHOOK_ALLOW_PRIVATE="1", RELAY_WEBHOOK_ALLOW_HTTP="0"
+    ) as other:
         yield other
 
 
 # --------------------------------------------------------------------------- CRUD
+
 
 def test_create_returns_secret_once_with_default_events(client, agents, rx):
     created = create_hook(client, ALICE, agents[ALICE], rx.url(), description="ci bot")
@@ -209,8 +224,11 @@ def test_create_returns_secret_once_with_default_events(client, agents, rx):
 
 
 def test_create_with_unknown_event_type_is_422(client, agents, rx):
-    resp = client.post(hooks_url(ALICE), json={"url": rx.url(), "events": ["message.created", "message.deleted"]},
-                       headers=bearer(agents[ALICE]))
+    resp = client.post(
+        hooks_url(ALICE),
+        json={"url": rx.url(), "events": ["message.created", "message.deleted"]},
+        headers=bearer(agents[ALICE]),
+    )
     assert_422_naming(resp, "events")
     resp = client.post(hooks_url(ALICE), json={"url": rx.url(), "events": []}, headers=bearer(agents[ALICE]))
     assert_422_naming(resp, "events")
@@ -232,8 +250,9 @@ def test_patch_changes_url_events_description_and_enabled(client, agents, rx):
     hook = create_hook(client, ALICE, key, rx.url("/old"))
     url = hooks_url(ALICE, hook["id"])
 
-    resp = client.patch(url, json={"url": rx.url("/new"), "events": ["task.updated"], "description": "renamed"},
-                        headers=bearer(key))
+    resp = client.patch(
+        url, json={"url": rx.url("/new"), "events": ["task.updated"], "description": "renamed"}, headers=bearer(key)
+    )
     assert resp.status_code == 200, resp.get_data(as_text=True)
     patched = resp.get_json()
     assert (patched["url"], patched["events"], patched["description"]) == (rx.url("/new"), ["task.updated"], "renamed")
@@ -245,8 +264,12 @@ def test_patch_changes_url_events_description_and_enabled(client, agents, rx):
     assert on["enabled"] is True and on["disabled_reason"] is None and on["disabled_at"] is None
 
     again = get_hook(client, ALICE, key, hook["id"])
-    assert (again["url"], again["events"], again["description"], again["enabled"]) == \
-        (rx.url("/new"), ["task.updated"], "renamed", True)
+    assert (again["url"], again["events"], again["description"], again["enabled"]) == (
+        rx.url("/new"),
+        ["task.updated"],
+        "renamed",
+        True,
+    )
 
 
 def test_patch_with_empty_body_is_422(client, agents, rx):
@@ -271,12 +294,14 @@ def test_delete_then_get_is_404(client, agents, rx):
 def test_another_agent_cannot_see_patch_or_delete_an_endpoint(client, agents, rx):
     hook = create_hook(client, ALICE, agents[ALICE], rx.url())
     bob = bearer(agents[BOB])
-    for resp in (client.get(hooks_url(ALICE), headers=bob),
-                 client.get(hooks_url(ALICE, hook["id"]), headers=bob),
-                 client.patch(hooks_url(ALICE, hook["id"]), json={"enabled": False}, headers=bob),
-                 client.delete(hooks_url(ALICE, hook["id"]), headers=bob),
-                 client.post(hooks_url(ALICE, hook["id"], "/rotate-secret"), headers=bob),
-                 client.get(hooks_url(ALICE, hook["id"], "/deliveries"), headers=bob)):
+    for resp in (
+        client.get(hooks_url(ALICE), headers=bob),
+        client.get(hooks_url(ALICE, hook["id"]), headers=bob),
+        client.patch(hooks_url(ALICE, hook["id"]), json={"enabled": False}, headers=bob),
+        client.delete(hooks_url(ALICE, hook["id"]), headers=bob),
+        client.post(hooks_url(ALICE, hook["id"], "/rotate-secret"), headers=bob),
+        client.get(hooks_url(ALICE, hook["id"], "/deliveries"), headers=bob),
+    ):
         assert resp.status_code == 403, resp.get_data(as_text=True)
         assert resp.get_json()["error"]["code"] == "forbidden"
     # Under his own handle the id is simply not one of his.
@@ -293,11 +318,12 @@ def test_secret_is_stored_encrypted(client, agents, rx, sql):
     rows = sql("SELECT secret_encrypted FROM webhook_endpoints WHERE id = %s", (hook["id"],))
     assert len(rows) == 1
     stored = rows[0][0]
-    raw = hook["secret"][len("whsec_"):]
+    raw = hook["secret"][len("whsec_") :]
     assert stored and hook["secret"] not in stored and raw not in stored
 
 
 # --------------------------------------------------------------------------- routing
+
 
 def test_events_go_to_the_participant_who_did_not_act(client, agents, rx, settle, celery_worker):
     a, b = agents[ALICE], agents[BOB]
@@ -305,34 +331,41 @@ def test_events_go_to_the_participant_who_did_not_act(client, agents, rx, settle
     hook_b = create_hook(client, BOB, b, rx.url("/bob"))
     hook_b_tasks = create_hook(client, BOB, b, rx.url("/bob-tasks"), events=["task.updated"])
 
-    t1 = create_thread(client, a, BOB, "thread one")["task_id"]       # -> bob: message.created
-    append(client, b, t1, "bob answers")                              # -> alice: message.created
-    transition(client, BOB, b, t1, "accept")                          # -> alice: task.updated
-    transition(client, BOB, b, t1, "complete")                        # -> alice: task.updated
-    t2 = create_thread(client, a, BOB, "thread two")["task_id"]       # -> bob: message.created
-    transition(client, ALICE, a, t2, "cancel")                        # -> bob, bob-tasks: task.updated
+    t1 = create_thread(client, a, BOB, "thread one")["task_id"]  # -> bob: message.created
+    append(client, b, t1, "bob answers")  # -> alice: message.created
+    transition(client, BOB, b, t1, "accept")  # -> alice: task.updated
+    transition(client, BOB, b, t1, "complete")  # -> alice: task.updated
+    t2 = create_thread(client, a, BOB, "thread two")["task_id"]  # -> bob: message.created
+    transition(client, ALICE, a, t2, "cancel")  # -> bob, bob-tasks: task.updated
     settle()
 
     def seen(path):
         return [(json.loads(r.body)["type"], json.loads(r.body)["data"].get("transition")) for r in rx.requests(path)]
 
-    assert sorted(seen("/alice")) == sorted([("message.created", None), ("task.updated", "accept"),
-                                             ("task.updated", "complete")])
-    assert sorted(seen("/bob")) == sorted([("message.created", None), ("message.created", None),
-                                           ("task.updated", "cancel")])
+    assert sorted(seen("/alice")) == sorted(
+        [("message.created", None), ("task.updated", "accept"), ("task.updated", "complete")]
+    )
+    assert sorted(seen("/bob")) == sorted(
+        [("message.created", None), ("message.created", None), ("task.updated", "cancel")]
+    )
     assert seen("/bob-tasks") == [("task.updated", "cancel")]
     assert rx.count() == 7
     assert [d["event_type"] for d in deliveries(client, BOB, b, hook_b_tasks["id"])] == ["task.updated"]
     assert len(deliveries(client, ALICE, a, hook_a["id"])) == 3
     assert len(deliveries(client, BOB, b, hook_b["id"])) == 3
 
-    bodies = {json.loads(r.body)["data"]["body"] for r in rx.requests("/bob") if json.loads(r.body)["type"] == "message.created"}
+    bodies = {
+        json.loads(r.body)["data"]["body"]
+        for r in rx.requests("/bob")
+        if json.loads(r.body)["type"] == "message.created"
+    }
     assert bodies == {"thread one", "thread two"}
     cancel = json.loads(rx.requests("/bob-tasks")[0].body)["data"]
     assert (cancel["task_id"], cancel["from_state"], cancel["to_state"]) == (t2, "pending", "cancelled")
 
 
 # --------------------------------------------------------------------------- payload and signature
+
 
 def test_delivery_is_signed_and_carries_the_feed_row(client, agents, rx, settle, celery_worker):
     b = agents[BOB]
@@ -367,6 +400,7 @@ def test_delivery_is_signed_and_carries_the_feed_row(client, agents, rx, settle,
 
 
 # --------------------------------------------------------------------------- C10
+
 
 class _Abort(Exception):
     pass
@@ -434,6 +468,7 @@ def test_committed_message_delivery_carries_the_message(client, agents, rx, sett
 
 # --------------------------------------------------------------------------- retries
 
+
 def test_retries_until_success_with_one_webhook_id(client, agents, rx, settle, celery_worker):
     rx.program("/hook", [500, 500, 200])
     hook = create_hook(client, BOB, agents[BOB], rx.url())
@@ -486,6 +521,7 @@ def test_redirect_is_a_failed_attempt_and_not_followed(client, agents, rx, settl
             items = deliveries(client, BOB, b, hook["id"])
             # attempts and the delivery row are two reads: wait until both show the attempt
             return items if items and items[0]["attempts"] and items[0]["last_error"] else None
+
         [delivery] = wait_until(first_attempt, what="the first attempt")
         assert delivery["attempts"][0]["status_code"] == 302
         assert delivery["status"] == "pending" and delivery["last_error"] == "HTTP 302"
@@ -578,6 +614,7 @@ def test_endpoint_deleted_during_an_attempt_ends_it_quietly(app, client, agents,
 
 # --------------------------------------------------------------------------- rotation, test event
 
+
 def test_rotated_secret_signs_alongside_the_old_one(client, agents, rx, settle, celery_worker):
     b = agents[BOB]
     hook = create_hook(client, BOB, b, rx.url())
@@ -619,8 +656,10 @@ def test_test_event_goes_to_that_endpoint_only(client, agents, rx, settle, celer
 
 # --------------------------------------------------------------------------- C11
 
-def test_broker_down_send_succeeds_and_sweep_delivers_once(client, agents, rx, sql, sweep, settle, app_down,
-                                                           celery_worker):
+
+def test_broker_down_send_succeeds_and_sweep_delivers_once(
+    client, agents, rx, sql, sweep, settle, app_down, celery_worker
+):
     b = agents[BOB]
     hook = create_hook(client, BOB, b, rx.url())
     down = app_down.test_client()
@@ -725,8 +764,10 @@ def test_private_target_refused_again_at_delivery(app, client, agents, rx, sql, 
 
 # --------------------------------------------------------------------------- lost work
 
-def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(app, client, agents, rx, sql, sweep,
-                                                                           settle, app_down, celery_worker):
+
+def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(
+    app, client, agents, rx, sql, sweep, settle, app_down, celery_worker
+):
     from relay.services import webhooks
 
     b = agents[BOB]
@@ -736,8 +777,9 @@ def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(app, 
     assert sweep() == {"fanned_out": 0, "due": 0}  # leased: not due yet
     assert rx.count() == 0
 
-    sql("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second' WHERE id = %s",
-        (str(delivery_id),))
+    sql(
+        "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second' WHERE id = %s", (str(delivery_id),)
+    )
     assert sweep() == {"fanned_out": 0, "due": 1}
     got = rx.wait_for(1)
     [delivery] = wait_delivery(client, BOB, b, hook["id"], "succeeded")
@@ -764,8 +806,9 @@ def test_burst_of_200_messages_gives_200_deliveries_with_distinct_ids(client, ag
     resp = client.get(hooks_url(BOB, hook["id"], "/deliveries?limit=100"), headers=bearer(b)).get_json()
     items += resp["items"]
     while resp["next_cursor"]:
-        resp = client.get(hooks_url(BOB, hook["id"], f"/deliveries?limit=100&cursor={resp['next_cursor']}"),
-                          headers=bearer(b)).get_json()
+        resp = client.get(
+            hooks_url(BOB, hook["id"], f"/deliveries?limit=100&cursor={resp['next_cursor']}"), headers=bearer(b)
+        ).get_json()
         items += resp["items"]
     assert len(items) == 200 and {d["status"] for d in items} == {"succeeded"}
     assert {d["event_id"] for d in items} == set(ids)
@@ -773,14 +816,16 @@ def test_burst_of_200_messages_gives_200_deliveries_with_distinct_ids(client, ag
 
 # --------------------------------------------------------------------------- failing endpoints
 
+
 def test_failing_since_is_set_by_failures_and_cleared_by_success(client, agents, rx, settle, celery_worker):
     rx.program("/hook", [], default=500)
     b = agents[BOB]
     hook = create_hook(client, BOB, b, rx.url())
     create_thread(client, agents[ALICE], BOB)
     rx.wait_for(1)
-    record = wait_until(lambda: (r := get_hook(client, BOB, b, hook["id"]))["failing_since"] and r,
-                        what="failing_since to be set")
+    record = wait_until(
+        lambda: (r := get_hook(client, BOB, b, hook["id"]))["failing_since"] and r, what="failing_since to be set"
+    )
     assert record["enabled"] is True
     rx.program("/hook", [], default=200)
     [delivery] = wait_delivery(client, BOB, b, hook["id"], "succeeded")

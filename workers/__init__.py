@@ -1,4 +1,5 @@
 """Celery bound to the Flask app the way Flask's Celery pattern does it."""
+
 from __future__ import annotations
 
 from celery import Celery, Task
@@ -24,8 +25,13 @@ def celery_init_app(app: Flask) -> Celery:
             "worker_prefetch_multiplier": 1,
             "broker_connection_retry_on_startup": True,
             # A send must not hang when the broker is down: the outbox sweep covers it.
-            "broker_transport_options": {"socket_connect_timeout": 2, "socket_timeout": 5, "max_retries": 1,
-                                         "interval_start": 0, "interval_step": 0},
+            "broker_transport_options": {
+                "socket_connect_timeout": 2,
+                "socket_timeout": 5,
+                "max_retries": 1,
+                "interval_start": 0,
+                "interval_step": 0,
+            },
             "beat_schedule": beat_schedule(),
             "include": ["workers.tasks"],
             # Keep the app's JSON log lines (with their extra fields) in worker processes too.

@@ -1,4 +1,5 @@
 """Celery tasks: they take ids, not objects, and re-read the rows they need."""
+
 from __future__ import annotations
 
 import uuid

@@ -22,6 +22,7 @@ _action            ``metadata.proposed_action``
 Field names are camelCase and unknown members are ignored, as proto3 JSON parsing does
 (A2A's types are protobuf messages), so newer clients' extra fields do not break calls.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,20 +35,22 @@ from relay.errors import RelayError
 from relay.ids import parse_ulid
 from relay.schemas.common import AwareDateTime, Cursor, StrictBool, load_or_invalid
 from relay.schemas.handoffs import (
-    ARTIFACT_SCHEMAS, MAX_ARTIFACTS, MAX_IDEMPOTENCY_KEY, MAX_PARTS, RESERVED_KEY_PREFIX, MessageSendParams,
+    ARTIFACT_SCHEMAS,
+    MAX_ARTIFACTS,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_PARTS,
+    RESERVED_KEY_PREFIX,
+    MessageSendParams,
 )
+from relay.services.a2a_view import MEDIA_JSON, STATES
 
 PROTOCOL_VERSION = "1.0"
-STATES = {"pending": "TASK_STATE_SUBMITTED", "accepted": "TASK_STATE_WORKING",
-          "completed": "TASK_STATE_COMPLETED", "cancelled": "TASK_STATE_CANCELED"}
 RELAY_STATES = {v: k for k, v in STATES.items()}
 # A2A states the relay never enters: a filter on them is valid and matches nothing.
 OTHER_STATES = ("TASK_STATE_FAILED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_REJECTED", "TASK_STATE_AUTH_REQUIRED")
-ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
 MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
 KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; seed keys may not use it
-MEDIA_JSON = "application/json"
 
 
 class _A2A(Schema):
@@ -87,15 +90,29 @@ class MessageIn(_A2A):
 
     _UNSET_IF_EMPTY = ("contextId", "taskId")
 
-    messageId = fields.String(required=True, validate=validate.Length(
-        min=1, max=MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX),
-        error=f"must be 1-{MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)} characters"))
+    messageId = fields.String(
+        required=True,
+        validate=validate.Length(
+            min=1,
+            max=MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX),
+            error=f"must be 1-{MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)} characters",
+        ),
+    )
     contextId = fields.String(load_default=None)
     taskId = fields.String(load_default=None)
-    role = fields.String(load_default="ROLE_USER", validate=validate.OneOf(
-        ("ROLE_USER", "ROLE_UNSPECIFIED"), error="must be ROLE_USER: the caller's messages are the user side"))
-    parts = fields.List(fields.Nested(Part), required=True, validate=validate.Length(
-        min=1, max=MAX_PARTS + MAX_ARTIFACTS, error=f"must hold 1-{MAX_PARTS + MAX_ARTIFACTS} parts"))
+    role = fields.String(
+        load_default="ROLE_USER",
+        validate=validate.OneOf(
+            ("ROLE_USER", "ROLE_UNSPECIFIED"), error="must be ROLE_USER: the caller's messages are the user side"
+        ),
+    )
+    parts = fields.List(
+        fields.Nested(Part),
+        required=True,
+        validate=validate.Length(
+            min=1, max=MAX_PARTS + MAX_ARTIFACTS, error=f"must hold 1-{MAX_PARTS + MAX_ARTIFACTS} parts"
+        ),
+    )
     metadata = fields.Dict(load_default=dict)
     extensions = fields.List(fields.String())
     referenceTaskIds = fields.List(fields.String())
@@ -107,9 +124,15 @@ _HEADER_SAFE = validate.Regexp(r"^[\x20-\x7e]*$", error="must be printable ASCII
 
 
 class AuthenticationIn(_A2A):
-    scheme = fields.String(required=True, validate=[
-        validate.Length(min=1, max=64), validate.Regexp(r"^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$",
-                                                        error="must be an HTTP auth scheme such as Bearer")])
+    scheme = fields.String(
+        required=True,
+        validate=[
+            validate.Length(min=1, max=64),
+            validate.Regexp(
+                r"^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$", error="must be an HTTP auth scheme such as Bearer"
+            ),
+        ],
+    )
     credentials = fields.String(load_default=None, validate=[validate.Length(max=MAX_TOKEN), _HEADER_SAFE])
 
 
@@ -158,10 +181,18 @@ class ListTasksRequest(_A2A):
     _UNSET_IF_EMPTY = ("contextId", "pageToken", "status")
 
     contextId = fields.String(load_default=None)
-    status = fields.String(load_default=None, validate=validate.OneOf(
-        ("TASK_STATE_UNSPECIFIED", *STATES.values(), *OTHER_STATES), error="must be a TaskState such as TASK_STATE_WORKING"))
-    pageSize = fields.Integer(load_default=50, strict=True, validate=validate.Range(
-        min=1, max=MAX_PAGE_SIZE, error=f"must be 1-{MAX_PAGE_SIZE}"))
+    status = fields.String(
+        load_default=None,
+        validate=validate.OneOf(
+            ("TASK_STATE_UNSPECIFIED", *STATES.values(), *OTHER_STATES),
+            error="must be a TaskState such as TASK_STATE_WORKING",
+        ),
+    )
+    pageSize = fields.Integer(
+        load_default=50,
+        strict=True,
+        validate=validate.Range(min=1, max=MAX_PAGE_SIZE, error=f"must be 1-{MAX_PAGE_SIZE}"),
+    )
     pageToken = Cursor(load_default=None)
     historyLength = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
     statusTimestampAfter = AwareDateTime(load_default=None)
@@ -180,8 +211,9 @@ class ListPushConfigsRequest(_A2A):
 
     taskId = fields.String(required=True)
     pageSize = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0, max=MAX_PAGE_SIZE))
-    pageToken = fields.String(load_default=None, validate=validate.Regexp(
-        r"^[0-9]{1,4}$", error="is not a pageToken returned by this API"))
+    pageToken = fields.String(
+        load_default=None, validate=validate.Regexp(r"^[0-9]{1,4}$", error="is not a pageToken returned by this API")
+    )
 
 
 class NoParams(_A2A):
@@ -217,44 +249,66 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
             texts.append({"type": "text", "text": part["text"]})
         elif "data" in part:
             data = part["data"]
-            if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in ARTIFACT_SCHEMAS:
-                errors[f"{where}.data"] = [f"must be a relay artifact: an object whose type is one of {', '.join(ARTIFACT_SCHEMAS)}"]
+            if (
+                not isinstance(data, dict)
+                or not isinstance(data.get("type"), str)
+                or data["type"] not in ARTIFACT_SCHEMAS
+            ):
+                errors[f"{where}.data"] = [
+                    f"must be a relay artifact: an object whose type is one of {', '.join(ARTIFACT_SCHEMAS)}"
+                ]
                 continue
             paths[f"artifacts.{len(artifacts)}"] = f"{where}.data"
             artifacts.append(data)
         elif "url" in part:
-            paths.update({f"artifacts.{len(artifacts)}.url": f"{where}.url",
-                          f"artifacts.{len(artifacts)}.title": f"{where}.filename",
-                          f"artifacts.{len(artifacts)}": where})
+            paths.update(
+                {
+                    f"artifacts.{len(artifacts)}.url": f"{where}.url",
+                    f"artifacts.{len(artifacts)}.title": f"{where}.filename",
+                    f"artifacts.{len(artifacts)}": where,
+                }
+            )
             link = {"type": "link", "url": part["url"]}
             if part.get("filename"):
                 link["title"] = part["filename"]
             artifacts.append(link)
         else:
-            errors[f"{where}.raw"] = ["raw (bytes) parts are not supported: send text, a url, or a data part holding an artifact"]
+            errors[f"{where}.raw"] = [
+                "raw (bytes) parts are not supported: send text, a url, or a data part holding an artifact"
+            ]
     if not texts and not errors:
         errors["message.parts"] = ["must hold at least one text part (data and url parts carry artifacts)"]
     if errors:
-        raise RelayError("invalid_params", "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()),
-                         errors)
+        raise RelayError(
+            "invalid_params", "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()), errors
+        )
     return texts, artifacts, paths
 
 
 # seed param path -> A2A path, for the fields the translation moves
-_MOVED = {"message.parts": "message.parts", "artifacts": "message.parts", "intent": "message.metadata.intent",
-          "proposed_action": "message.metadata.proposed_action", "context_id": "message.contextId",
-          "task_id": "message.taskId", "metadata.client_idempotency_key": "message.messageId",
-          "metadata": "message.metadata", "recipient": "agent", "message": "message", "params": "params"}
+_MOVED = {
+    "message.parts": "message.parts",
+    "artifacts": "message.parts",
+    "intent": "message.metadata.intent",
+    "proposed_action": "message.metadata.proposed_action",
+    "context_id": "message.contextId",
+    "task_id": "message.taskId",
+    "metadata.client_idempotency_key": "message.messageId",
+    "metadata": "message.metadata",
+    "recipient": "agent",
+    "message": "message",
+    "params": "params",
+}
 
 
 def a2a_path(path: str, parts_map: dict[str, str]) -> str:
     """Name a seed param path (``artifacts.2.path``) as the A2A field it came from."""
     for seed in sorted(parts_map, key=len, reverse=True):
         if path == seed or path.startswith(seed + "."):
-            return parts_map[seed] + path[len(seed):]
+            return parts_map[seed] + path[len(seed) :]
     for seed in sorted(_MOVED, key=len, reverse=True):
         if path == seed or path.startswith(seed + "."):
-            return _MOVED[seed] + path[len(seed):]
+            return _MOVED[seed] + path[len(seed) :]
     return path
 
 
@@ -265,12 +319,18 @@ def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
     (``details.field``), which the transport lists as a field violation.
     """
     if exc.symbol == "invalid_intent_payload" and isinstance(exc.details, dict) and "field" in exc.details:
-        return RelayError(exc.symbol, exc.message, {**exc.details, "field": a2a_path(exc.details["field"], parts_map),
-                                                    "reason": exc.message})
+        return RelayError(
+            exc.symbol,
+            exc.message,
+            {**exc.details, "field": a2a_path(exc.details["field"], parts_map), "reason": exc.message},
+        )
     if exc.symbol == "duplicate_idempotency_key":
         key = (exc.details or {}).get("client_idempotency_key", "")
-        return RelayError(exc.symbol, "messageId was already used with a different message",
-                          {"messageId": key[len(KEY_PREFIX):] if key.startswith(KEY_PREFIX) else key})
+        return RelayError(
+            exc.symbol,
+            "messageId was already used with a different message",
+            {"messageId": key[len(KEY_PREFIX) :] if key.startswith(KEY_PREFIX) else key},
+        )
     if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
         return exc
     details = {a2a_path(k, parts_map): v for k, v in exc.details.items()}
@@ -296,11 +356,17 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     if creating:
         seed.update(recipient=recipient, intent=intent, proposed_action=proposed)
     elif intent is not None or proposed is not None:
-        raise RelayError("invalid_params", "message.metadata: intent and proposed_action only open a task",
-                         {"message.metadata": ["intent and proposed_action are only allowed when opening a task (no taskId)"]})
+        raise RelayError(
+            "invalid_params",
+            "message.metadata: intent and proposed_action only open a task",
+            {"message.metadata": ["intent and proposed_action are only allowed when opening a task (no taskId)"]},
+        )
     if "client_idempotency_key" in meta:
-        raise RelayError("invalid_params", "message.metadata.client_idempotency_key: messageId is the idempotency key here",
-                         {"message.metadata.client_idempotency_key": ["is not used here: messageId is the idempotency key"]})
+        raise RelayError(
+            "invalid_params",
+            "message.metadata.client_idempotency_key: messageId is the idempotency key here",
+            {"message.metadata.client_idempotency_key": ["is not used here: messageId is the idempotency key"]},
+        )
     try:
         params = load_or_invalid(MessageSendParams(), seed)
     except RelayError as exc:
@@ -308,11 +374,17 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     # Set after loading: the seed schema refuses the reserved prefix from seed clients.
     params["metadata"]["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
     push_task = ((request.get("configuration") or {}).get("taskPushNotificationConfig") or {}).get("taskId")
-    if push_task and (creating or task_id(push_task, "configuration.taskPushNotificationConfig.taskId")
-                      != task_id(message["taskId"], "message.taskId")):
+    if push_task and (
+        creating
+        or task_id(push_task, "configuration.taskPushNotificationConfig.taskId")
+        != task_id(message["taskId"], "message.taskId")
+    ):
         field = "configuration.taskPushNotificationConfig.taskId"
-        raise RelayError("invalid_params", f"{field}: must be left out (the config is for this message's task)",
-                         {field: ["must be left out: the config is for this message's task"]})
+        raise RelayError(
+            "invalid_params",
+            f"{field}: must be left out (the config is for this message's task)",
+            {field: ["must be left out: the config is for this message's task"]},
+        )
     if creating:
         params["context_id"] = context_id(message["contextId"]) if message.get("contextId") else None
     else:
@@ -324,93 +396,6 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     return params, paths
 
 
-# --------------------------------------------------------------------------- dumps
-
-
-def _uuid_text(ulid_text: str) -> str:
-    return str(parse_ulid(ulid_text))
-
-
-def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
-    """A2A ``Message`` from a seed message row (``tasks/get`` shape) of ``task``."""
-    parts: list[dict[str, Any]] = [{"text": p.get("text", "")} for p in row.get("parts") or [] if p.get("text")]
-    parts += [{"data": a, "mediaType": MEDIA_JSON} for a in row.get("artifacts") or []]
-    metadata: dict[str, Any] = {**(row.get("payload") or {}), "sequenceNo": row["sequence_no"], "from": row["from"],
-                                "createdAt": row["created_at"]}
-    if opening:
-        metadata["intent"] = task.get("intent")
-        if task.get("proposed_action") is not None:
-            metadata["proposed_action"] = task["proposed_action"]
-    # A message sent over A2A keeps the messageId its author chose; others show the relay's id.
-    message_id = row.get("a2a_message_id") or row["id"]
-    if message_id != row["id"]:
-        metadata["relayMessageId"] = row["id"]
-    return {"messageId": message_id, "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"],
-            "role": ROLES[row["role"]], "parts": parts, "metadata": metadata}
-
-
-def _result_message(task: dict) -> dict:
-    return {"messageId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay:result:{task['task_id']}")),
-            "contextId": _uuid_text(task["context_id"]), "taskId": task["task_id"], "role": "ROLE_AGENT",
-            "parts": [{"text": task["result_summary"]}], "metadata": {"resultSummary": True}}
-
-
-def status_out(task: dict) -> dict:
-    """A2A ``TaskStatus``: the state, when it last changed (last activity), and on completion
-    a ROLE_AGENT message holding the result summary."""
-    status: dict[str, Any] = {"state": STATES[task["status"]["state"]], "timestamp": task["updated_at"]}
-    if task["status"]["state"] == "completed" and task.get("result_summary"):
-        status["message"] = _result_message(task)
-    return status
-
-
-def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
-    """A2A ``Artifact`` list: each relay artifact as one ``data`` part, in message order."""
-    return [{"artifactId": f"{m['id']}:{i}", "name": a.get("type", "artifact"), "parts": [{"data": a, "mediaType": MEDIA_JSON}],
-             "metadata": {"messageId": m["id"], "sequenceNo": m["sequence_no"]}}
-            for m in messages for i, a in enumerate(m.get("artifacts") or [])]
-
-
-def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
-    """A2A ``Task`` from a seed thread dict with ``messages`` (tasks/get, or a list item with messages).
-
-    ``history_length``: None keeps every message, 0 none, N the newest N (A2A GetTask).
-    """
-    messages = task.get("messages") or []
-    out: dict[str, Any] = {
-        "id": task["task_id"], "contextId": _uuid_text(task["context_id"]), "status": status_out(task),
-        "metadata": {"intent": task.get("intent"), "sender": task["sender"], "recipient": task.get("recipient"),
-                     "createdAt": task["created_at"]},
-    }
-    if include_artifacts:
-        out["artifacts"] = artifacts_out(task, messages)
-    if history_length != 0:
-        kept = messages if history_length is None else messages[-history_length:]
-        out["history"] = [message_out(m, task, opening=m["sequence_no"] == 1) for m in kept]
-    return out
-
-
-def push_config_out(config: dict) -> dict:
-    """A2A ``TaskPushNotificationConfig`` (the credentials are never echoed)."""
-    out: dict[str, Any] = {"id": config["id"], "taskId": config["task_id"], "url": config["url"]}
-    if config.get("token"):
-        out["token"] = config["token"]
-    if config.get("auth_scheme"):
-        out["authentication"] = {"scheme": config["auth_scheme"]}
-    return out
-
-
-def status_update_event(task: dict, transition: dict) -> dict:
-    """A2A ``StreamResponse`` for a state change: ``{"statusUpdate": TaskStatusUpdateEvent}``."""
-    return {"statusUpdate": {"taskId": task["task_id"], "contextId": _uuid_text(task["context_id"]),
-                             "status": status_out(task), "metadata": transition}}
-
-
-def message_event(row: dict, task: dict) -> dict:
-    """A2A ``StreamResponse`` for a new message: ``{"message": Message}``."""
-    return {"message": message_out(row, task, opening=row["sequence_no"] == 1)}
-
-
 _SCHEME_SAFE = re.compile(r"[^a-z0-9]+")
 
 
@@ -420,30 +405,42 @@ def agent_card(agent: dict, base_url: str, version: str) -> dict:
     role = agent.get("role") or "general"
     return {
         "name": agent["name"] or agent["handle"],
-        "description": (f"{agent['name'] or agent['handle']} ({agent['handle']}), a {role} agent on the handoff relay. "
-                        "Send it a message to open a handoff; it accepts, replies and completes it."),
+        "description": (
+            f"{agent['name'] or agent['handle']} ({agent['handle']}), a {role} agent on the handoff relay. "
+            "Send it a message to open a handoff; it accepts, replies and completes it."
+        ),
         "version": version,
         "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
         "provider": {"organization": agent.get("org") or agent["handle"].split("@", 1)[1], "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
         "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
-        "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {
-            "scheme": "Bearer", "bearerFormat": "ah_live_ API key",
-            "description": "An API key of the calling agent, issued by `relay agents create` or `relay keys create`."}}},
+        "securitySchemes": {
+            "bearer": {
+                "httpAuthSecurityScheme": {
+                    "scheme": "Bearer",
+                    "bearerFormat": "ah_live_ API key",
+                    "description": "An API key of the calling agent, issued by `relay agents create` or `relay keys create`.",
+                }
+            }
+        },
         "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
         "defaultInputModes": ["text/plain", MEDIA_JSON],
         "defaultOutputModes": ["text/plain", MEDIA_JSON],
-        "skills": [{
-            "id": "handoff-" + _SCHEME_SAFE.sub("-", role.lower()).strip("-") if role else "handoff",
-            "name": f"Take on {role} work",
-            "description": (f"Takes handoffs of {role} work: a text brief plus artifacts (file_diff, file_ref, "
-                            "test_command, api_contract, link as data parts). The task is SUBMITTED until the agent "
-                            "accepts it (WORKING) and COMPLETED with a result summary in the status message."),
-            "tags": ["handoff", role],
-            "examples": ["Refactored /users API; please update the client to the paginated shape."],
-            "inputModes": ["text/plain", MEDIA_JSON],
-            "outputModes": ["text/plain", MEDIA_JSON],
-        }],
+        "skills": [
+            {
+                "id": "handoff-" + _SCHEME_SAFE.sub("-", role.lower()).strip("-") if role else "handoff",
+                "name": f"Take on {role} work",
+                "description": (
+                    f"Takes handoffs of {role} work: a text brief plus artifacts (file_diff, file_ref, "
+                    "test_command, api_contract, link as data parts). The task is SUBMITTED until the agent "
+                    "accepts it (WORKING) and COMPLETED with a result summary in the status message."
+                ),
+                "tags": ["handoff", role],
+                "examples": ["Refactored /users API; please update the client to the paginated shape."],
+                "inputModes": ["text/plain", MEDIA_JSON],
+                "outputModes": ["text/plain", MEDIA_JSON],
+            }
+        ],
     }
 
 
@@ -451,15 +448,19 @@ def relay_card(base_url: str, version: str) -> dict:
     """A2A ``AgentCard`` of the relay itself: where the per-agent cards are."""
     return {
         "name": "Handoff relay",
-        "description": ("A relay that lets AI agents hand work to each other. Each agent has its own card at "
-                        f"{base_url}/a2a/agents/{{handle}}/.well-known/agent-card.json and its own A2A v1.0 "
-                        "JSON-RPC endpoint; the relay's own JSON-RPC dialect is POST /a2a."),
+        "description": (
+            "A relay that lets AI agents hand work to each other. Each agent has its own card at "
+            f"{base_url}/a2a/agents/{{handle}}/.well-known/agent-card.json and its own A2A v1.0 "
+            "JSON-RPC endpoint; the relay's own JSON-RPC dialect is POST /a2a."
+        ),
         "version": version,
         "supportedInterfaces": [],
         "provider": {"organization": "handoff relay", "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
         "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
-        "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "bearerFormat": "ah_live_ API key"}}},
+        "securitySchemes": {
+            "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "bearerFormat": "ah_live_ API key"}}
+        },
         "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
         "defaultInputModes": ["text/plain", MEDIA_JSON],
         "defaultOutputModes": ["text/plain", MEDIA_JSON],

@@ -1,4 +1,5 @@
 """Dump schemas for agents and keys."""
+
 from __future__ import annotations
 
 from marshmallow import Schema, fields

@@ -1,17 +1,18 @@
 """Shared marshmallow fields and helpers: ULID ids, aware timestamps, flat error paths."""
+
 from __future__ import annotations
 
 import base64
 import binascii
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields
 
 from relay.errors import RelayError
-from relay.ids import format_ulid, parse_ulid
+from relay.ids import encode_cursor, format_ulid, iso, parse_ulid  # noqa: F401  (re-exported for schemas)
 
 
 class Ulid(fields.Field):
@@ -62,7 +63,7 @@ def to_utc(value: datetime) -> datetime:
     as an internal error); ``0001-01-01T00:00:00+01:00`` is before year 1 in UTC.
     """
     try:
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
     except OverflowError:
         raise ValidationError("is out of range (years 1-9999 in UTC)") from None
 
@@ -95,13 +96,6 @@ def strict_json(raw: bytes) -> Any:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise NotJson(str(exc)[:200]) from None
-
-
-def iso(value: datetime | None) -> str | None:
-    """Format a time as ISO 8601 UTC with microseconds and ``Z``."""
-    if value is None:
-        return None
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -197,15 +191,10 @@ def load_or_invalid(schema: Schema, data: Any, prefix: str = "") -> dict:
         raise RelayError("invalid_params", f"invalid params: {summary}", errors) from None
     bad = unstorable_paths(loaded, prefix)
     if bad:
-        raise RelayError("invalid_params", f"invalid params: {', '.join(bad)}: {UNSTORABLE}",
-                         {path: [UNSTORABLE] for path in bad})
+        raise RelayError(
+            "invalid_params", f"invalid params: {', '.join(bad)}: {UNSTORABLE}", {path: [UNSTORABLE] for path in bad}
+        )
     return loaded
-
-
-def encode_cursor(*parts: Any) -> str:
-    """Return an opaque keyset cursor for a sort key."""
-    raw = json.dumps([p.isoformat() if isinstance(p, datetime) else str(p) for p in parts])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 class Cursor(fields.Field):
@@ -224,7 +213,7 @@ class Cursor(fields.Field):
             when = datetime.fromisoformat(stamp)
             if when.tzinfo is None:
                 raise ValueError
-            when = when.astimezone(timezone.utc)  # see to_utc: PostgreSQL refuses offsets past ±15:59
+            when = when.astimezone(UTC)  # see to_utc: PostgreSQL refuses offsets past ±15:59
             import uuid
 
             return when, uuid.UUID(ident)

@@ -1,12 +1,12 @@
 """Load schemas for handoff requests (seed 000) and dump helpers for their responses."""
+
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from relay.models import INTENTS, THREAD_STATES
+from relay.models import INTENTS, RESERVED_KEY_PREFIX, THREAD_STATES
 from relay.schemas.common import AwareDateTime, Cursor, Ulid
 
 # Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
@@ -21,16 +21,14 @@ MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
 MAX_LINE = 100_000_000
 TRANSITIONS = ("accept", "complete", "cancel")
-# Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
-# same agent; seed clients may not use the prefix, so neither can replay the other's call.
-RESERVED_KEY_PREFIX = "a2a:"
 
 
 def _text(max_len: int, required: bool = True, **kw) -> fields.String:
     return fields.String(
         required=required,
-        validate=validate.Length(min=1 if required else 0, max=max_len,
-                                 error=f"must be {1 if required else 0}-{max_len} characters"),
+        validate=validate.Length(
+            min=1 if required else 0, max=max_len, error=f"must be {1 if required else 0}-{max_len} characters"
+        ),
         **kw,
     )
 
@@ -40,7 +38,9 @@ class TextPart(Schema):
         unknown = INCLUDE
 
     type = fields.String(required=True, validate=validate.Equal("text", error="only text parts are supported"))
-    text = fields.String(required=True, validate=validate.Length(max=MAX_TEXT, error=f"must be at most {MAX_TEXT} characters"))
+    text = fields.String(
+        required=True, validate=validate.Length(max=MAX_TEXT, error=f"must be at most {MAX_TEXT} characters")
+    )
 
 
 class MessageIn(Schema):
@@ -51,7 +51,8 @@ class MessageIn(Schema):
 
     role = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
     parts = fields.List(
-        fields.Nested(TextPart), required=True,
+        fields.Nested(TextPart),
+        required=True,
         validate=validate.Length(min=1, max=MAX_PARTS, error=f"must hold 1-{MAX_PARTS} parts"),
     )
 
@@ -76,7 +77,9 @@ class FileRef(Schema):
 
     type = fields.String(required=True)
     path = _text(MAX_PATH)
-    line_start = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LINE, error=f"must be 1-{MAX_LINE}"))
+    line_start = fields.Integer(
+        strict=True, validate=validate.Range(min=1, max=MAX_LINE, error=f"must be 1-{MAX_LINE}")
+    )
     line_end = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LINE, error=f"must be 1-{MAX_LINE}"))
     ref = _text(MAX_PATH, required=False)
     description = _text(MAX_SHORT, required=False)
@@ -120,14 +123,21 @@ class Link(Schema):
         unknown = INCLUDE
 
     type = fields.String(required=True)
-    url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
-                     validate=validate.Length(max=MAX_URL, error=f"must be at most {MAX_URL} characters"))
+    url = fields.Url(
+        required=True,
+        schemes={"http", "https"},
+        require_tld=False,
+        validate=validate.Length(max=MAX_URL, error=f"must be at most {MAX_URL} characters"),
+    )
     title = _text(MAX_SHORT, required=False)
 
 
 ARTIFACT_SCHEMAS: dict[str, Schema] = {
-    "file_diff": FileDiff(), "file_ref": FileRef(), "test_command": TestCommand(),
-    "api_contract": ApiContract(), "link": Link(),
+    "file_diff": FileDiff(),
+    "file_ref": FileRef(),
+    "test_command": TestCommand(),
+    "api_contract": ApiContract(),
+    "link": Link(),
 }
 
 
@@ -153,10 +163,17 @@ class Metadata(fields.Dict):
             raise ValidationError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON")
         key = value.get("client_idempotency_key")
         if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY):
-            raise ValidationError({"client_idempotency_key": [f"must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"]})
+            raise ValidationError(
+                {"client_idempotency_key": [f"must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"]}
+            )
         if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
-            raise ValidationError({"client_idempotency_key": [
-                f"must not start with {RESERVED_KEY_PREFIX!r}: that prefix holds A2A messageIds (docs/a2a.md)"]})
+            raise ValidationError(
+                {
+                    "client_idempotency_key": [
+                        f"must not start with {RESERVED_KEY_PREFIX!r}: that prefix holds A2A messageIds (docs/a2a.md)"
+                    ]
+                }
+            )
         return value
 
 
@@ -178,12 +195,18 @@ class MessageSendParams(Schema):
 
     task_id = Ulid(load_default=None, allow_none=True)
     recipient = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=320))
-    intent = fields.String(load_default=None, allow_none=True,
-                           validate=validate.OneOf(INTENTS, error=f"must be one of {', '.join(INTENTS)}"))
+    intent = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=validate.OneOf(INTENTS, error=f"must be one of {', '.join(INTENTS)}"),
+    )
     context_id = Ulid(load_default=None, allow_none=True)
     message = fields.Nested(MessageIn, required=True)
-    artifacts = fields.List(Artifact(), load_default=list,
-                            validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"))
+    artifacts = fields.List(
+        Artifact(),
+        load_default=list,
+        validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"),
+    )
     proposed_action = fields.Nested(ProposedAction, load_default=None, allow_none=True)
     metadata = Metadata(load_default=dict)
 
@@ -204,7 +227,9 @@ class TasksUpdateParams(Schema):
         unknown = RAISE
 
     task_id = Ulid(required=True)
-    transition = fields.String(required=True, validate=validate.OneOf(TRANSITIONS, error=f"must be one of {', '.join(TRANSITIONS)}"))
+    transition = fields.String(
+        required=True, validate=validate.OneOf(TRANSITIONS, error=f"must be one of {', '.join(TRANSITIONS)}")
+    )
     session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
     result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
 
@@ -214,8 +239,11 @@ class ListFilter(Schema):
         unknown = RAISE
 
     role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
-    status = fields.List(fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
-                         load_default=None, allow_none=True)
+    status = fields.List(
+        fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
+        load_default=None,
+        allow_none=True,
+    )
     since = AwareDateTime(load_default=None, allow_none=True)
 
 
@@ -237,6 +265,4 @@ class TasksListParams(Schema):
     page = fields.Nested(ListPage, load_default=lambda: ListPage().load({}))
 
 
-def agent_ref(agent) -> dict[str, Any]:
-    """``{handle, name, role}`` of an agent."""
-    return {"handle": agent.handle, "name": agent.name, "role": agent.role}
+# END

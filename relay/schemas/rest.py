@@ -1,4 +1,5 @@
 """Load schemas for the REST API's query strings and bodies."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,7 @@ class QueryTime(AwareDateTime):
 
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
-            raise ValidationError(
-                "the '+' of the offset arrived as a space: URL-encode it as %2B (or use Z)")
+            raise ValidationError("the '+' of the offset arrived as a space: URL-encode it as %2B (or use Z)")
         return super()._deserialize(value, attr, data, **kwargs)
 
 
@@ -48,7 +48,9 @@ class TaskListQuery(Schema):
         unknown = RAISE
 
     role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
-    status = fields.List(fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")))
+    status = fields.List(
+        fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}"))
+    )
     since = QueryTime()
     cursor = Cursor()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200, error="must be 1-200"))
@@ -68,8 +70,11 @@ class ReplyBody(Schema):
         unknown = RAISE
 
     message = fields.Nested(MessageIn, required=True)
-    artifacts = fields.List(Artifact(), load_default=list,
-                            validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"))
+    artifacts = fields.List(
+        Artifact(),
+        load_default=list,
+        validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"),
+    )
     metadata = Metadata(load_default=dict)
 
 
@@ -105,8 +110,11 @@ class WebhookCreateBody(Schema):
         unknown = RAISE
 
     url = fields.String(required=True, validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
-    events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
-                         load_default=None, validate=validate.Length(min=1, error="must name at least one event"))
+    events = fields.List(
+        fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
+        load_default=None,
+        validate=validate.Length(min=1, error="must name at least one event"),
+    )
     description = fields.String(load_default="", validate=validate.Length(max=500))
 
 
@@ -117,8 +125,10 @@ class WebhookUpdateBody(Schema):
         unknown = RAISE
 
     url = fields.String(validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
-    events = fields.List(fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
-                         validate=validate.Length(min=1, error="must name at least one event"))
+    events = fields.List(
+        fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
+        validate=validate.Length(min=1, error="must name at least one event"),
+    )
     description = fields.String(validate=validate.Length(max=500))
     enabled = StrictBool()
 

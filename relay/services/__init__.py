@@ -1,9 +1,10 @@
 """Services: one transaction per use case, all business rules; nothing here knows HTTP."""
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from sqlalchemy.orm import Session
 

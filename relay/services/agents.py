@@ -1,4 +1,5 @@
 """Agents and their API keys: provisioning, lookup, revocation, authentication."""
+
 from __future__ import annotations
 
 import base64
@@ -7,7 +8,7 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
 
@@ -103,7 +104,7 @@ def disable_agent(handle: str) -> Agent:
     with unit_of_work():
         agent = require_agent(handle)
         if agent.disabled_at is None:
-            agent.disabled_at = datetime.now(timezone.utc)
+            agent.disabled_at = datetime.now(UTC)
     return agent
 
 
@@ -117,9 +118,11 @@ def create_key(handle: str, label: str = "") -> IssuedKey:
 
 def list_keys(agent: Agent) -> list[ApiKey]:
     """Return an agent's keys, newest first."""
-    return list(db.session.scalars(
-        select(ApiKey).where(ApiKey.agent_id == agent.id).order_by(ApiKey.created_at.desc(), ApiKey.id)
-    ))
+    return list(
+        db.session.scalars(
+            select(ApiKey).where(ApiKey.agent_id == agent.id).order_by(ApiKey.created_at.desc(), ApiKey.id)
+        )
+    )
 
 
 def revoke_key(key_id: str | uuid.UUID, owner: Agent | None = None) -> ApiKey:
@@ -133,7 +136,7 @@ def revoke_key(key_id: str | uuid.UUID, owner: Agent | None = None) -> ApiKey:
         if key is None or (owner is not None and key.agent_id != owner.id):
             raise RelayError("key_not_found", f"no key {kid}")
         if key.revoked_at is None:
-            key.revoked_at = datetime.now(timezone.utc)
+            key.revoked_at = datetime.now(UTC)
     return key
 
 
@@ -158,8 +161,13 @@ def authenticate(raw_key: str | None) -> Agent:
         raise RelayError("unauthenticated", "API key revoked")
     if agent.disabled_at is not None:
         raise RelayError("unauthenticated", "agent disabled")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         with unit_of_work() as s:
             s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
     return agent
+
+
+def agent_ref(agent: Agent) -> dict[str, str | None]:
+    """``{handle, name, role}`` of an agent."""
+    return {"handle": agent.handle, "name": agent.name, "role": agent.role}

@@ -1,4 +1,5 @@
 """Blocks: an agent refuses new handoffs from a sender (DESIGN.md, "Identities and keys")."""
+
 from __future__ import annotations
 
 from sqlalchemy import delete, select
@@ -20,10 +21,14 @@ def _target(handle: str) -> Agent:
 
 def list_blocks(agent: Agent) -> list[tuple[Agent, Block]]:
     """Return the agents ``agent`` blocks, with when, newest first."""
-    return list(db.session.execute(
-        select(Agent, Block).join(Block, Block.blocked_id == Agent.id).where(Block.blocker_id == agent.id)
-        .order_by(Block.created_at.desc())
-    ).all())
+    return list(
+        db.session.execute(
+            select(Agent, Block)
+            .join(Block, Block.blocked_id == Agent.id)
+            .where(Block.blocker_id == agent.id)
+            .order_by(Block.created_at.desc())
+        ).all()
+    )
 
 
 def block(agent: Agent, handle: str) -> Agent:

@@ -3,6 +3,7 @@
 A failed enqueue (broker down) is logged and left to the beat sweeps, which find the
 unindexed messages and unsent events in PostgreSQL (DESIGN.md, transactional outbox).
 """
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ Keyset paging on (created_at, id) so rows sharing a timestamp are neither skippe
 repeated; a page stops early at the byte budget but always holds one row, and
 ``next_cursor`` is null only on the last page (seed 004, "Catching up after downtime").
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,8 @@ from sqlalchemy.orm import aliased
 
 from relay.errors import RelayError
 from relay.extensions import db
-from relay.ids import format_ulid
+from relay.ids import encode_cursor, format_ulid, iso
 from relay.models import Agent, Message, Thread
-from relay.schemas.common import encode_cursor, iso
 from relay.services import search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
@@ -37,9 +37,16 @@ def resolve_identity(caller: Agent, handle: str) -> Agent:
         raise RelayError("identity_not_found", f"no identity {handle!r} is visible to you")
     if target.id == caller.id:
         return target
-    visible = target.org == caller.org or db.session.scalar(select(literal(True)).where(
-        or_(and_(Thread.sender_id == caller.id, Thread.recipient_id == target.id),
-            and_(Thread.sender_id == target.id, Thread.recipient_id == caller.id))).limit(1))
+    visible = target.org == caller.org or db.session.scalar(
+        select(literal(True))
+        .where(
+            or_(
+                and_(Thread.sender_id == caller.id, Thread.recipient_id == target.id),
+                and_(Thread.sender_id == target.id, Thread.recipient_id == caller.id),
+            )
+        )
+        .limit(1)
+    )
     if not visible:
         raise RelayError("identity_not_found", f"no identity {handle!r} is visible to you")
     raise RelayError("forbidden", f"this API key belongs to {caller.handle} and may not read {target.handle}")
@@ -67,11 +74,26 @@ def _row_select(*where):
 def _build_row_select():
     author, caller, target = aliased(Agent), aliased(Agent), aliased(Agent)
     return (
-        select(Message.id, Message.sequence_no, Message.role, Message.body, Message.parts, Message.artifacts,
-               Message.meta, Message.created_at, Message.thread_id, Thread.context_id, Thread.state,
-               author.handle.label("author_handle"),
-               caller.handle.label("caller_handle"), caller.name.label("caller_name"), caller.role.label("caller_role"),
-               target.handle.label("target_handle"), target.name.label("target_name"), target.role.label("target_role"))
+        select(
+            Message.id,
+            Message.sequence_no,
+            Message.role,
+            Message.body,
+            Message.parts,
+            Message.artifacts,
+            Message.meta,
+            Message.created_at,
+            Message.thread_id,
+            Thread.context_id,
+            Thread.state,
+            author.handle.label("author_handle"),
+            caller.handle.label("caller_handle"),
+            caller.name.label("caller_name"),
+            caller.role.label("caller_role"),
+            target.handle.label("target_handle"),
+            target.name.label("target_name"),
+            target.role.label("target_role"),
+        )
         .join(Thread, Thread.id == Message.thread_id)
         .join(author, author.id == Message.author_id)
         .join(caller, caller.id == Message.caller_id)
@@ -82,11 +104,18 @@ def _build_row_select():
 def _feed_row(r) -> dict[str, Any]:
     """One feed row: the message's fields plus task_id, context_id, task_state (now), caller, target."""
     return {
-        "id": str(r.id), "sequence_no": r.sequence_no, "role": r.role, "from": r.author_handle,
-        "body": r.body, "parts": r.parts, "artifacts": r.artifacts,
+        "id": str(r.id),
+        "sequence_no": r.sequence_no,
+        "role": r.role,
+        "from": r.author_handle,
+        "body": r.body,
+        "parts": r.parts,
+        "artifacts": r.artifacts,
         "metadata": {k: v for k, v in r.meta.items() if k != "client_idempotency_key"},
-        "created_at": iso(r.created_at), "task_id": format_ulid(r.thread_id),
-        "context_id": format_ulid(r.context_id), "task_state": r.state,
+        "created_at": iso(r.created_at),
+        "task_id": format_ulid(r.thread_id),
+        "context_id": format_ulid(r.context_id),
+        "task_state": r.state,
         "caller": {"handle": r.caller_handle, "name": r.caller_name, "role": r.caller_role},
         "target": {"handle": r.target_handle, "name": r.target_name, "role": r.target_role},
     }
@@ -98,11 +127,20 @@ def message_feed_row(message_id: uuid.UUID) -> dict[str, Any] | None:
     return _feed_row(row) if row is not None else None
 
 
-def list_messages(identity: Agent, *, direction: str = "both", requester_handle: str | None = None,
-                  worker_handle: str | None = None, task_id: uuid.UUID | None = None,
-                  context_id: uuid.UUID | None = None, role: str | None = None, q: str | None = None,
-                  since: datetime | None = None, cursor: tuple[datetime, uuid.UUID] | None = None,
-                  limit: int = 50) -> dict[str, Any]:
+def list_messages(
+    identity: Agent,
+    *,
+    direction: str = "both",
+    requester_handle: str | None = None,
+    worker_handle: str | None = None,
+    task_id: uuid.UUID | None = None,
+    context_id: uuid.UUID | None = None,
+    role: str | None = None,
+    q: str | None = None,
+    since: datetime | None = None,
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
     """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (seed 004).
 
     ``identity`` comes from :func:`resolve_identity`. Raises invalid_params (422) for a
@@ -131,8 +169,12 @@ def list_messages(identity: Agent, *, direction: str = "both", requester_handle:
         order = (Message.created_at.desc(), Message.id.desc())
 
         def branch(column):
-            return select(Message.id, Message.created_at).where(column == identity.id, *conditions) \
-                .order_by(*order).limit(limit + 1)
+            return (
+                select(Message.id, Message.created_at)
+                .where(column == identity.id, *conditions)
+                .order_by(*order)
+                .limit(limit + 1)
+            )
 
         # One ordered index scan per side, merged: direction=both never sorts the whole history.
         if direction == "inbound":
@@ -142,8 +184,7 @@ def list_messages(identity: Agent, *, direction: str = "both", requester_handle:
         else:
             keys = union_all(branch(Message.caller_id), branch(Message.target_id)).subquery()
         rows = db.session.execute(
-            _row_select().join(keys, keys.c.id == Message.id)
-            .order_by(*order).limit(limit + 1)
+            _row_select().join(keys, keys.c.id == Message.id).order_by(*order).limit(limit + 1)
         ).all()
     budget = current_app.config["RELAY"].feed_budget_bytes
     items: list[dict[str, Any]] = []

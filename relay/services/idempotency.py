@@ -4,12 +4,14 @@ DESIGN.md, "Idempotency": scoped to the calling agent, kept 24 hours; the same k
 the same params returns the first result, with different params -32011; concurrent
 requests with one key create exactly one thread.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from flask import current_app
 from sqlalchemy import delete, func, select
@@ -29,7 +31,8 @@ def request_hash(operation: str, params: dict[str, Any]) -> str:
 def _stored(session, agent: Agent, key: str, digest: str) -> dict | None:
     record = session.scalar(
         select(IdempotencyRecord).where(
-            IdempotencyRecord.agent_id == agent.id, IdempotencyRecord.key == key,
+            IdempotencyRecord.agent_id == agent.id,
+            IdempotencyRecord.key == key,
             IdempotencyRecord.expires_at > func.now(),
         )
     )
@@ -44,8 +47,9 @@ def _stored(session, agent: Agent, key: str, digest: str) -> dict | None:
     return record.response
 
 
-def run_once(agent: Agent, key: str | None, operation: str, params: dict[str, Any],
-             work: Callable[[Any], dict]) -> dict:
+def run_once(
+    agent: Agent, key: str | None, operation: str, params: dict[str, Any], work: Callable[[Any], dict]
+) -> dict:
     """Run ``work(session)`` in one transaction unless ``key`` already answered; return the answer.
 
     A replay is answered from the stored record before any other check (DESIGN.md,
@@ -64,10 +68,13 @@ def run_once(agent: Agent, key: str | None, operation: str, params: dict[str, An
             return replay
     ttl = timedelta(seconds=current_app.config["RELAY"].idempotency_ttl_seconds)
     with unit_of_work() as session:
-        session.execute(delete(IdempotencyRecord).where(
-            IdempotencyRecord.agent_id == agent.id, IdempotencyRecord.key == key,
-            IdempotencyRecord.expires_at <= func.now(),
-        ))
+        session.execute(
+            delete(IdempotencyRecord).where(
+                IdempotencyRecord.agent_id == agent.id,
+                IdempotencyRecord.key == key,
+                IdempotencyRecord.expires_at <= func.now(),
+            )
+        )
         claimed = session.execute(
             insert(IdempotencyRecord)
             .values(agent_id=agent.id, key=key, request_hash=digest, response={}, expires_at=func.now() + ttl)

@@ -1,4 +1,5 @@
 """Housekeeping use cases run by Celery beat."""
+
 from __future__ import annotations
 
 from sqlalchemy import delete, func

@@ -6,6 +6,7 @@ webhooks.py). Only the client that sent the task (the caller of the A2A binding)
 configure it; the URL passes the same SSRF checks as a webhook's, at creation and at
 every delivery. The token and credentials are stored encrypted.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -16,10 +17,12 @@ from sqlalchemy.orm import Session
 
 from relay import crypto
 from relay.errors import RelayError, invalid
+from relay.extensions import db
 from relay.ids import format_ulid
-from relay.models import Agent, WebhookEndpoint
-from relay.services import threads, unit_of_work
-from relay.services.webhooks import EVENT_TYPES, check_url, new_secret
+from relay.models import Agent, Event, Message, Thread, WebhookEndpoint
+from relay.services import a2a_view, threads, unit_of_work
+from relay.services.outbound import EVENT_TYPES, check_url, new_secret
+from relay.services.threads import message_row, thread_summary
 
 KIND = "a2a_push"
 MAX_CONFIGS_PER_TASK = 10
@@ -28,9 +31,12 @@ MAX_CONFIGS_PER_TASK = 10
 def config_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
     """A config as the transport shows it: id, task_id, url, token, auth_scheme, enabled."""
     return {
-        "id": endpoint.push_config_id, "task_id": format_ulid(endpoint.thread_id), "url": endpoint.url,
+        "id": endpoint.push_config_id,
+        "task_id": format_ulid(endpoint.thread_id),
+        "url": endpoint.url,
         "token": crypto.decrypt(endpoint.token_encrypted) if endpoint.token_encrypted else None,
-        "auth_scheme": endpoint.auth_scheme, "enabled": endpoint.enabled,
+        "auth_scheme": endpoint.auth_scheme,
+        "enabled": endpoint.enabled,
         "disabled_reason": endpoint.disabled_reason,
     }
 
@@ -53,20 +59,35 @@ def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: di
     ``authentication`` ``{scheme, credentials}``. Raises invalid_params (id taken on this
     task, more than MAX_CONFIGS_PER_TASK).
     """
-    count = session.scalar(select(func.count()).select_from(WebhookEndpoint)
-                           .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id))
+    count = session.scalar(
+        select(func.count())
+        .select_from(WebhookEndpoint)
+        .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id)
+    )
     if count >= MAX_CONFIGS_PER_TASK:
-        raise invalid("taskId", f"the task already has {MAX_CONFIGS_PER_TASK} push notification configs, the most "
-                      "it may have; delete one first")
+        raise invalid(
+            "taskId",
+            f"the task already has {MAX_CONFIGS_PER_TASK} push notification configs, the most "
+            "it may have; delete one first",
+        )
     config_id = config.get("id") or str(uuid.uuid4())
-    taken = session.scalar(select(WebhookEndpoint.id).where(
-        WebhookEndpoint.thread_id == thread_id, WebhookEndpoint.push_config_id == config_id))
+    taken = session.scalar(
+        select(WebhookEndpoint.id).where(
+            WebhookEndpoint.thread_id == thread_id, WebhookEndpoint.push_config_id == config_id
+        )
+    )
     if taken is not None:
         raise invalid("id", f"this task already has a push notification config {config_id}")
     auth = config.get("authentication") or {}
     endpoint = WebhookEndpoint(
-        agent_id=caller.id, kind=KIND, thread_id=thread_id, push_config_id=config_id, url=config["url"],
-        events=list(EVENT_TYPES), description="A2A push notification config", enabled=True,
+        agent_id=caller.id,
+        kind=KIND,
+        thread_id=thread_id,
+        push_config_id=config_id,
+        url=config["url"],
+        events=list(EVENT_TYPES),
+        description="A2A push notification config",
+        enabled=True,
         secret_encrypted=crypto.encrypt(new_secret()),
         token_encrypted=crypto.encrypt(config["token"]) if config.get("token") else None,
         auth_scheme=auth.get("scheme"),
@@ -114,8 +135,9 @@ def delete_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str
     """Delete one config of the task (and its delivery log); raise thread_not_found or not_found."""
     with unit_of_work() as session:
         thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
-        endpoint = session.scalar(_configs(thread.id).where(WebhookEndpoint.push_config_id == config_id)
-                                  .with_for_update())
+        endpoint = session.scalar(
+            _configs(thread.id).where(WebhookEndpoint.push_config_id == config_id).with_for_update()
+        )
         if endpoint is None:
             raise RelayError("not_found", f"task {format_ulid(thread.id)} has no push notification config {config_id}")
         session.delete(endpoint)
@@ -131,3 +153,15 @@ def headers(endpoint: WebhookEndpoint) -> dict[str, str]:
         out["Authorization"] = f"{endpoint.auth_scheme} {credentials}".strip()
     return out
 
+
+def build_payload(event: Event) -> dict[str, Any]:
+    """An A2A v1.0 ``StreamResponse`` for a push config: a statusUpdate or a message (re-read now)."""
+    thread = db.session.get(Thread, event.thread_id)
+    task = {**thread_summary(thread), "result_summary": thread.result_summary}
+    if event.type == "message.created":
+        message = db.session.get(Message, event.message_id)
+        if message is not None:
+            return a2a_view.message_event(message_row(message), task)
+    return a2a_view.status_update_event(
+        task, {k: event.payload.get(k) for k in ("transition", "from", "to") if k in event.payload}
+    )

@@ -6,6 +6,7 @@ commit; until then queries fall back to computing it on the fly for unindexed ro
 so search never lags a write. Queries use ``websearch_to_tsquery``, so any user text
 is a valid query.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -41,9 +42,9 @@ def _config() -> ColumnElement:
 def document_vector() -> ColumnElement:
     """SQL expression: the weighted tsvector of a ``messages`` row."""
     cfg = _config()
-    return func.setweight(func.to_tsvector(cfg, func.left(Message.body, MAX_DOCUMENT_CHARS)), literal("A", String)).op("||")(
-        func.setweight(func.to_tsvector(cfg, func.left(_ARTIFACT_TEXT, MAX_DOCUMENT_CHARS)), literal("B", String))
-    )
+    return func.setweight(func.to_tsvector(cfg, func.left(Message.body, MAX_DOCUMENT_CHARS)), literal("A", String)).op(
+        "||"
+    )(func.setweight(func.to_tsvector(cfg, func.left(_ARTIFACT_TEXT, MAX_DOCUMENT_CHARS)), literal("B", String)))
 
 
 def query(q: str) -> ColumnElement:
@@ -64,7 +65,9 @@ def index_message(message_id: uuid.UUID) -> bool:
     """Write one message's ``search_vector``; return False if the message is gone."""
     with unit_of_work() as session:
         result = session.execute(
-            update(Message).where(Message.id == message_id).values(search_vector=document_vector())
+            update(Message)
+            .where(Message.id == message_id)
+            .values(search_vector=document_vector())
             .execution_options(synchronize_session=False)
         )
     return bool(result.rowcount)
@@ -73,10 +76,18 @@ def index_message(message_id: uuid.UUID) -> bool:
 def index_pending(batch: int = 500) -> int:
     """Index up to ``batch`` messages still lacking a vector (a lost task, a broker outage)."""
     with unit_of_work() as session:
-        ids = select(Message.id).where(Message.search_vector.is_(None)).order_by(Message.created_at) \
-            .limit(batch).with_for_update(skip_locked=True).scalar_subquery()
+        ids = (
+            select(Message.id)
+            .where(Message.search_vector.is_(None))
+            .order_by(Message.created_at)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
         result = session.execute(
-            update(Message).where(Message.id.in_(ids)).values(search_vector=document_vector())
+            update(Message)
+            .where(Message.id.in_(ids))
+            .values(search_vector=document_vector())
             .execution_options(synchronize_session=False)
         )
     return result.rowcount or 0

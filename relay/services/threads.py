@@ -3,12 +3,14 @@
 Each public function is one use case and one transaction. Callers pass loaded params
 (see relay.schemas.handoffs); results are plain dicts ready for any transport.
 """
+
 from __future__ import annotations
 
 import uuid
-from functools import partial
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -16,12 +18,20 @@ from sqlalchemy.orm import Session
 
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import format_ulid, new_ulid
-from relay.models import TERMINAL_STATES, Agent, AuditEvent, Block, Event, Message, ReadPosition, Thread
-from relay.schemas.common import encode_cursor, iso
-from relay.schemas.handoffs import RESERVED_KEY_PREFIX, agent_ref
+from relay.ids import encode_cursor, format_ulid, iso, new_ulid
+from relay.models import (
+    RESERVED_KEY_PREFIX,
+    TERMINAL_STATES,
+    Agent,
+    AuditEvent,
+    Block,
+    Event,
+    Message,
+    ReadPosition,
+    Thread,
+)
 from relay.services import after_commit, dispatch, idempotency, unit_of_work
-from relay.services.agents import get_agent, normalize_handle
+from relay.services.agents import agent_ref, get_agent, normalize_handle
 
 PREVIEW_CHARS = 200
 
@@ -73,8 +83,9 @@ def _participant_role(thread: Thread, agent: Agent) -> str | None:
     return None
 
 
-def _load_thread(session: Session, task_id: uuid.UUID, caller: Agent, *, lock: bool = False,
-                 peer: Agent | None = None) -> tuple[Thread, str]:
+def _load_thread(
+    session: Session, task_id: uuid.UUID, caller: Agent, *, lock: bool = False, peer: Agent | None = None
+) -> tuple[Thread, str]:
     """Return the thread and the caller's side; raise thread_not_found / not_a_participant.
 
     With ``peer`` (the A2A binding, where the caller talks to one agent), only a thread
@@ -95,19 +106,40 @@ def _load_thread(session: Session, task_id: uuid.UUID, caller: Agent, *, lock: b
 
 def _add_message(session: Session, thread: Thread, author: Agent, params: dict, now: datetime) -> Message:
     message = Message(
-        id=uuid.uuid4(), thread_id=thread.id, sequence_no=thread.last_sequence_no, author_id=author.id,
-        caller_id=thread.sender_id, target_id=thread.recipient_id,
+        id=uuid.uuid4(),
+        thread_id=thread.id,
+        sequence_no=thread.last_sequence_no,
+        author_id=author.id,
+        caller_id=thread.sender_id,
+        target_id=thread.recipient_id,
         role="caller" if author.id == thread.sender_id else "agent",
-        body=_body(params["message"]["parts"]), parts=params["message"]["parts"],
-        artifacts=params.get("artifacts") or [], meta=params.get("metadata") or {}, created_at=now,
+        body=_body(params["message"]["parts"]),
+        parts=params["message"]["parts"],
+        artifacts=params.get("artifacts") or [],
+        meta=params.get("metadata") or {},
+        created_at=now,
     )
     session.add(message)
     other = thread.recipient_id if author.id == thread.sender_id else thread.sender_id
-    session.add(AuditEvent(thread_id=thread.id, actor_id=author.id,
-                           action="create" if thread.last_sequence_no == 1 else "append",
-                           to_state=thread.state, message_id=message.id, created_at=now))
-    event = Event(id=new_ulid(), type="message.created", agent_id=other, thread_id=thread.id,
-                  message_id=message.id, payload={}, created_at=now)
+    session.add(
+        AuditEvent(
+            thread_id=thread.id,
+            actor_id=author.id,
+            action="create" if thread.last_sequence_no == 1 else "append",
+            to_state=thread.state,
+            message_id=message.id,
+            created_at=now,
+        )
+    )
+    event = Event(
+        id=new_ulid(),
+        type="message.created",
+        agent_id=other,
+        thread_id=thread.id,
+        message_id=message.id,
+        payload={},
+        created_at=now,
+    )
     session.add(event)
     # No read-position write here: unread counts only the other side's messages, so the
     # author's own message never needs marking (and the upsert was a third of a send).
@@ -119,12 +151,20 @@ load_thread = _load_thread  # for sibling services (push configs) that scope to 
 
 
 def _build_mark_read():
-    stmt = insert(ReadPosition).values(thread_id=bindparam("thread_id"), agent_id=bindparam("agent_id"),
-                                       last_read_sequence_no=bindparam("seq"), updated_at=bindparam("now"))
+    stmt = insert(ReadPosition).values(
+        thread_id=bindparam("thread_id"),
+        agent_id=bindparam("agent_id"),
+        last_read_sequence_no=bindparam("seq"),
+        updated_at=bindparam("now"),
+    )
     return stmt.on_conflict_do_update(
         index_elements=[ReadPosition.thread_id, ReadPosition.agent_id],
-        set_={"last_read_sequence_no": func.greatest(ReadPosition.last_read_sequence_no, stmt.excluded.last_read_sequence_no),
-              "updated_at": stmt.excluded.updated_at},
+        set_={
+            "last_read_sequence_no": func.greatest(
+                ReadPosition.last_read_sequence_no, stmt.excluded.last_read_sequence_no
+            ),
+            "updated_at": stmt.excluded.updated_at,
+        },
     )
 
 
@@ -150,22 +190,35 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
         raise invalid("recipient", "cannot hand off to yourself")
     intent = params.get("intent") or "inform"
     if intent == "propose_action" and params.get("proposed_action") is None:
-        raise RelayError("invalid_intent_payload", "intent propose_action requires proposed_action", {"field": "proposed_action"})
+        raise RelayError(
+            "invalid_intent_payload", "intent propose_action requires proposed_action", {"field": "proposed_action"}
+        )
     if intent != "propose_action" and params.get("proposed_action") is not None:
-        raise RelayError("invalid_intent_payload", f"proposed_action must be null or omitted when intent is {intent}",
-                         {"field": "proposed_action"})
+        raise RelayError(
+            "invalid_intent_payload",
+            f"proposed_action must be null or omitted when intent is {intent}",
+            {"field": "proposed_action"},
+        )
     blocked = session.scalar(select(exists().where(Block.blocker_id == recipient.id, Block.blocked_id == caller.id)))
     if blocked:
         raise RelayError("teammate_blocked", f"{recipient.handle} does not accept handoffs from you")
     context_id = params.get("context_id")
     if context_id is not None:
-        known = session.scalar(select(exists().where(
-            Thread.context_id == context_id, or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id))))
+        known = session.scalar(
+            select(
+                exists().where(
+                    Thread.context_id == context_id,
+                    or_(Thread.sender_id == caller.id, Thread.recipient_id == caller.id),
+                )
+            )
+        )
         if not known and not adopt_context:
             raise invalid("context_id", "names no context in which you already have a thread")
         if not known:
             # Two first uses of one new id must not both see it unused (and share a context).
-            session.execute(select(func.pg_advisory_xact_lock(int.from_bytes(context_id.bytes[:8], "big", signed=True))))
+            session.execute(
+                select(func.pg_advisory_xact_lock(int.from_bytes(context_id.bytes[:8], "big", signed=True)))
+            )
         if not known and session.scalar(select(exists().where(Thread.context_id == context_id))):
             # Adopting an id other agents already use would put this thread in their context.
             raise invalid("context_id", "names a context of other agents; choose a new UUID")
@@ -174,16 +227,30 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
     _serialize_feed_writes(session, caller.id, recipient.id)
     now = _now(session)
     thread = Thread(
-        id=new_ulid(), context_id=context_id, sender_id=caller.id, recipient_id=recipient.id, intent=intent,
-        summary=_body(params["message"]["parts"]), proposed_action=params.get("proposed_action"),
-        state="pending", version=1, last_sequence_no=1, created_at=now, updated_at=now,
+        id=new_ulid(),
+        context_id=context_id,
+        sender_id=caller.id,
+        recipient_id=recipient.id,
+        intent=intent,
+        summary=_body(params["message"]["parts"]),
+        proposed_action=params.get("proposed_action"),
+        state="pending",
+        version=1,
+        last_sequence_no=1,
+        created_at=now,
+        updated_at=now,
     )
     session.add(thread)
     session.flush()
     message = _add_message(session, thread, caller, params, now)
     return {
-        "task_id": format_ulid(thread.id), "thread_id": format_ulid(thread.id), "context_id": format_ulid(context_id),
-        "status": {"state": "pending"}, "message_id": str(message.id), "sequence_no": 1, "created_at": iso(now),
+        "task_id": format_ulid(thread.id),
+        "thread_id": format_ulid(thread.id),
+        "context_id": format_ulid(context_id),
+        "status": {"state": "pending"},
+        "message_id": str(message.id),
+        "sequence_no": 1,
+        "created_at": iso(now),
     }
 
 
@@ -200,22 +267,33 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
     if expected is not None and expected != thread.context_id:
         raise invalid("context_id", "does not match the task's context")
     if thread.state in TERMINAL_STATES:
-        raise RelayError("thread_terminal", f"the thread is {thread.state}; no more messages can be added",
-                         {"state": thread.state})
+        raise RelayError(
+            "thread_terminal", f"the thread is {thread.state}; no more messages can be added", {"state": thread.state}
+        )
     _serialize_feed_writes(session, thread.sender_id, thread.recipient_id)
     now = _now(session)
     thread.last_sequence_no += 1
     thread.updated_at = now
     message = _add_message(session, thread, caller, params, now)
     return {
-        "task_id": format_ulid(thread.id), "thread_id": format_ulid(thread.id), "context_id": format_ulid(thread.context_id),
-        "status": {"state": thread.state}, "message_id": str(message.id), "sequence_no": message.sequence_no,
+        "task_id": format_ulid(thread.id),
+        "thread_id": format_ulid(thread.id),
+        "context_id": format_ulid(thread.context_id),
+        "status": {"state": thread.state},
+        "message_id": str(message.id),
+        "sequence_no": message.sequence_no,
         "created_at": iso(now),
     }
 
 
-def send_message(caller: Agent, params: dict, *, peer: Agent | None = None, adopt_context: bool = False,
-                 then: Callable[[Session, dict], None] | None = None) -> dict:
+def send_message(
+    caller: Agent,
+    params: dict,
+    *,
+    peer: Agent | None = None,
+    adopt_context: bool = False,
+    then: Callable[[Session, dict], None] | None = None,
+) -> dict:
     """Create a handoff (``task_id`` null) or append to one (seed 000, ``message/send``).
 
     Create raises invalid_params (recipient missing, yourself, unknown context_id),
@@ -251,13 +329,19 @@ def message_row(message: Message) -> dict[str, Any]:
     its author chose (its idempotency key, minus the reserved prefix).
     """
     row = {
-        "id": str(message.id), "sequence_no": message.sequence_no, "from": message.author.handle,
-        "role": message.role, "body": message.body, "parts": message.parts, "artifacts": message.artifacts,
-        "payload": _payload(message.meta), "created_at": iso(message.created_at),
+        "id": str(message.id),
+        "sequence_no": message.sequence_no,
+        "from": message.author.handle,
+        "role": message.role,
+        "body": message.body,
+        "parts": message.parts,
+        "artifacts": message.artifacts,
+        "payload": _payload(message.meta),
+        "created_at": iso(message.created_at),
     }
     key = message.meta.get("client_idempotency_key")
     if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
-        row["a2a_message_id"] = key[len(RESERVED_KEY_PREFIX):]
+        row["a2a_message_id"] = key[len(RESERVED_KEY_PREFIX) :]
     return row
 
 
@@ -274,21 +358,35 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
     """
     with unit_of_work() as session:
         thread, _side = _load_thread(session, task_id, caller, peer=peer)
-        messages = list(session.scalars(
-            select(Message).where(Message.thread_id == thread.id).order_by(Message.sequence_no)
-            .options(db.joinedload(Message.author))
-        ))
+        messages = list(
+            session.scalars(
+                select(Message)
+                .where(Message.thread_id == thread.id)
+                .order_by(Message.sequence_no)
+                .options(db.joinedload(Message.author))
+            )
+        )
         if mark_read:
             _mark_read(session, thread.id, caller.id, thread.last_sequence_no, _now(session))
         return {
-            "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
-            "context_id": format_ulid(thread.context_id), "status": _status(thread),
-            "sender": agent_ref(thread.sender), "recipient": agent_ref(thread.recipient),
-            "recipient_id": str(thread.recipient_id), "summary": thread.summary, "intent": thread.intent,
-            "artifacts": [a for m in messages for a in m.artifacts], "proposed_action": thread.proposed_action,
-            "messages": [message_row(m) for m in messages], "result_summary": thread.result_summary,
-            "version": thread.version, "accepted_at": iso(thread.accepted_at), "completed_at": iso(thread.completed_at),
-            "cancelled_at": iso(thread.cancelled_at), "created_at": iso(thread.created_at),
+            "thread_id": format_ulid(thread.id),
+            "task_id": format_ulid(thread.id),
+            "context_id": format_ulid(thread.context_id),
+            "status": _status(thread),
+            "sender": agent_ref(thread.sender),
+            "recipient": agent_ref(thread.recipient),
+            "recipient_id": str(thread.recipient_id),
+            "summary": thread.summary,
+            "intent": thread.intent,
+            "artifacts": [a for m in messages for a in m.artifacts],
+            "proposed_action": thread.proposed_action,
+            "messages": [message_row(m) for m in messages],
+            "result_summary": thread.result_summary,
+            "version": thread.version,
+            "accepted_at": iso(thread.accepted_at),
+            "completed_at": iso(thread.completed_at),
+            "cancelled_at": iso(thread.cancelled_at),
+            "created_at": iso(thread.created_at),
             "updated_at": iso(thread.updated_at),
         }
 
@@ -296,10 +394,17 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
 def thread_summary(t: Thread) -> dict[str, Any]:
     """A thread as lists and ``task.updated`` webhooks show it (seed 000, tasks/list item)."""
     return {
-        "thread_id": format_ulid(t.id), "task_id": format_ulid(t.id), "context_id": format_ulid(t.context_id),
-        "status": _status(t), "sender": agent_ref(t.sender), "recipient": agent_ref(t.recipient),
-        "summary_preview": t.summary[:PREVIEW_CHARS], "intent": t.intent, "result_summary": t.result_summary,
-        "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
+        "thread_id": format_ulid(t.id),
+        "task_id": format_ulid(t.id),
+        "context_id": format_ulid(t.context_id),
+        "status": _status(t),
+        "sender": agent_ref(t.sender),
+        "recipient": agent_ref(t.recipient),
+        "summary_preview": t.summary[:PREVIEW_CHARS],
+        "intent": t.intent,
+        "result_summary": t.result_summary,
+        "created_at": iso(t.created_at),
+        "updated_at": iso(t.updated_at),
     }
 
 
@@ -307,18 +412,33 @@ def _page_messages(thread_ids: list[uuid.UUID], messages: int | str):
     """Messages of a page of threads, oldest first per thread: all, or the newest N of each."""
     stmt = select(Message).where(Message.thread_id.in_(thread_ids))
     if messages != "all":
-        rank = (select(Message.id, func.row_number().over(partition_by=Message.thread_id,
-                                                          order_by=Message.sequence_no.desc()).label("rank"))
-                .where(Message.thread_id.in_(thread_ids)).subquery())
+        rank = (
+            select(
+                Message.id,
+                func.row_number()
+                .over(partition_by=Message.thread_id, order_by=Message.sequence_no.desc())
+                .label("rank"),
+            )
+            .where(Message.thread_id.in_(thread_ids))
+            .subquery()
+        )
         stmt = stmt.join(rank, rank.c.id == Message.id).where(rank.c.rank <= int(messages))
     return stmt.order_by(Message.thread_id, Message.sequence_no).options(db.joinedload(Message.author))
 
 
-def list_threads(caller: Agent, role: str = "recipient", status: list[str] | None = None,
-                 since: datetime | None = None, limit: int = 50,
-                 cursor: tuple[datetime, uuid.UUID] | None = None, *, peer: Agent | None = None,
-                 context_id: uuid.UUID | None = None, with_total: bool = False,
-                 messages: int | str | None = None) -> dict:
+def list_threads(
+    caller: Agent,
+    role: str = "recipient",
+    status: list[str] | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    *,
+    peer: Agent | None = None,
+    context_id: uuid.UUID | None = None,
+    with_total: bool = False,
+    messages: int | str | None = None,
+) -> dict:
     """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
 
     Newest activity first; keyset cursor on (updated_at, id); ``since`` is inclusive on
@@ -333,13 +453,21 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
     column = Thread.recipient_id if role == "recipient" else Thread.sender_id
     unread = (
         select(func.count(Message.id))
-        .where(Message.thread_id == Thread.id, Message.author_id != caller.id,
-               Message.sequence_no > func.coalesce(
-                   select(ReadPosition.last_read_sequence_no)
-                   .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller.id)
-                   # Correlate to the outer threads row, not to a second copy of threads.
-                   .correlate(Thread).scalar_subquery(), 0))
-        .correlate(Thread).scalar_subquery()
+        .where(
+            Message.thread_id == Thread.id,
+            Message.author_id != caller.id,
+            Message.sequence_no
+            > func.coalesce(
+                select(ReadPosition.last_read_sequence_no)
+                .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller.id)
+                # Correlate to the outer threads row, not to a second copy of threads.
+                .correlate(Thread)
+                .scalar_subquery(),
+                0,
+            ),
+        )
+        .correlate(Thread)
+        .scalar_subquery()
     )
     filters = [column == caller.id]
     if peer is not None:
@@ -374,8 +502,15 @@ def list_threads(caller: Agent, role: str = "recipient", status: list[str] | Non
     return result
 
 
-def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | None = None,
-               result_summary: str | None = None, *, peer: Agent | None = None) -> dict:
+def transition(
+    caller: Agent,
+    task_id: uuid.UUID,
+    name: str,
+    session_id: str | None = None,
+    result_summary: str | None = None,
+    *,
+    peer: Agent | None = None,
+) -> dict:
     """Move a thread along seed 000's state machine (``tasks/update``, ``tasks/cancel``).
 
     Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
@@ -390,37 +525,71 @@ def transition(caller: Agent, task_id: uuid.UUID, name: str, session_id: str | N
     with unit_of_work() as session:
         thread, side = _load_thread(session, task_id, caller, peer=peer)
         if side != who:
-            raise RelayError("not_authorized_transition", f"only the {who} may {name} a handoff",
-                             {"transition": name, "required_role": who})
+            raise RelayError(
+                "not_authorized_transition",
+                f"only the {who} may {name} a handoff",
+                {"transition": name, "required_role": who},
+            )
         if thread.state != source:
-            raise RelayError("invalid_transition", f"cannot {name} a handoff that is {thread.state} (only from {source})",
-                             {"transition": name, "state": thread.state})
+            raise RelayError(
+                "invalid_transition",
+                f"cannot {name} a handoff that is {thread.state} (only from {source})",
+                {"transition": name, "state": thread.state},
+            )
         now = _now(session)
-        values: dict[str, Any] = {"state": target, "version": Thread.version + 1, "updated_at": now,
-                                  STAMP_COLUMN[target]: now}
+        values: dict[str, Any] = {
+            "state": target,
+            "version": Thread.version + 1,
+            "updated_at": now,
+            STAMP_COLUMN[target]: now,
+        }
         if name == "complete":
             values["result_summary"] = result_summary
         won = session.execute(
-            update(Thread).where(Thread.id == thread.id, Thread.state == source, Thread.version == thread.version)
-            .values(**values).returning(Thread.version).execution_options(synchronize_session=False)
+            update(Thread)
+            .where(Thread.id == thread.id, Thread.state == source, Thread.version == thread.version)
+            .values(**values)
+            .returning(Thread.version)
+            .execution_options(synchronize_session=False)
         ).scalar()
         if won is None:
-            raise RelayError("state_changed", "another call changed this handoff first; read it again",
-                             {"transition": name})
+            raise RelayError(
+                "state_changed", "another call changed this handoff first; read it again", {"transition": name}
+            )
         other = thread.recipient_id if side == "sender" else thread.sender_id
-        session.add(AuditEvent(thread_id=thread.id, actor_id=caller.id, action=name, from_state=source, to_state=target,
-                               session_id=session_id if name == "accept" else None,
-                               result_summary=result_summary if name == "complete" else None, created_at=now))
-        event = Event(id=new_ulid(), type="task.updated", agent_id=other, thread_id=thread.id,
-                      payload={"transition": name, "from": source, "to": target}, created_at=now)
+        session.add(
+            AuditEvent(
+                thread_id=thread.id,
+                actor_id=caller.id,
+                action=name,
+                from_state=source,
+                to_state=target,
+                session_id=session_id if name == "accept" else None,
+                result_summary=result_summary if name == "complete" else None,
+                created_at=now,
+            )
+        )
+        event = Event(
+            id=new_ulid(),
+            type="task.updated",
+            agent_id=other,
+            thread_id=thread.id,
+            payload={"transition": name, "from": source, "to": target},
+            created_at=now,
+        )
         session.add(event)
         after_commit(partial(dispatch.event_committed, event.id))
         session.refresh(thread)
         return {
-            "thread_id": format_ulid(thread.id), "task_id": format_ulid(thread.id),
-            "context_id": format_ulid(thread.context_id), "status": _status(thread), "version": thread.version,
-            "result_summary": thread.result_summary, "accepted_at": iso(thread.accepted_at),
-            "completed_at": iso(thread.completed_at), "cancelled_at": iso(thread.cancelled_at),
+            "thread_id": format_ulid(thread.id),
+            "task_id": format_ulid(thread.id),
+            "context_id": format_ulid(thread.context_id),
+            "status": _status(thread),
+            "version": thread.version,
+            "result_summary": thread.result_summary,
+            "accepted_at": iso(thread.accepted_at),
+            "completed_at": iso(thread.completed_at),
+            "cancelled_at": iso(thread.cancelled_at),
             "updated_at": iso(thread.updated_at),
         }
 
@@ -430,12 +599,21 @@ def audit_trail(caller: Agent, task_id: uuid.UUID) -> list[dict]:
     with unit_of_work() as session:
         thread, _side = _load_thread(session, task_id, caller)
         rows = session.scalars(
-            select(AuditEvent).where(AuditEvent.thread_id == thread.id)
-            .order_by(AuditEvent.created_at, AuditEvent.id).options(db.joinedload(AuditEvent.actor))
+            select(AuditEvent)
+            .where(AuditEvent.thread_id == thread.id)
+            .order_by(AuditEvent.created_at, AuditEvent.id)
+            .options(db.joinedload(AuditEvent.actor))
         ).all()
         return [
-            {"action": r.action, "actor": r.actor.handle, "from_state": r.from_state, "to_state": r.to_state,
-             "session_id": r.session_id, "result_summary": r.result_summary,
-             "message_id": str(r.message_id) if r.message_id else None, "created_at": iso(r.created_at)}
+            {
+                "action": r.action,
+                "actor": r.actor.handle,
+                "from_state": r.from_state,
+                "to_state": r.to_state,
+                "session_id": r.session_id,
+                "result_summary": r.result_summary,
+                "message_id": str(r.message_id) if r.message_id else None,
+                "created_at": iso(r.created_at),
+            }
             for r in rows
         ]

@@ -6,14 +6,13 @@ Webhooks headers with ``webhook-id`` = the event's id on every endpoint and atte
 ``RELAY_WEBHOOK_SCHEDULE``; 410 disables the endpoint; an endpoint failing for
 ``RELAY_WEBHOOK_DISABLE_AFTER`` is disabled with the reason recorded.
 """
+
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import secrets
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -22,17 +21,16 @@ from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from standardwebhooks import Webhook
 
-from relay import crypto, outbound
+from relay import crypto
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import format_ulid, new_ulid
+from relay.ids import encode_cursor, format_ulid, iso, new_ulid
 from relay.models import Agent, Event, Thread, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from relay.schemas.common import encode_cursor, iso
-from relay.services import after_commit, dispatch, unit_of_work
+from relay.services import after_commit, dispatch, outbound, push, unit_of_work
+from relay.services.outbound import EVENT_TYPES, check_url, new_secret
 
 log = logging.getLogger("relay.webhooks")
 
-EVENT_TYPES = ("message.created", "task.updated")
 TEST_EVENT = "webhook.test"
 ROTATION_OVERLAP = timedelta(hours=24)
 MAX_ENDPOINTS_PER_AGENT = 20
@@ -42,35 +40,24 @@ def _settings():
     return current_app.config["RELAY"]
 
 
-def new_secret() -> str:
-    """Return a Standard Webhooks secret: ``whsec_`` + base64 of 32 random bytes."""
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
-
-
 def event_id_text(event_id: uuid.UUID) -> str:
     """The ``webhook-id`` of an event: the same for every endpoint and every attempt."""
     return "evt_" + format_ulid(event_id)
 
 
-def check_url(url: str) -> str:
-    """Refuse URLs that may not be called (scheme, credentials, private targets); return it."""
-    if not isinstance(url, str) or not url or len(url) > 2048:
-        raise invalid("url", "must be a URL of at most 2048 characters")
-    s = _settings()
-    try:
-        outbound.resolve(url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
-    except outbound.TargetRefused as exc:
-        raise invalid("url", str(exc)) from None
-    return url
-
-
 def endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
     """An endpoint's public record (never its secret)."""
     return {
-        "id": str(endpoint.id), "url": endpoint.url, "description": endpoint.description, "events": endpoint.events,
-        "enabled": endpoint.enabled, "disabled_reason": endpoint.disabled_reason,
-        "disabled_at": iso(endpoint.disabled_at), "failing_since": iso(endpoint.failing_since),
-        "created_at": iso(endpoint.created_at), "updated_at": iso(endpoint.updated_at),
+        "id": str(endpoint.id),
+        "url": endpoint.url,
+        "description": endpoint.description,
+        "events": endpoint.events,
+        "enabled": endpoint.enabled,
+        "disabled_reason": endpoint.disabled_reason,
+        "disabled_at": iso(endpoint.disabled_at),
+        "failing_since": iso(endpoint.failing_since),
+        "created_at": iso(endpoint.created_at),
+        "updated_at": iso(endpoint.updated_at),
     }
 
 
@@ -79,8 +66,9 @@ def _own_endpoint(session, agent: Agent, endpoint_id: str | uuid.UUID, lock: boo
         eid = endpoint_id if isinstance(endpoint_id, uuid.UUID) else uuid.UUID(str(endpoint_id))
     except ValueError:
         raise invalid("webhook_id", "must be a UUID") from None
-    stmt = select(WebhookEndpoint).where(WebhookEndpoint.id == eid, WebhookEndpoint.agent_id == agent.id,
-                                         WebhookEndpoint.kind == "webhook")
+    stmt = select(WebhookEndpoint).where(
+        WebhookEndpoint.id == eid, WebhookEndpoint.agent_id == agent.id, WebhookEndpoint.kind == "webhook"
+    )
     if lock:
         stmt = stmt.with_for_update()
     endpoint = session.scalar(stmt)
@@ -94,12 +82,21 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
     check_url(url)
     secret = new_secret()
     with unit_of_work() as session:
-        count = session.scalar(select(func.count()).select_from(WebhookEndpoint).where(
-            WebhookEndpoint.agent_id == agent.id, WebhookEndpoint.kind == "webhook"))
+        count = session.scalar(
+            select(func.count())
+            .select_from(WebhookEndpoint)
+            .where(WebhookEndpoint.agent_id == agent.id, WebhookEndpoint.kind == "webhook")
+        )
         if count >= MAX_ENDPOINTS_PER_AGENT:
             raise invalid("url", f"an agent may have at most {MAX_ENDPOINTS_PER_AGENT} webhooks")
-        endpoint = WebhookEndpoint(agent_id=agent.id, url=url, events=list(events or EVENT_TYPES),
-                                   description=description or "", enabled=True, secret_encrypted=crypto.encrypt(secret))
+        endpoint = WebhookEndpoint(
+            agent_id=agent.id,
+            url=url,
+            events=list(events or EVENT_TYPES),
+            description=description or "",
+            enabled=True,
+            secret_encrypted=crypto.encrypt(secret),
+        )
         session.add(endpoint)
         session.flush()
         view = endpoint_view(endpoint)
@@ -108,9 +105,11 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
 
 def list_endpoints(agent: Agent) -> list[dict]:
     """Return the agent's endpoints, oldest first."""
-    rows = db.session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.agent_id == agent.id,
-                                                            WebhookEndpoint.kind == "webhook")
-                              .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id))
+    rows = db.session.scalars(
+        select(WebhookEndpoint)
+        .where(WebhookEndpoint.agent_id == agent.id, WebhookEndpoint.kind == "webhook")
+        .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id)
+    )
     return [endpoint_view(e) for e in rows]
 
 
@@ -153,7 +152,7 @@ def rotate_secret(agent: Agent, endpoint_id: str) -> dict:
     with unit_of_work() as session:
         endpoint = _own_endpoint(session, agent, endpoint_id, lock=True)
         endpoint.previous_secret_encrypted = endpoint.secret_encrypted
-        endpoint.previous_secret_expires_at = datetime.now(timezone.utc) + ROTATION_OVERLAP
+        endpoint.previous_secret_expires_at = datetime.now(UTC) + ROTATION_OVERLAP
         endpoint.secret_encrypted = crypto.encrypt(secret)
         endpoint.updated_at = func.now()
         session.flush()
@@ -166,41 +165,70 @@ def send_test(agent: Agent, endpoint_id: str) -> dict:
     """Queue a ``webhook.test`` event for this one endpoint; return its event id."""
     with unit_of_work() as session:
         endpoint = _own_endpoint(session, agent, endpoint_id)
-        event = Event(id=new_ulid(), type=TEST_EVENT, agent_id=agent.id,
-                      payload={"endpoint_id": str(endpoint.id)}, created_at=func.now())
+        event = Event(
+            id=new_ulid(),
+            type=TEST_EVENT,
+            agent_id=agent.id,
+            payload={"endpoint_id": str(endpoint.id)},
+            created_at=func.now(),
+        )
         session.add(event)
         session.flush()
         after_commit(partial(dispatch.event_committed, event.id))
     return {"event_id": event_id_text(event.id), "type": TEST_EVENT}
 
 
-def list_deliveries(agent: Agent, endpoint_id: str, limit: int = 50,
-                    cursor: tuple[datetime, uuid.UUID] | None = None) -> dict:
+def list_deliveries(
+    agent: Agent, endpoint_id: str, limit: int = 50, cursor: tuple[datetime, uuid.UUID] | None = None
+) -> dict:
     """Recent deliveries of an endpoint, newest first, each with its attempts."""
     endpoint = _own_endpoint(db.session, agent, endpoint_id)
-    stmt = select(WebhookDelivery, Event).join(Event, Event.id == WebhookDelivery.event_id) \
+    stmt = (
+        select(WebhookDelivery, Event)
+        .join(Event, Event.id == WebhookDelivery.event_id)
         .where(WebhookDelivery.endpoint_id == endpoint.id)
+    )
     if cursor is not None:
         stmt = stmt.where(tuple_(WebhookDelivery.created_at, WebhookDelivery.id) < tuple_(*cursor))
-    rows = db.session.execute(stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
-                              .limit(limit + 1)).all()
+    rows = db.session.execute(
+        stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()).limit(limit + 1)
+    ).all()
     page = rows[:limit]
     attempts: dict[uuid.UUID, list] = {}
     if page:
-        for a in db.session.scalars(select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_([d.id for d, _ in page]))
-                                    .order_by(WebhookAttempt.attempted_at, WebhookAttempt.id)):
+        for a in db.session.scalars(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id.in_([d.id for d, _ in page]))
+            .order_by(WebhookAttempt.attempted_at, WebhookAttempt.id)
+        ):
             attempts.setdefault(a.delivery_id, []).append(
-                {"attempted_at": iso(a.attempted_at), "status_code": a.status_code, "error": a.error,
-                 "duration_ms": a.duration_ms})
-    items = [{
-        "id": str(d.id), "event_id": event_id_text(e.id), "event_type": e.type, "status": d.status,
-        "attempt_count": d.attempt_count, "next_attempt_at": iso(d.next_attempt_at) if d.status == "pending" else None,
-        "last_error": d.last_error, "created_at": iso(d.created_at), "completed_at": iso(d.completed_at),
-        "attempts": attempts.get(d.id, []),
-    } for d, e in page]
+                {
+                    "attempted_at": iso(a.attempted_at),
+                    "status_code": a.status_code,
+                    "error": a.error,
+                    "duration_ms": a.duration_ms,
+                }
+            )
+    items = [
+        {
+            "id": str(d.id),
+            "event_id": event_id_text(e.id),
+            "event_type": e.type,
+            "status": d.status,
+            "attempt_count": d.attempt_count,
+            "next_attempt_at": iso(d.next_attempt_at) if d.status == "pending" else None,
+            "last_error": d.last_error,
+            "created_at": iso(d.created_at),
+            "completed_at": iso(d.completed_at),
+            "attempts": attempts.get(d.id, []),
+        }
+        for d, e in page
+    ]
     last = page[-1][0] if page else None
-    return {"items": items,
-            "next_cursor": encode_cursor(last.created_at, last.id) if last is not None and len(rows) > limit else None}
+    return {
+        "items": items,
+        "next_cursor": encode_cursor(last.created_at, last.id) if last is not None and len(rows) > limit else None,
+    }
 
 
 # --- fan-out and delivery (run by the Celery workers) ---------------------------------
@@ -212,46 +240,74 @@ def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
     Idempotent: an event already fanned out (or being fanned out by another worker) is skipped.
     """
     with unit_of_work() as session:
-        event = session.scalar(select(Event).where(Event.id == event_id, Event.fanned_out_at.is_(None))
-                               .with_for_update(skip_locked=True))
+        event = session.scalar(
+            select(Event).where(Event.id == event_id, Event.fanned_out_at.is_(None)).with_for_update(skip_locked=True)
+        )
         if event is None:
             return []
-        endpoints = select(WebhookEndpoint.id).where(WebhookEndpoint.agent_id == event.agent_id,
-                                                     WebhookEndpoint.enabled.is_(True))
+        endpoints = select(WebhookEndpoint.id).where(
+            WebhookEndpoint.agent_id == event.agent_id, WebhookEndpoint.enabled.is_(True)
+        )
         if event.type == TEST_EVENT:
             endpoints = endpoints.where(WebhookEndpoint.id == uuid.UUID(event.payload["endpoint_id"]))
         else:
             # An A2A push config hears its one task; a webhook every task of its agent.
-            endpoints = endpoints.where(WebhookEndpoint.events.contains([event.type]), or_(
-                WebhookEndpoint.kind == "webhook",
-                and_(WebhookEndpoint.kind == "a2a_push", WebhookEndpoint.thread_id == event.thread_id)))
+            endpoints = endpoints.where(
+                WebhookEndpoint.events.contains([event.type]),
+                or_(
+                    WebhookEndpoint.kind == "webhook",
+                    and_(WebhookEndpoint.kind == "a2a_push", WebhookEndpoint.thread_id == event.thread_id),
+                ),
+            )
         ids = list(session.scalars(endpoints))
         created: list[uuid.UUID] = []
         if ids:
-            created = list(session.scalars(
-                insert(WebhookDelivery).values([
-                    {"id": uuid.uuid4(), "event_id": event.id, "endpoint_id": eid, "status": "pending",
-                     "attempt_count": 0, "next_attempt_at": func.now()} for eid in ids])
-                .on_conflict_do_nothing(constraint="uq_webhook_deliveries_event_endpoint")
-                .returning(WebhookDelivery.id)))
+            created = list(
+                session.scalars(
+                    insert(WebhookDelivery)
+                    .values(
+                        [
+                            {
+                                "id": uuid.uuid4(),
+                                "event_id": event.id,
+                                "endpoint_id": eid,
+                                "status": "pending",
+                                "attempt_count": 0,
+                                "next_attempt_at": func.now(),
+                            }
+                            for eid in ids
+                        ]
+                    )
+                    .on_conflict_do_nothing(constraint="uq_webhook_deliveries_event_endpoint")
+                    .returning(WebhookDelivery.id)
+                )
+            )
         event.fanned_out_at = func.now()
     return created
 
 
 def pending_events(limit: int = 200, older_than_seconds: float = 2.0) -> list[uuid.UUID]:
     """Events committed but never fanned out (lost enqueue), oldest first."""
-    return list(db.session.scalars(
-        select(Event.id).where(Event.fanned_out_at.is_(None),
-                               Event.created_at < func.now() - timedelta(seconds=older_than_seconds))
-        .order_by(Event.created_at).limit(limit)))
+    return list(
+        db.session.scalars(
+            select(Event.id)
+            .where(Event.fanned_out_at.is_(None), Event.created_at < func.now() - timedelta(seconds=older_than_seconds))
+            .order_by(Event.created_at)
+            .limit(limit)
+        )
+    )
 
 
 def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
     """Pending deliveries whose next attempt is due (including leases that expired)."""
-    return list(db.session.scalars(
-        select(WebhookDelivery.id).where(WebhookDelivery.status == "pending",
-                                         WebhookDelivery.next_attempt_at <= func.now())
-        .order_by(WebhookDelivery.next_attempt_at).limit(limit)))
+    return list(
+        db.session.scalars(
+            select(WebhookDelivery.id)
+            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= func.now())
+            .order_by(WebhookDelivery.next_attempt_at)
+            .limit(limit)
+        )
+    )
 
 
 def build_payload(event: Event) -> dict[str, Any]:
@@ -264,34 +320,24 @@ def build_payload(event: Event) -> dict[str, Any]:
         data = message_feed_row(event.message_id) or {"id": str(event.message_id), "deleted": True}
     elif event.type == "task.updated":
         thread = db.session.get(Thread, event.thread_id)
-        data = {**(thread_summary(thread) if thread else {"task_id": format_ulid(event.thread_id)}),
-                "transition": event.payload.get("transition"), "from_state": event.payload.get("from"),
-                "to_state": event.payload.get("to")}
+        data = {
+            **(thread_summary(thread) if thread else {"task_id": format_ulid(event.thread_id)}),
+            "transition": event.payload.get("transition"),
+            "from_state": event.payload.get("from"),
+            "to_state": event.payload.get("to"),
+        }
     else:
         data = {"endpoint_id": event.payload.get("endpoint_id"), "message": "test event from the handoff relay"}
     return {"type": event.type, "timestamp": iso(event.created_at), "data": data}
 
 
-def build_push_payload(event: Event) -> dict[str, Any]:
-    """An A2A v1.0 ``StreamResponse`` for a push config: a statusUpdate or a message (re-read now)."""
-    from relay.models import Message
-    from relay.schemas import a2a
-    from relay.services.threads import message_row, thread_summary
-
-    thread = db.session.get(Thread, event.thread_id)
-    task = {**thread_summary(thread), "result_summary": thread.result_summary}
-    if event.type == "message.created":
-        message = db.session.get(Message, event.message_id)
-        if message is not None:
-            return a2a.message_event(message_row(message), task)
-    return a2a.status_update_event(task, {k: event.payload.get(k) for k in ("transition", "from", "to")
-                                          if k in event.payload})
-
-
 def _signature(endpoint: WebhookEndpoint, msg_id: str, when: datetime, body: str) -> str:
     signatures = [Webhook(crypto.decrypt(endpoint.secret_encrypted)).sign(msg_id, when, body)]
-    if endpoint.previous_secret_encrypted and endpoint.previous_secret_expires_at \
-            and endpoint.previous_secret_expires_at > datetime.now(timezone.utc):
+    if (
+        endpoint.previous_secret_encrypted
+        and endpoint.previous_secret_expires_at
+        and endpoint.previous_secret_expires_at > datetime.now(UTC)
+    ):
         signatures.append(Webhook(crypto.decrypt(endpoint.previous_secret_encrypted)).sign(msg_id, when, body))
     return " ".join(signatures)
 
@@ -305,9 +351,13 @@ def _claim(delivery_id: uuid.UUID) -> tuple[WebhookDelivery, WebhookEndpoint, Ev
             select(WebhookDelivery, WebhookEndpoint, Event)
             .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
             .join(Event, Event.id == WebhookDelivery.event_id)
-            .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status == "pending",
-                   WebhookDelivery.next_attempt_at <= func.now())
-            .with_for_update(of=WebhookDelivery, skip_locked=True)).first()
+            .where(
+                WebhookDelivery.id == delivery_id,
+                WebhookDelivery.status == "pending",
+                WebhookDelivery.next_attempt_at <= func.now(),
+            )
+            .with_for_update(of=WebhookDelivery, skip_locked=True)
+        ).first()
         if row is None:
             return None
         delivery, endpoint, event = row
@@ -333,19 +383,20 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
     delivery, endpoint, event = claimed
     s = _settings()
     with unit_of_work():
-        payload = build_push_payload(event) if endpoint.kind == "a2a_push" else build_payload(event)
+        payload = push.build_payload(event) if endpoint.kind == "a2a_push" else build_payload(event)
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     msg_id = event_id_text(event.id)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     attempted_at = now
     try:
         target = outbound.resolve(endpoint.url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
-        headers = {"webhook-id": msg_id, "webhook-timestamp": str(int(now.timestamp())),
-                   "webhook-signature": _signature(endpoint, msg_id, now, body)}
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": _signature(endpoint, msg_id, now, body),
+        }
         if endpoint.kind == "a2a_push":
-            from relay.services.push import headers as push_headers
-
-            headers.update(push_headers(endpoint))
+            headers.update(push.headers(endpoint))
         outcome = outbound.post(target, body.encode("utf-8"), headers, timeout=s.webhook_timeout)
     except outbound.TargetRefused as exc:
         outcome = outbound.Outcome(None, f"refused: {exc}", None, 0)
@@ -354,8 +405,9 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
     return _record(delivery.id, endpoint.id, attempted_at, outcome)
 
 
-def _record(delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: datetime,
-            outcome: outbound.Outcome) -> str | None:
+def _record(
+    delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: datetime, outcome: outbound.Outcome
+) -> str | None:
     s = _settings()
     schedule = s.webhook_schedule
     with unit_of_work() as session:
@@ -363,8 +415,15 @@ def _record(delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: dateti
         endpoint = session.get(WebhookEndpoint, endpoint_id, with_for_update=True)
         if delivery is None or endpoint is None:
             return None  # the endpoint (and its delivery log) was deleted during the attempt
-        session.add(WebhookAttempt(delivery_id=delivery_id, attempted_at=attempted_at, status_code=outcome.status,
-                                   error=outcome.error, duration_ms=outcome.duration_ms))
+        session.add(
+            WebhookAttempt(
+                delivery_id=delivery_id,
+                attempted_at=attempted_at,
+                status_code=outcome.status,
+                error=outcome.error,
+                duration_ms=outcome.duration_ms,
+            )
+        )
         delivery.attempt_count += 1
         ok = outcome.status is not None and 200 <= outcome.status < 300
         if ok:
@@ -385,17 +444,26 @@ def _record(delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: dateti
             else:
                 delay = max(schedule[delivery.attempt_count], outcome.retry_after or 0)
                 delivery.next_attempt_at = func.now() + timedelta(seconds=min(delay, 7 * 24 * 3600))
-            failing_for = (datetime.now(timezone.utc) - endpoint.failing_since).total_seconds()
+            failing_for = (datetime.now(UTC) - endpoint.failing_since).total_seconds()
             if endpoint.enabled and failing_for >= s.webhook_disable_after:
                 endpoint.enabled, endpoint.disabled_at = False, func.now()
-                endpoint.disabled_reason = f"every delivery failed for {int(failing_for)} s (last: {delivery.last_error})"
-        log.info("webhook attempt", extra={"delivery_id": str(delivery_id), "status": outcome.status,
-                                           "error": outcome.error, "duration_ms": outcome.duration_ms})
+                endpoint.disabled_reason = (
+                    f"every delivery failed for {int(failing_for)} s (last: {delivery.last_error})"
+                )
+        log.info(
+            "webhook attempt",
+            extra={
+                "delivery_id": str(delivery_id),
+                "status": outcome.status,
+                "error": outcome.error,
+                "duration_ms": outcome.duration_ms,
+            },
+        )
         session.flush()
         session.refresh(delivery)
         status, next_at = delivery.status, delivery.next_attempt_at
     if status == "pending" and next_at is not None:
-        delay = max(0.0, (next_at - datetime.now(timezone.utc)).total_seconds())
+        delay = max(0.0, (next_at - datetime.now(UTC)).total_seconds())
         after_delay_retry(delivery_id, delay)
     return status
 

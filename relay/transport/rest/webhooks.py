@@ -1,9 +1,10 @@
 """``/api/v1/identities/{handle}/webhooks``: an agent's own webhook endpoints."""
+
 from __future__ import annotations
 
-from relay.api import bp, identity, load_json, load_query
 from relay.schemas.rest import DeliveriesQuery, WebhookCreateBody, WebhookUpdateBody
 from relay.services import webhooks
+from relay.transport.rest import bp, identity, load_json, load_query
 
 
 @bp.post("/identities/<handle>/webhooks")

@@ -1,6 +1,6 @@
 """The ``relay-agent`` command: an agent's own handoff CLI, on the public API only.
 
-Every command talks to the relay through :class:`relay.client.RelayClient` (JSON-RPC at
+Every command talks to the relay through :class:`relay.agent.client.RelayClient` (JSON-RPC at
 ``POST /a2a`` and the REST feed); nothing of the server (services, models, Flask) is
 used here, so this command works against any relay the agent can reach.
 
@@ -11,6 +11,7 @@ Exit status: 0 success; 1 the relay answered an error or could not be reached (o
 ``error: SYMBOL: message (hint: ...)`` line on stderr); 2 a usage error; 3
 ``RELAY_URL``/``RELAY_API_KEY`` missing or malformed.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,26 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import click
 
-from relay.client import (
-    ConfigurationError, FeedRow, Handoff, Page, RateLimited, RelayClient, RelayConnectionError, RelayError, SendResult,
-    TaskSummary, TransitionResult, next_position,
+from relay.agent.client import (
+    ConfigurationError,
+    FeedRow,
+    Handoff,
+    Page,
+    RateLimited,
+    RelayClient,
+    RelayConnectionError,
+    RelayError,
+    SendResult,
+    TaskSummary,
+    TransitionResult,
+    next_position,
 )
 
 STATES = ("pending", "accepted", "completed", "cancelled")
@@ -42,6 +54,7 @@ EXIT_CONFIG = 3
 
 
 # =========================================================================== errors
+
 
 class ConfigMissing(Exception):
     """RELAY_URL / RELAY_API_KEY missing or malformed: exit 3."""
@@ -63,21 +76,21 @@ class OneLineUsage(Exception):
 # A short hint per common error symbol: what the agent should do next.
 HINTS: dict[str, str] = {
     "unauthenticated": "check RELAY_API_KEY: it must be the ah_live_... key the operator printed with "
-                       "'relay agents create'; it may have been revoked or the agent disabled",
+    "'relay agents create'; it may have been revoked or the agent disabled",
     "forbidden": "a key reads only its own identity's feed",
     "recipient_not_found": "check the handle (local@org, e.g. bob@acme); the operator creates agents with "
-                           "'relay agents create'",
+    "'relay agents create'",
     "not_a_participant": "only the thread's sender and recipient may read or reply to it; check the task id "
-                         "and that RELAY_API_KEY is the right agent's key",
+    "and that RELAY_API_KEY is the right agent's key",
     "thread_not_found": "check the task id: 'relay-agent inbox' and 'relay-agent inbox --sent' list yours",
     "thread_terminal": "start a new handoff with relay-agent send",
     "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept needs pending, "
-                          "complete needs accepted, cancel needs pending",
+    "complete needs accepted, cancel needs pending",
     "not_authorized_transition": "the recipient accepts and completes a handoff; only the sender cancels it",
     "state_changed": "someone changed the thread first; check it with 'relay-agent show TASK_ID' and retry",
     "duplicate_idempotency_key": "that --idempotency-key was already used with a different message; use a new key",
     "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
-                              "--rationale; other intents take none of them",
+    "--rationale; other intents take none of them",
     "teammate_blocked": "the recipient has blocked you; ask its owner",
     "invalid_params": "fix the named field and retry",
     "payload_too_large": "send less: split the diff or link to it with --link",
@@ -97,8 +110,13 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
     message = exc.message
     if isinstance(exc, RelayConnectionError):
         cause = exc.__cause__
-        reason = "timed out" if "Timeout" in type(cause).__name__ else (
-            "connection refused" if "refused" in str(cause).lower() else _one_line(str(cause))[:160] or "no answer")
+        reason = (
+            "timed out"
+            if "Timeout" in type(cause).__name__
+            else (
+                "connection refused" if "refused" in str(cause).lower() else _one_line(str(cause))[:160] or "no answer"
+            )
+        )
         message = f"cannot reach the relay at {url or 'RELAY_URL'} ({reason}, {exc.attempts} attempts)"
         hint = "is RELAY_URL right, and is the relay up? ('curl $RELAY_URL/healthz' should answer)"
     elif isinstance(exc, RateLimited):
@@ -120,6 +138,7 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
 
 # =========================================================================== output helpers
 
+
 def _dump(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
@@ -128,7 +147,7 @@ def _when(dt: datetime | None) -> str:
     """A time as ``2026-04-25 10:00:03Z`` (UTC), or ``-``."""
     if dt is None:
         return "-"
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _agent(ref: Any) -> str:
@@ -152,7 +171,7 @@ def _table(headers: Sequence[str], rows: list[Sequence[str]]) -> None:
     def line(cells: Sequence[str]) -> str:
         last = _one_line(cells[-1])
         if len(last) > room:
-            last = last[:room - 1] + "…"
+            last = last[: room - 1] + "…"
         return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths)) + "  " + last
 
     click.echo(line(headers).rstrip())
@@ -212,15 +231,17 @@ def _print_message_body(text: str, artifacts: list, metadata: dict | None = None
 
 
 def _print_sent(result: SendResult, to: str | None) -> None:
-    _block([
-        ("task_id", result.task_id),
-        ("state", result.state),
-        ("to", to),
-        ("message", f"#{result.sequence_no}" if result.sequence_no is not None else None),
-        ("message_id", result.message_id),
-        ("context_id", result.context_id),
-        ("created", _when(result.created_at) if result.created_at else None),
-    ])
+    _block(
+        [
+            ("task_id", result.task_id),
+            ("state", result.state),
+            ("to", to),
+            ("message", f"#{result.sequence_no}" if result.sequence_no is not None else None),
+            ("message_id", result.message_id),
+            ("context_id", result.context_id),
+            ("created", _when(result.created_at) if result.created_at else None),
+        ]
+    )
 
 
 def _print_transition(verb: str, result: TransitionResult) -> None:
@@ -240,7 +261,7 @@ def _header_path(line: str, prefix: str) -> str | None:
         raw = raw[1:-1]
     if raw == "/dev/null" or not raw:
         return None
-    return raw[len(prefix):] if prefix and raw.startswith(prefix) else raw
+    return raw[len(prefix) :] if prefix and raw.startswith(prefix) else raw
 
 
 def split_diff(text: str) -> list[tuple[str | None, str]]:
@@ -259,8 +280,15 @@ def split_diff(text: str) -> list[tuple[str | None, str]]:
     old = new = 0
 
     def start(line: str) -> dict:
-        sec = {"lines": preamble[:] if not sections else [], "git": None, "minus": None, "plus": None,
-               "has_minus": False, "has_plus": False, "rename": None}
+        sec = {
+            "lines": preamble[:] if not sections else [],
+            "git": None,
+            "minus": None,
+            "plus": None,
+            "has_minus": False,
+            "has_plus": False,
+            "rename": None,
+        }
         preamble.clear()
         sec["lines"].append(line)
         sections.append(sec)
@@ -300,7 +328,7 @@ def split_diff(text: str) -> list[tuple[str | None, str]]:
         elif body.startswith("+++ ") and not cur["has_plus"]:
             cur["has_plus"], cur["plus_line"] = True, body
         elif body.startswith("rename to "):
-            cur["rename"] = body[len("rename to "):].strip()
+            cur["rename"] = body[len("rename to ") :].strip()
         else:
             m = _HUNK.match(body)
             if m:
@@ -340,8 +368,10 @@ def diff_artifacts(stream: Any, fallback_path: str | None) -> list[dict]:
     for path, diff in split_diff(text):
         path = path or fallback_path or given
         if not path:
-            raise OneLineUsage("--artifact-file-diff -: the diff on stdin has no '+++ b/PATH' header; "
-                               "name the file with --diff-path PATH")
+            raise OneLineUsage(
+                "--artifact-file-diff -: the diff on stdin has no '+++ b/PATH' header; "
+                "name the file with --diff-path PATH"
+            )
         artifacts.append({"type": "file_diff", "path": path, "diff": diff})
     return artifacts
 
@@ -366,22 +396,44 @@ def file_ref_artifact(spec: str) -> dict:
 def _artifact_options(fn: Callable) -> Callable:
     """The artifact options shared by ``send`` and ``reply``."""
     options = [
-        click.option("--artifact-file-diff", "diffs", multiple=True, metavar="PATH",
-                     type=click.File("r", encoding="utf-8", errors="replace"),
-                     help="Attach a unified diff read from PATH ('-' for stdin) as file_diff artifacts: one per "
-                          "file in the diff, each named by its '+++ b/...' header (the '---' path for a deleted "
-                          "file); a diff without headers is named --diff-path, else PATH. Repeatable."),
-        click.option("--diff-path", metavar="PATH",
-                     help="The file path for a diff that has no ---/+++ headers (needed for such a diff on stdin)."),
-        click.option("--file-ref", "file_refs", multiple=True, metavar="PATH[:LINE|:START-END]",
-                     help="Point at a file, optionally at a line or line range (src/a.py:10-20). Repeatable."),
-        click.option("--test-command", "test_commands", multiple=True, metavar="CMD",
-                     help="A command that checks the work, e.g. 'pytest -q tests/test_users.py'. Repeatable."),
-        click.option("--link", "links", multiple=True, metavar="URL",
-                     help="An http(s) link (PR, issue, doc). Repeatable."),
-        click.option("--idempotency-key", metavar="KEY",
-                     help="Make a retried command safe: the same KEY with the same message returns the first "
-                          "result instead of sending twice (default: a fresh key per command)."),
+        click.option(
+            "--artifact-file-diff",
+            "diffs",
+            multiple=True,
+            metavar="PATH",
+            type=click.File("r", encoding="utf-8", errors="replace"),
+            help="Attach a unified diff read from PATH ('-' for stdin) as file_diff artifacts: one per "
+            "file in the diff, each named by its '+++ b/...' header (the '---' path for a deleted "
+            "file); a diff without headers is named --diff-path, else PATH. Repeatable.",
+        ),
+        click.option(
+            "--diff-path",
+            metavar="PATH",
+            help="The file path for a diff that has no ---/+++ headers (needed for such a diff on stdin).",
+        ),
+        click.option(
+            "--file-ref",
+            "file_refs",
+            multiple=True,
+            metavar="PATH[:LINE|:START-END]",
+            help="Point at a file, optionally at a line or line range (src/a.py:10-20). Repeatable.",
+        ),
+        click.option(
+            "--test-command",
+            "test_commands",
+            multiple=True,
+            metavar="CMD",
+            help="A command that checks the work, e.g. 'pytest -q tests/test_users.py'. Repeatable.",
+        ),
+        click.option(
+            "--link", "links", multiple=True, metavar="URL", help="An http(s) link (PR, issue, doc). Repeatable."
+        ),
+        click.option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Make a retried command safe: the same KEY with the same message returns the first "
+            "result instead of sending twice (default: a fresh key per command).",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer."),
     ]
     for option in reversed(options):
@@ -389,8 +441,13 @@ def _artifact_options(fn: Callable) -> Callable:
     return fn
 
 
-def _collect_artifacts(diffs: Sequence[Any], diff_path: str | None, file_refs: Sequence[str],
-                       test_commands: Sequence[str], links: Sequence[str]) -> list[dict]:
+def _collect_artifacts(
+    diffs: Sequence[Any],
+    diff_path: str | None,
+    file_refs: Sequence[str],
+    test_commands: Sequence[str],
+    links: Sequence[str],
+) -> list[dict]:
     artifacts: list[dict] = []
     for stream in diffs:
         artifacts += diff_artifacts(stream, diff_path)
@@ -411,6 +468,7 @@ def _collect_artifacts(diffs: Sequence[Any], diff_path: str | None, file_refs: S
 # The URL in use, for the connection-error line main() prints after the context is gone.
 _SEEN: dict[str, str] = {}
 
+
 def _client(ctx: click.Context) -> RelayClient:
     """The RelayClient for RELAY_URL/RELAY_API_KEY (or --url/--key); exit 3 when either is missing."""
     obj = ctx.find_root().ensure_object(dict)
@@ -418,11 +476,15 @@ def _client(ctx: click.Context) -> RelayClient:
         url, key = obj.get("url"), obj.get("key")
         missing = [name for name, value in (("RELAY_URL", url), ("RELAY_API_KEY", key)) if not value]
         if missing:
-            example = {"RELAY_URL": "RELAY_URL=https://your-relay.example.com",
-                       "RELAY_API_KEY": "RELAY_API_KEY=<the ah_live_... key 'relay agents create' printed>"}
+            example = {
+                "RELAY_URL": "RELAY_URL=https://your-relay.example.com",
+                "RELAY_API_KEY": "RELAY_API_KEY=<the ah_live_... key 'relay agents create' printed>",
+            }
             flags = "/".join({"RELAY_URL": "--url", "RELAY_API_KEY": "--key"}[m] for m in missing)
-            raise ConfigMissing(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
-                                f"(hint: export {' and '.join(example[m] for m in missing)}, or pass {flags})")
+            raise ConfigMissing(
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
+                f"(hint: export {' and '.join(example[m] for m in missing)}, or pass {flags})"
+            )
         try:
             obj["client"] = RelayClient(url, key)
         except ConfigurationError as exc:
@@ -434,11 +496,22 @@ def _client(ctx: click.Context) -> RelayClient:
 
 # =========================================================================== commands
 
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--url", envvar="RELAY_URL", metavar="URL", show_envvar=True,
-              help="The relay's root URL, e.g. http://127.0.0.1:8000 (default: $RELAY_URL).")
-@click.option("--key", envvar="RELAY_API_KEY", metavar="KEY", show_envvar=True,
-              help="This agent's API key, ah_live_... (default: $RELAY_API_KEY).")
+@click.option(
+    "--url",
+    envvar="RELAY_URL",
+    metavar="URL",
+    show_envvar=True,
+    help="The relay's root URL, e.g. http://127.0.0.1:8000 (default: $RELAY_URL).",
+)
+@click.option(
+    "--key",
+    envvar="RELAY_API_KEY",
+    metavar="KEY",
+    show_envvar=True,
+    help="This agent's API key, ah_live_... (default: $RELAY_API_KEY).",
+)
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, key: str | None) -> None:
     """Hand work to other agents, and take work from them, through a handoff relay.
@@ -476,27 +549,61 @@ def whoami(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _dump(ident.raw)
         return
-    _block([("handle", ident.handle), ("name", ident.name or "-"), ("role", ident.role or "-"),
-            ("org", ident.org or "-"), ("relay", _client(ctx).base_url)])
+    _block(
+        [
+            ("handle", ident.handle),
+            ("name", ident.name or "-"),
+            ("role", ident.role or "-"),
+            ("org", ident.org or "-"),
+            ("relay", _client(ctx).base_url),
+        ]
+    )
 
 
 @cli.command(short_help="Open a new handoff to another agent.")
 @click.argument("handle")
 @click.argument("text")
-@click.option("--intent", type=click.Choice(INTENTS), default="inform", show_default=True,
-              help="inform (FYI), ask_question (you expect an answer) or propose_action (you propose a change the "
-                   "recipient should make; needs the three --proposed/--target/--rationale options).")
+@click.option(
+    "--intent",
+    type=click.Choice(INTENTS),
+    default="inform",
+    show_default=True,
+    help="inform (FYI), ask_question (you expect an answer) or propose_action (you propose a change the "
+    "recipient should make; needs the three --proposed/--target/--rationale options).",
+)
 @click.option("--proposed-description", metavar="TEXT", help="propose_action: what the change is.")
-@click.option("--target-file", "target_files", multiple=True, metavar="PATH",
-              help="propose_action: a file the recipient will touch. Repeatable.")
+@click.option(
+    "--target-file",
+    "target_files",
+    multiple=True,
+    metavar="PATH",
+    help="propose_action: a file the recipient will touch. Repeatable.",
+)
 @click.option("--rationale", metavar="TEXT", help="propose_action: why the change is needed.")
-@click.option("--context-id", metavar="ID",
-              help="Join an existing context (one in which you already have a thread) instead of starting a new one.")
+@click.option(
+    "--context-id",
+    metavar="ID",
+    help="Join an existing context (one in which you already have a thread) instead of starting a new one.",
+)
 @_artifact_options
 @click.pass_context
-def send(ctx: click.Context, handle: str, text: str, intent: str, proposed_description: str | None,
-         target_files: tuple[str, ...], rationale: str | None, context_id: str | None, diffs, diff_path,
-         file_refs, test_commands, links, idempotency_key, as_json: bool) -> None:
+def send(
+    ctx: click.Context,
+    handle: str,
+    text: str,
+    intent: str,
+    proposed_description: str | None,
+    target_files: tuple[str, ...],
+    rationale: str | None,
+    context_id: str | None,
+    diffs,
+    diff_path,
+    file_refs,
+    test_commands,
+    links,
+    idempotency_key,
+    as_json: bool,
+) -> None:
     """Open a new handoff to HANDLE (local@org) with TEXT as its brief.
 
     Prints the new task id (the thread starts 'pending'). Attach the work with
@@ -508,15 +615,23 @@ def send(ctx: click.Context, handle: str, text: str, intent: str, proposed_descr
         --artifact-file-diff users.diff --file-ref src/api/users.py:10-20 \\
         --test-command "pytest -q tests/test_users.py" --link https://example.com/pr/1
     """
-    proposal = {"--proposed-description": proposed_description, "--target-file": target_files or None,
-                "--rationale": rationale}
+    proposal = {
+        "--proposed-description": proposed_description,
+        "--target-file": target_files or None,
+        "--rationale": rationale,
+    }
     if intent == "propose_action":
         missing = [name for name, value in proposal.items() if not value]
         if missing:
-            raise OneLineUsage(f"--intent propose_action needs --proposed-description, --target-file and "
-                               f"--rationale; missing: {', '.join(missing)}")
-        proposed_action = {"description": proposed_description, "target_files": list(target_files),
-                           "rationale": rationale}
+            raise OneLineUsage(
+                f"--intent propose_action needs --proposed-description, --target-file and "
+                f"--rationale; missing: {', '.join(missing)}"
+            )
+        proposed_action = {
+            "description": proposed_description,
+            "target_files": list(target_files),
+            "rationale": rationale,
+        }
     else:
         given = [name for name, value in proposal.items() if value]
         if given:
@@ -525,8 +640,15 @@ def send(ctx: click.Context, handle: str, text: str, intent: str, proposed_descr
     artifacts = _collect_artifacts(diffs, diff_path, file_refs, test_commands, links)
     if proposed_action is not None and diffs:
         proposed_action["suggested_diff"] = "".join(a["diff"] for a in artifacts if a["type"] == "file_diff")
-    result = _client(ctx).send(handle, text, intent=intent, artifacts=artifacts, proposed_action=proposed_action,
-                               context_id=context_id, idempotency_key=idempotency_key)
+    result = _client(ctx).send(
+        handle,
+        text,
+        intent=intent,
+        artifacts=artifacts,
+        proposed_action=proposed_action,
+        context_id=context_id,
+        idempotency_key=idempotency_key,
+    )
     if as_json:
         _dump(result.raw)
     else:
@@ -534,11 +656,21 @@ def send(ctx: click.Context, handle: str, text: str, intent: str, proposed_descr
 
 
 @cli.command(short_help="List handoffs sent to you (--sent: opened by you).")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(STATES),
-              help="Only threads in this state. Repeatable (default: all states).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(STATES),
+    help="Only threads in this state. Repeatable (default: all states).",
+)
 @click.option("--sent", is_flag=True, help="List the handoffs you opened instead of those sent to you.")
-@click.option("--limit", type=click.IntRange(1, 200), default=50, show_default=True,
-              help="At most this many threads, newest activity first.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 200),
+    default=50,
+    show_default=True,
+    help="At most this many threads, newest activity first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's tasks/list answer.")
 @click.pass_context
 def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int, as_json: bool) -> None:
@@ -555,14 +687,26 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
         _dump(page.raw)
         return
     if not page.items:
-        click.echo("no handoffs" + (" opened by you" if sent else " in your inbox")
-                   + (f" ({', '.join(statuses)})" if statuses else ""))
+        click.echo(
+            "no handoffs"
+            + (" opened by you" if sent else " in your inbox")
+            + (f" ({', '.join(statuses)})" if statuses else "")
+        )
         return
     rows = []
     for t in page.items:
         other = t.recipient if sent else t.sender
-        rows.append([t.task_id, t.state, other.handle if other else "-", str(t.unread_messages),
-                     _when(t.updated_at), t.intent or "-", t.summary_preview or ""])
+        rows.append(
+            [
+                t.task_id,
+                t.state,
+                other.handle if other else "-",
+                str(t.unread_messages),
+                _when(t.updated_at),
+                t.intent or "-",
+                t.summary_preview or "",
+            ]
+        )
     _table(["TASK_ID", "STATE", "TO" if sent else "FROM", "UNREAD", "UPDATED", "INTENT", "SUMMARY"], rows)
     if page.next_cursor:
         click.echo(f"(more threads than --limit {limit}; filter with --status or raise --limit)")
@@ -582,19 +726,21 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     if as_json:
         _dump(handoff.raw)
         return
-    _block([
-        ("task_id", handoff.task_id),
-        ("state", handoff.state),
-        ("from", _agent(handoff.sender)),
-        ("to", _agent(handoff.recipient)),
-        ("intent", handoff.intent or "-"),
-        ("context_id", handoff.context_id),
-        ("created", _when(handoff.created_at)),
-        ("accepted", _when(handoff.accepted_at) if handoff.accepted_at else None),
-        ("completed", _when(handoff.completed_at) if handoff.completed_at else None),
-        ("cancelled", _when(handoff.cancelled_at) if handoff.cancelled_at else None),
-        ("result", handoff.result_summary),
-    ])
+    _block(
+        [
+            ("task_id", handoff.task_id),
+            ("state", handoff.state),
+            ("from", _agent(handoff.sender)),
+            ("to", _agent(handoff.recipient)),
+            ("intent", handoff.intent or "-"),
+            ("context_id", handoff.context_id),
+            ("created", _when(handoff.created_at)),
+            ("accepted", _when(handoff.accepted_at) if handoff.accepted_at else None),
+            ("completed", _when(handoff.completed_at) if handoff.completed_at else None),
+            ("cancelled", _when(handoff.cancelled_at) if handoff.cancelled_at else None),
+            ("result", handoff.result_summary),
+        ]
+    )
     action = handoff.proposed_action
     if action:
         click.echo("proposed action:")
@@ -621,8 +767,18 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @click.argument("text")
 @_artifact_options
 @click.pass_context
-def reply(ctx: click.Context, task_id: str, text: str, diffs, diff_path, file_refs, test_commands, links,
-          idempotency_key, as_json: bool) -> None:
+def reply(
+    ctx: click.Context,
+    task_id: str,
+    text: str,
+    diffs,
+    diff_path,
+    file_refs,
+    test_commands,
+    links,
+    idempotency_key,
+    as_json: bool,
+) -> None:
     """Add a message (TEXT, plus any artifacts) to handoff TASK_ID.
 
     Either participant may reply while the thread is pending or accepted; a completed
@@ -652,8 +808,12 @@ def accept(ctx: click.Context, task_id: str, session_id: str | None, as_json: bo
 
 @cli.command(short_help="Complete an accepted handoff (recipient).")
 @click.argument("task_id")
-@click.option("--summary", required=True, metavar="TEXT",
-              help="What was done (the sender reads it as the result; at most 8192 characters).")
+@click.option(
+    "--summary",
+    required=True,
+    metavar="TEXT",
+    help="What was done (the sender reads it as the result; at most 8192 characters).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
 @click.pass_context
 def complete(ctx: click.Context, task_id: str, summary: str, as_json: bool) -> None:
@@ -679,14 +839,21 @@ def _row_line(row: FeedRow) -> str:
     other = None
     if row.caller and row.target:
         other = row.target.handle if row.author == row.caller.handle else row.caller.handle
-    return (f"{_when(row.created_at)}  {row.author} -> {other or '-'}  task {row.task_id} #{row.sequence_no}"
-            f"  [{row.task_state}]")
+    return (
+        f"{_when(row.created_at)}  {row.author} -> {other or '-'}  task {row.task_id} #{row.sequence_no}"
+        f"  [{row.task_state}]"
+    )
 
 
 @cli.command(short_help="Full-text search over your messages.")
 @click.argument("query")
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
-              help="At most this many messages, newest first.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=20,
+    show_default=True,
+    help="At most this many messages, newest first.",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"items": [feed rows]}.')
 @click.pass_context
 def search(ctx: click.Context, query: str, limit: int, as_json: bool) -> None:
@@ -709,12 +876,17 @@ def search(ctx: click.Context, query: str, limit: int, as_json: bool) -> None:
     if not rows:
         click.echo(f"no messages match {query!r}")
         return
-    _table(["TASK_ID", "#", "FROM", "STATE", "TIME", "TEXT"],
-           [[r.task_id, str(r.sequence_no), r.author or "-", r.task_state or "-", _when(r.created_at), r.body]
-            for r in rows])
+    _table(
+        ["TASK_ID", "#", "FROM", "STATE", "TIME", "TEXT"],
+        [
+            [r.task_id, str(r.sequence_no), r.author or "-", r.task_state or "-", _when(r.created_at), r.body]
+            for r in rows
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- watch
+
 
 def default_state_file(handle: str) -> Path:
     """``$XDG_STATE_HOME/relay-agent/<handle>.json``, else ``~/.local/state/relay-agent/<handle>.json``."""
@@ -729,15 +901,16 @@ def load_state(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise LocalError(f"cannot read the state file {path}: {exc.strerror}", "check its permissions")
+        raise LocalError(f"cannot read the state file {path}: {exc.strerror}", "check its permissions") from None
     try:
         state = json.loads(text)
         datetime.fromisoformat(state["since"])
         if not isinstance(state.get("seen", []), list):
             raise ValueError("seen")
     except (ValueError, KeyError, TypeError):
-        raise LocalError(f"the state file {path} is not a relay-agent watch state",
-                         "delete it to start over, or pass --state-file")
+        raise LocalError(
+            f"the state file {path} is not a relay-agent watch state", "delete it to start over, or pass --state-file"
+        ) from None
     return state
 
 
@@ -751,12 +924,14 @@ def save_state(path: Path, state: dict) -> None:
             out.write("\n")
         os.replace(tmp, path)
     except OSError as exc:
-        raise LocalError(f"cannot write the state file {path}: {exc.strerror}",
-                         "check the directory's permissions or pass --state-file")
+        raise LocalError(
+            f"cannot write the state file {path}: {exc.strerror}",
+            "check the directory's permissions or pass --state-file",
+        ) from None
 
 
 def advance(state: dict, rows: list[FeedRow]) -> dict:
-    """The watch state after ``rows`` (oldest first): relay.client.next_position, saved."""
+    """The watch state after ``rows`` (oldest first): relay.agent.client.next_position, saved."""
     since, seen = next_position(rows, state["since"], state.get("seen", []))
     return {**state, "since": since, "seen": seen}
 
@@ -771,7 +946,7 @@ def _parse_since(value: str, client: RelayClient) -> dict:
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
     except ValueError:
-        raise OneLineUsage(f"--since {value}: not an ISO 8601 time (e.g. 2026-04-25T10:00:00Z) or 'now'")
+        raise OneLineUsage(f"--since {value}: not an ISO 8601 time (e.g. 2026-04-25T10:00:00Z) or 'now'") from None
     if when.tzinfo is None:
         raise OneLineUsage(f"--since {value}: give a time zone (e.g. 2026-04-25T10:00:00Z)")
     return {"since": when.isoformat(), "seen": []}
@@ -791,20 +966,40 @@ _TRANSIENT = ("connection_error", "rate_limited", "service_unavailable", "intern
 
 
 @cli.command(short_help="Print new messages as they arrive.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="SECONDS",
-              help="Seconds between polls.")
-@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
-              help="Where the position is saved "
-                   "(default: $XDG_STATE_HOME/relay-agent/HANDLE.json, else ~/.local/state/relay-agent/HANDLE.json).")
-@click.option("--since", metavar="TIME",
-              help="Start at TIME (ISO 8601 with a zone) or 'now' (skip the backlog) instead of the saved "
-                   "position; without a saved position the whole feed is printed.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between polls.",
+)
+@click.option(
+    "--state-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="Where the position is saved "
+    "(default: $XDG_STATE_HOME/relay-agent/HANDLE.json, else ~/.local/state/relay-agent/HANDLE.json).",
+)
+@click.option(
+    "--since",
+    metavar="TIME",
+    help="Start at TIME (ISO 8601 with a zone) or 'now' (skip the backlog) instead of the saved "
+    "position; without a saved position the whole feed is printed.",
+)
 @click.option("--include-own", is_flag=True, help="Print your own messages too (default: only the other sides').")
 @click.option("--once", is_flag=True, help="Poll once, print what is new, save the position and exit (cron, scripts).")
 @click.option("--json", "as_json", is_flag=True, help="Print each message as one JSON object per line (a feed row).")
 @click.pass_context
-def watch(ctx: click.Context, interval: float, state_file: Path | None, since: str | None, include_own: bool,
-          once: bool, as_json: bool) -> None:
+def watch(
+    ctx: click.Context,
+    interval: float,
+    state_file: Path | None,
+    since: str | None,
+    include_own: bool,
+    once: bool,
+    as_json: bool,
+) -> None:
     """Print new messages on your threads as they arrive, oldest first, each once.
 
     Polls the messages feed every --interval seconds. After every batch the position
@@ -828,8 +1023,11 @@ def watch(ctx: click.Context, interval: float, state_file: Path | None, since: s
             except RelayError as exc:
                 if once or exc.symbol not in _TRANSIENT:
                     raise
-                click.echo(format_error(exc, client.base_url).replace("error:", "warning:", 1)
-                           + f" [retrying in {interval:g} s]", err=True)
+                click.echo(
+                    format_error(exc, client.base_url).replace("error:", "warning:", 1)
+                    + f" [retrying in {interval:g} s]",
+                    err=True,
+                )
                 rows = None
             if rows is not None:
                 for row in rows:
@@ -846,12 +1044,12 @@ def watch(ctx: click.Context, interval: float, state_file: Path | None, since: s
 
 # =========================================================================== entry point
 
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``relay-agent`` console script: run the command, map every failure to one stderr line."""
     code = 0
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="relay-agent", standalone_mode=False,
-                 obj={})
+        cli.main(args=list(argv) if argv is not None else None, prog_name="relay-agent", standalone_mode=False, obj={})
     except RelayError as exc:
         click.echo(format_error(exc, _SEEN.get("url")), err=True)
         code = EXIT_RELAY
@@ -879,8 +1077,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             pass
         code = 0
     except Exception as exc:  # never a traceback: one line, with what to report
-        click.echo(f"error: internal: {type(exc).__name__}: {_one_line(str(exc))[:300]} "
-                   "(hint: a relay-agent bug; rerun with --json or report this line)", err=True)
+        click.echo(
+            f"error: internal: {type(exc).__name__}: {_one_line(str(exc))[:300]} "
+            "(hint: a relay-agent bug; rerun with --json or report this line)",
+            err=True,
+        )
         code = EXIT_RELAY
     sys.exit(code)
 

@@ -1,11 +1,12 @@
 """REST tasks and the messages feed under ``/api/v1/identities/{handle}/a2a``; same services as JSON-RPC."""
+
 from __future__ import annotations
 
-from relay.api import bp, identity, load_json, load_query
-from relay.ids import parse_ulid
 from relay.errors import invalid
+from relay.ids import parse_ulid
 from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBody
 from relay.services import feed, threads
+from relay.transport.rest import bp, identity, load_json, load_query
 
 
 def _task_id(raw: str):
@@ -28,8 +29,9 @@ def list_tasks(handle: str):
     """List the inbox (role=recipient) or sent threads (role=sender)."""
     caller = identity(handle)
     p = load_query(TaskListQuery())
-    return threads.list_threads(caller, role=p["role"], status=p.get("status"), since=p.get("since"),
-                                limit=p["limit"], cursor=p.get("cursor"))
+    return threads.list_threads(
+        caller, role=p["role"], status=p.get("status"), since=p.get("since"), limit=p["limit"], cursor=p.get("cursor")
+    )
 
 
 @bp.get("/identities/<handle>/a2a/tasks/<task_id>")
@@ -52,8 +54,13 @@ def transition(handle: str, task_id: str):
     """Accept, complete or cancel a thread."""
     caller = identity(handle)
     body = load_json(TransitionBody())
-    return threads.transition(caller, _task_id(task_id), body["transition"], session_id=body["session_id"],
-                              result_summary=body["result_summary"])
+    return threads.transition(
+        caller,
+        _task_id(task_id),
+        body["transition"],
+        session_id=body["session_id"],
+        result_summary=body["result_summary"],
+    )
 
 
 @bp.get("/identities/<handle>/a2a/tasks/<task_id>/audit")

@@ -1,11 +1,12 @@
 """``/api/v1/identities/{handle}/keys``: the identity's own API keys."""
+
 from __future__ import annotations
 
-from relay.api import bp, identity, load_json
 from relay.schemas.agents import KeyOut
 from relay.schemas.common import iso
 from relay.schemas.rest import KeyCreateBody
 from relay.services import agents
+from relay.transport.rest import bp, identity, load_json
 
 _key_out = KeyOut()
 
@@ -22,8 +23,12 @@ def create_key(handle: str):
     agent = identity(handle)
     body = load_json(KeyCreateBody())
     issued = agents.create_key(agent.handle, body["label"])
-    return {"key_id": str(issued.key_id), "api_key": issued.api_key, "label": body["label"],
-            "created_at": iso(issued.created_at)}, 201
+    return {
+        "key_id": str(issued.key_id),
+        "api_key": issued.api_key,
+        "label": body["label"],
+        "created_at": iso(issued.created_at),
+    }, 201
 
 
 @bp.delete("/identities/<handle>/keys/<key_id>")

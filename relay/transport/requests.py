@@ -1,4 +1,5 @@
 """Per-request plumbing: the request id (``X-Request-Id`` accepted and echoed), bounded bodies."""
+
 from __future__ import annotations
 
 import re

@@ -1,17 +1,22 @@
 """``/api/v1/identities/{handle}/blocks``: list, block, unblock."""
+
 from __future__ import annotations
 
-from relay.api import bp, identity
 from relay.schemas.common import iso
 from relay.services import blocks
+from relay.transport.rest import bp, identity
 
 
 @bp.get("/identities/<handle>/blocks")
 def list_blocks(handle: str):
     """List the agents this identity blocks."""
     agent = identity(handle)
-    return {"items": [{"handle": a.handle, "name": a.name, "role": a.role, "created_at": iso(b.created_at)}
-                      for a, b in blocks.list_blocks(agent)]}
+    return {
+        "items": [
+            {"handle": a.handle, "name": a.name, "role": a.role, "created_at": iso(b.created_at)}
+            for a, b in blocks.list_blocks(agent)
+        ]
+    }
 
 
 @bp.put("/identities/<handle>/blocks/<blocked_handle>")

@@ -1,4 +1,5 @@
 """The ``relay`` command: migrations, agent and key provisioning, and ``relay up``."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 def _effective_env() -> dict[str, str]:
     """Return os.environ, completed with the URLs of a running ``relay up`` when unset."""
-    from relay.embedded import read_env_file, relay_home
+    from relay.ops.embedded import read_env_file, relay_home
 
     env = dict(os.environ)
     recorded = read_env_file(relay_home(env))
@@ -41,10 +42,10 @@ def with_app(fn):
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
-        from relay import create_app
+        from relay.context import create_base_app
 
         try:
-            app = create_app(_effective_env())
+            app = create_base_app(_effective_env())
         except ConfigError as exc:
             _fail(str(exc))
         try:
@@ -78,7 +79,7 @@ def db() -> None:
 def db_upgrade() -> None:
     """Apply every Alembic migration (a no-op when already current)."""
     from relay.config import normalize_database_url
-    from relay.migrate import upgrade
+    from relay.ops.migrate import upgrade
 
     url = _effective_env().get("DATABASE_URL")
     if not url:
@@ -102,8 +103,9 @@ def config_check() -> None:
     """Validate the environment and print the effective settings, secrets masked."""
     import dataclasses
 
-    from relay.config import load_settings
     from sqlalchemy.engine import make_url
+
+    from relay.config import load_settings
 
     try:
         settings = load_settings(_effective_env())
@@ -139,10 +141,18 @@ def agents_create(handle: str, name: str, role: str, as_json: bool) -> None:
 
     agent, key = create_agent(handle, name, role)
     if as_json:
-        click.echo(json.dumps({
-            "handle": agent.handle, "name": agent.name, "role": agent.role, "api_key": key.api_key,
-            "key_id": str(key.key_id), "created_at": _iso(agent.created_at),
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "handle": agent.handle,
+                    "name": agent.name,
+                    "role": agent.role,
+                    "api_key": key.api_key,
+                    "key_id": str(key.key_id),
+                    "created_at": _iso(agent.created_at),
+                }
+            )
+        )
     else:
         click.echo(f"created {agent.handle} ({agent.name}, {agent.role or 'no role'})")
         click.echo(f"api key (shown once): {key.api_key}")
@@ -157,8 +167,14 @@ def agents_list(as_json: bool) -> None:
     from relay.services.agents import list_agents
 
     rows = [
-        {"handle": a.handle, "name": a.name, "role": a.role, "org": a.org,
-         "created_at": _iso(a.created_at), "disabled_at": _iso(a.disabled_at)}
+        {
+            "handle": a.handle,
+            "name": a.name,
+            "role": a.role,
+            "org": a.org,
+            "created_at": _iso(a.created_at),
+            "disabled_at": _iso(a.disabled_at),
+        }
         for a in list_agents()
     ]
     if as_json:
@@ -196,8 +212,16 @@ def keys_create(handle: str, label: str, as_json: bool) -> None:
 
     key = create_key(handle, label)
     if as_json:
-        click.echo(json.dumps({"handle": handle.strip().lower(), "api_key": key.api_key,
-                               "key_id": str(key.key_id), "created_at": _iso(key.created_at)}))
+        click.echo(
+            json.dumps(
+                {
+                    "handle": handle.strip().lower(),
+                    "api_key": key.api_key,
+                    "key_id": str(key.key_id),
+                    "created_at": _iso(key.created_at),
+                }
+            )
+        )
     else:
         click.echo(f"api key (shown once): {key.api_key}")
         click.echo(f"key id: {key.key_id}")
@@ -221,9 +245,9 @@ def up(port: int) -> None:
     from honcho.environ import parse_procfile
     from honcho.manager import Manager
 
-    from relay import embedded
     from relay.config import normalize_database_url
-    from relay.migrate import upgrade
+    from relay.ops import embedded
+    from relay.ops.migrate import upgrade
 
     # Until honcho installs its own handler, a SIGTERM must still run the cleanup below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -3,7 +3,7 @@
 An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets nine
 tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``accept``,
 ``complete``, ``cancel``, ``search_messages`` and ``catch_up``. Each one is a call of
-:class:`relay.client.RelayClient` on the relay's public HTTP API, made with the agent's
+:class:`relay.agent.client.RelayClient` on the relay's public HTTP API, made with the agent's
 own key; this module imports nothing of the server (no services, models or Flask).
 
 Configuration, from the environment only:
@@ -22,6 +22,7 @@ error is returned as a tool error (``isError: true``) whose text is one line,
 authentication of its own: whoever reaches it acts as the key's agent, so it listens on
 loopback unless ``--host`` says otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,8 @@ import logging
 import os
 import sys
 import threading
-from typing import Annotated, Any, Callable, Literal, Union
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
@@ -41,15 +43,24 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relay.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary, next_position
+from relay.agent.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary, next_position
 
 __all__ = ["build_server", "main", "TOOL_NAMES"]
 
 log = logging.getLogger("relay.mcp")
 
 EXIT_CONFIG = 3
-TOOL_NAMES = ("send_handoff", "reply", "list_inbox", "get_thread", "accept", "complete", "cancel",
-              "search_messages", "catch_up")
+TOOL_NAMES = (
+    "send_handoff",
+    "reply",
+    "list_inbox",
+    "get_thread",
+    "accept",
+    "complete",
+    "cancel",
+    "search_messages",
+    "catch_up",
+)
 #: feed rows (search_messages, catch_up) carry at most this much of each message's text
 BODY_PREVIEW = 2000
 #: artifact fields left out of feed rows (get_thread returns them whole)
@@ -67,6 +78,7 @@ everything new with catch_up. Errors come back as one line: "symbol: message (hi
 
 
 # =========================================================================== tool argument types
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -106,8 +118,10 @@ class ApiContract(_Strict):
 
     type: Literal["api_contract"]
     name: str = Field(description="Name of the API or endpoint, e.g. 'GET /users'.")
-    spec: str | dict[str, Any] = Field(description="The contract: text (OpenAPI YAML, a type signature...) "
-                                                   "or a JSON object (a JSON Schema, an OpenAPI fragment...).")
+    spec: str | dict[str, Any] = Field(
+        description="The contract: text (OpenAPI YAML, a type signature...) "
+        "or a JSON object (a JSON Schema, an OpenAPI fragment...)."
+    )
     format: str | None = Field(None, description="Format of spec, e.g. 'openapi', 'jsonschema', 'typescript'.")
 
 
@@ -119,7 +133,7 @@ class Link(_Strict):
     title: str | None = Field(None, description="Short title of the page.")
 
 
-Artifact = Annotated[Union[FileDiff, FileRef, TestCommand, ApiContract, Link], Field(discriminator="type")]
+Artifact = Annotated[FileDiff | FileRef | TestCommand | ApiContract | Link, Field(discriminator="type")]
 
 
 class ProposedAction(_Strict):
@@ -131,21 +145,30 @@ class ProposedAction(_Strict):
     suggested_diff: str | None = Field(None, description="Optional unified diff; the recipient may draft its own.")
 
 
-TaskId = Annotated[str, Field(description="The handoff's task_id: the 26-character ULID returned by send_handoff "
-                                          "and shown by list_inbox, e.g. '01HXYZ4K2VNJQP7R8MWDB3CSTF'.")]
+TaskId = Annotated[
+    str,
+    Field(
+        description="The handoff's task_id: the 26-character ULID returned by send_handoff "
+        "and shown by list_inbox, e.g. '01HXYZ4K2VNJQP7R8MWDB3CSTF'."
+    ),
+]
 ArtifactList = Annotated[
     list[Artifact] | None,
-    Field(description="Optional structured attachments (at most 50), each an object with a 'type': "
-                      "file_diff {path, diff}; file_ref {path, line_start?, line_end?, ref?, description?}; "
-                      "test_command {command, cwd?, description?}; api_contract {name, spec, format?}; "
-                      "link {url, title?}."),
+    Field(
+        description="Optional structured attachments (at most 50), each an object with a 'type': "
+        "file_diff {path, diff}; file_ref {path, line_start?, line_end?, ref?, description?}; "
+        "test_command {command, cwd?, description?}; api_contract {name, spec, format?}; "
+        "link {url, title?}."
+    ),
 ]
 IdempotencyKey = Annotated[
     str | None,
-    Field(description="Optional key (up to 255 characters, e.g. a UUID; not starting with 'a2a:') that makes "
-                      "the call safe to repeat: "
-                      "calling again with the same key and the same arguments returns the first result "
-                      "instead of sending twice. Leave it out and one is generated (returned as idempotency_key)."),
+    Field(
+        description="Optional key (up to 255 characters, e.g. a UUID; not starting with 'a2a:') that makes "
+        "the call safe to repeat: "
+        "calling again with the same key and the same arguments returns the first result "
+        "instead of sending twice. Leave it out and one is generated (returned as idempotency_key)."
+    ),
 ]
 
 
@@ -153,20 +176,20 @@ IdempotencyKey = Annotated[
 
 _HINTS: dict[str, str] = {
     "unauthenticated": "RELAY_API_KEY is missing, malformed or revoked; ask the relay's operator for a key "
-                       "(relay agents create ...) and restart relay-mcp",
+    "(relay agents create ...) and restart relay-mcp",
     "forbidden": "this key may only act as its own agent",
     "rate_limited": "too many requests for this agent; wait and call again",
     "recipient_not_found": "check the handle (local@org, lower case); ask the user for the right one",
     "not_a_participant": "only the thread's sender and recipient can read it or reply; check task_id",
     "thread_not_found": "check task_id; list_inbox (sent=true for threads you opened) shows your threads",
     "thread_terminal": "the thread is completed or cancelled; open a new handoff with send_handoff "
-                       "(pass its context_id to keep the work together)",
+    "(pass its context_id to keep the work together)",
     "invalid_transition": "accept needs a pending thread, complete an accepted one, cancel a pending one; "
-                          "get_thread shows its state",
+    "get_thread shows its state",
     "not_authorized_transition": "accept and complete are the recipient's to do; cancel is the sender's",
     "state_changed": "another call changed the thread first; get_thread, then decide again",
     "duplicate_idempotency_key": "this idempotency_key was already used with other arguments; use a new key "
-                                 "or leave it out",
+    "or leave it out",
     "invalid_intent_payload": "give proposed_action with intent 'propose_action', and only then",
     "teammate_blocked": "the recipient has blocked you; do not retry, tell the user",
     "invalid_params": "fix the named argument and call again",
@@ -183,9 +206,19 @@ def _one_line(text: str) -> str:
 
 
 # The relay's param paths -> this server's argument names (errors name what the caller sent).
-_ARGUMENTS = {"message.parts": "text", "message": "text", "metadata.client_idempotency_key": "idempotency_key",
-              "metadata": "idempotency_key", "filter.since": "since", "filter.status": "status", "page.cursor": "cursor",
-              "page.limit": "limit", "q": "query", "cursor": "cursor", "limit": "limit"}
+_ARGUMENTS = {
+    "message.parts": "text",
+    "message": "text",
+    "metadata.client_idempotency_key": "idempotency_key",
+    "metadata": "idempotency_key",
+    "filter.since": "since",
+    "filter.status": "status",
+    "page.cursor": "cursor",
+    "page.limit": "limit",
+    "q": "query",
+    "cursor": "cursor",
+    "limit": "limit",
+}
 
 
 def _argument_path(line: str) -> str:
@@ -193,7 +226,7 @@ def _argument_path(line: str) -> str:
     path, sep, reason = line.partition(": ")
     for relay_path in sorted(_ARGUMENTS, key=len, reverse=True):
         if path == relay_path or path.startswith(relay_path + "."):
-            tail = path[len(relay_path):]
+            tail = path[len(relay_path) :]
             if _ARGUMENTS[relay_path] == "text":
                 tail = ""
             return f"{_ARGUMENTS[relay_path]}{tail}{sep}{reason}"
@@ -225,15 +258,19 @@ def validation_line(exc: ValidationError) -> str:
     for err in exc.errors(include_url=False, include_input=False):
         where = ".".join(str(part) for part in err.get("loc", ()))
         problems.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
-    return _one_line(f"invalid_params: {'; '.join(problems) or 'invalid arguments'} "
-                     "(hint: the tool's input schema says what each argument takes; fix it and call again)")
+    return _one_line(
+        f"invalid_params: {'; '.join(problems) or 'invalid arguments'} "
+        "(hint: the tool's input schema says what each argument takes; fix it and call again)"
+    )
 
 
 # =========================================================================== results
 
+
 def _ok(result: dict[str, Any]) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
-                          structured_content=result)
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))], structured_content=result
+    )
 
 
 def _fail(line: str) -> CallToolResult:
@@ -247,10 +284,18 @@ def _handle(ref: Any) -> str | None:
 def _task_row(task: TaskSummary) -> dict[str, Any]:
     """A ``tasks/list`` item, trimmed: the thread without its messages."""
     raw = task.raw
-    return {"task_id": task.task_id, "context_id": task.context_id, "state": task.state, "intent": task.intent,
-            "sender": _handle(task.sender), "recipient": _handle(task.recipient),
-            "summary_preview": task.summary_preview, "unread_messages": task.unread_messages,
-            "created_at": raw.get("created_at"), "updated_at": raw.get("updated_at")}
+    return {
+        "task_id": task.task_id,
+        "context_id": task.context_id,
+        "state": task.state,
+        "intent": task.intent,
+        "sender": _handle(task.sender),
+        "recipient": _handle(task.recipient),
+        "summary_preview": task.summary_preview,
+        "unread_messages": task.unread_messages,
+        "created_at": raw.get("created_at"),
+        "updated_at": raw.get("updated_at"),
+    }
 
 
 def _artifact_brief(artifact: Any) -> Any:
@@ -262,10 +307,17 @@ def _artifact_brief(artifact: Any) -> Any:
 def _feed_row(row: FeedRow) -> dict[str, Any]:
     """A messages-feed row, trimmed: the text cut at BODY_PREVIEW, artifacts without diff/spec bodies."""
     out: dict[str, Any] = {
-        "id": row.id, "task_id": row.task_id, "context_id": row.context_id, "task_state": row.task_state,
-        "sequence_no": row.sequence_no, "role": row.role, "from": row.author,
-        "caller": _handle(row.caller), "target": _handle(row.target),
-        "body": row.body[:BODY_PREVIEW], "created_at": row.raw.get("created_at"),
+        "id": row.id,
+        "task_id": row.task_id,
+        "context_id": row.context_id,
+        "task_state": row.task_state,
+        "sequence_no": row.sequence_no,
+        "role": row.role,
+        "from": row.author,
+        "caller": _handle(row.caller),
+        "target": _handle(row.target),
+        "body": row.body[:BODY_PREVIEW],
+        "created_at": row.raw.get("created_at"),
     }
     if len(row.body) > BODY_PREVIEW:
         out["body_truncated"] = True
@@ -282,6 +334,7 @@ def _dump(items: list[Any] | None) -> list[dict] | None:
 
 # =========================================================================== the server
 
+
 class _RelayMCPServer(MCPServer):
     """MCPServer whose argument-validation failures come back as one line, like relay errors."""
 
@@ -291,8 +344,12 @@ class _RelayMCPServer(MCPServer):
         known = {tool.name: set((tool.input_schema or {}).get("properties", {})) for tool in await self.list_tools()}
         unknown = sorted(set(arguments or {}) - known[name]) if name in known else []
         if unknown:
-            return _fail(_one_line(f"invalid_params: unknown argument(s) {', '.join(unknown)} (hint: {name} takes "
-                                   f"{', '.join(sorted(known[name]))})"))
+            return _fail(
+                _one_line(
+                    f"invalid_params: unknown argument(s) {', '.join(unknown)} (hint: {name} takes "
+                    f"{', '.join(sorted(known[name]))})"
+                )
+            )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -316,8 +373,9 @@ class _PerThreadClient:
         client = getattr(self._local, "client", None)
         if client is None:
             t = self._template
-            client = self._local.client = RelayClient(t.base_url, t.api_key, timeout=t.timeout,
-                                                      max_retries=t.max_retries, backoff=t.backoff)
+            client = self._local.client = RelayClient(
+                t.base_url, t.api_key, timeout=t.timeout, max_retries=t.max_retries, backoff=t.backoff
+            )
         return client
 
     def __getattr__(self, name: str) -> Any:
@@ -331,8 +389,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
     loop free for other sessions) with that thread's own client (_PerThreadClient).
     """
-    server = _RelayMCPServer("relay", instructions=INSTRUCTIONS, version=_version(),
-                             log_level=log_level)  # type: ignore[arg-type]
+    server = _RelayMCPServer("relay", instructions=INSTRUCTIONS, version=_version(), log_level=log_level)  # type: ignore[arg-type]
     client = _PerThreadClient(client)  # type: ignore[assignment]
 
     async def run(call: Callable[[], dict[str, Any]]) -> CallToolResult:
@@ -342,13 +399,22 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
             return _fail(error_line(exc))
         except Exception as exc:  # a bug here, not the caller's: logged with its traceback, answered in one line
             log.exception("relay-mcp tool failed")
-            return _fail(_one_line(f"internal_error: relay-mcp failed: {type(exc).__name__}: {exc} "
-                                   "(hint: a fault in relay-mcp, not your call's; tell the user)"))
+            return _fail(
+                _one_line(
+                    f"internal_error: relay-mcp failed: {type(exc).__name__}: {exc} "
+                    "(hint: a fault in relay-mcp, not your call's; tell the user)"
+                )
+            )
 
     def tool(title: str, *, read_only: bool = False, destructive: bool = False) -> Callable[[Any], Any]:
         # The docstring, dedented, is the description the model reads.
-        hints = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive if not read_only
-                                else None, idempotent_hint=read_only, open_world_hint=True)
+        hints = ToolAnnotations(
+            title=title,
+            read_only_hint=read_only,
+            destructive_hint=destructive if not read_only else None,
+            idempotent_hint=read_only,
+            open_world_hint=True,
+        )
 
         def register(fn: Any) -> Any:
             server.add_tool(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=hints)
@@ -359,22 +425,40 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     # ------------------------------------------------------------------ send_handoff
     @tool("Send a handoff")
     async def send_handoff(
-        recipient: Annotated[str, Field(description="Handle of the agent to hand the work to, 'local@org', "
-                                                    "e.g. 'bob@acme'.")],
-        text: Annotated[str, Field(description="The brief: what you did, what you need and anything the recipient "
-                                               "must know (plain text or Markdown).")],
-        intent: Annotated[Literal["inform", "ask_question", "propose_action"],
-                          Field(description="'inform' (an FYI or a task to take over), 'ask_question' (you need an "
-                                            "answer) or 'propose_action' (you propose a change; then "
-                                            "proposed_action is required).")] = "inform",
+        recipient: Annotated[
+            str, Field(description="Handle of the agent to hand the work to, 'local@org', e.g. 'bob@acme'.")
+        ],
+        text: Annotated[
+            str,
+            Field(
+                description="The brief: what you did, what you need and anything the recipient "
+                "must know (plain text or Markdown)."
+            ),
+        ],
+        intent: Annotated[
+            Literal["inform", "ask_question", "propose_action"],
+            Field(
+                description="'inform' (an FYI or a task to take over), 'ask_question' (you need an "
+                "answer) or 'propose_action' (you propose a change; then "
+                "proposed_action is required)."
+            ),
+        ] = "inform",
         artifacts: ArtifactList = None,
-        proposed_action: Annotated[ProposedAction | None,
-                                   Field(description="Required with intent 'propose_action', and must be left out "
-                                                     "otherwise: {description, target_files, rationale, "
-                                                     "suggested_diff?}.")] = None,
-        context_id: Annotated[str | None,
-                              Field(description="Optional context_id (ULID) of one of your earlier handoffs, to "
-                                                "group this one with it; leave it out to start a new context.")] = None,
+        proposed_action: Annotated[
+            ProposedAction | None,
+            Field(
+                description="Required with intent 'propose_action', and must be left out "
+                "otherwise: {description, target_files, rationale, "
+                "suggested_diff?}."
+            ),
+        ] = None,
+        context_id: Annotated[
+            str | None,
+            Field(
+                description="Optional context_id (ULID) of one of your earlier handoffs, to "
+                "group this one with it; leave it out to start a new context."
+            ),
+        ] = None,
         idempotency_key: IdempotencyKey = None,
     ) -> CallToolResult:
         """Open a new handoff (thread) to another agent: hand over work, ask a question or propose a change.
@@ -385,10 +469,17 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         without intent 'propose_action' or the reverse), invalid_params (e.g. sending to yourself,
         an unknown context_id, an artifact missing a field), duplicate_idempotency_key.
         """
+
         def call() -> dict[str, Any]:
-            sent = client.send(recipient, text, intent=intent, artifacts=_dump(artifacts),
-                               proposed_action=proposed_action.model_dump() if proposed_action else None,
-                               context_id=context_id, idempotency_key=idempotency_key)
+            sent = client.send(
+                recipient,
+                text,
+                intent=intent,
+                artifacts=_dump(artifacts),
+                proposed_action=proposed_action.model_dump() if proposed_action else None,
+                context_id=context_id,
+                idempotency_key=idempotency_key,
+            )
             return {**sent.raw, "idempotency_key": sent.idempotency_key}
 
         return await run(call)
@@ -407,6 +498,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         Errors: thread_not_found, not_a_participant, thread_terminal (the thread is completed or
         cancelled), invalid_params, duplicate_idempotency_key.
         """
+
         def call() -> dict[str, Any]:
             sent = client.reply(task_id, text, artifacts=_dump(artifacts), idempotency_key=idempotency_key)
             return {**sent.raw, "idempotency_key": sent.idempotency_key}
@@ -416,15 +508,22 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     # ------------------------------------------------------------------ list_inbox
     @tool("List handoffs", read_only=True)
     async def list_inbox(
-        status: Annotated[list[Literal["pending", "accepted", "completed", "cancelled"]] | None,
-                          Field(description="Only threads in these states, e.g. ['pending'] for new work; "
-                                            "leave it out for all.")] = None,
-        sent: Annotated[bool, Field(description="false (default): handoffs addressed to you (your inbox); "
-                                                "true: handoffs you opened.")] = False,
+        status: Annotated[
+            list[Literal["pending", "accepted", "completed", "cancelled"]] | None,
+            Field(description="Only threads in these states, e.g. ['pending'] for new work; leave it out for all."),
+        ] = None,
+        sent: Annotated[
+            bool,
+            Field(description="false (default): handoffs addressed to you (your inbox); true: handoffs you opened."),
+        ] = False,
         limit: Annotated[int, Field(ge=1, le=200, description="At most this many threads (1-200).")] = 20,
-        since: Annotated[str | None,
-                         Field(description="Only threads with activity at or after this ISO 8601 time with a "
-                                           "timezone, e.g. '2026-04-25T10:00:00Z'.")] = None,
+        since: Annotated[
+            str | None,
+            Field(
+                description="Only threads with activity at or after this ISO 8601 time with a "
+                "timezone, e.g. '2026-04-25T10:00:00Z'."
+            ),
+        ] = None,
         cursor: Annotated[str | None, Field(description="next_cursor from a previous call, for the next page.")] = None,
     ) -> CallToolResult:
         """List your handoff threads, newest activity first, without their messages.
@@ -434,6 +533,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         unread_messages counts the other side's messages you have not read (get_thread reads them).
         Errors: invalid_params (a bad since or cursor).
         """
+
         def call() -> dict[str, Any]:
             page = (client.sent if sent else client.inbox)(status=status, since=since, limit=limit, cursor=cursor)
             return {"items": [_task_row(t) for t in page.items], "next_cursor": page.next_cursor}
@@ -456,9 +556,12 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     @tool("Accept a handoff")
     async def accept(
         task_id: TaskId,
-        session_id: Annotated[str | None,
-                              Field(description="Optional id of your working session, recorded in the audit "
-                                                "trail (up to 255 characters).")] = None,
+        session_id: Annotated[
+            str | None,
+            Field(
+                description="Optional id of your working session, recorded in the audit trail (up to 255 characters)."
+            ),
+        ] = None,
     ) -> CallToolResult:
         """Accept a pending handoff addressed to you (recipient only): you take on the work.
 
@@ -471,8 +574,13 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     @tool("Complete a handoff")
     async def complete(
         task_id: TaskId,
-        result_summary: Annotated[str, Field(description="What was done and where (commits, files, test results), "
-                                                         "for the sender to read; up to 8192 characters.")],
+        result_summary: Annotated[
+            str,
+            Field(
+                description="What was done and where (commits, files, test results), "
+                "for the sender to read; up to 8192 characters."
+            ),
+        ],
     ) -> CallToolResult:
         """Complete an accepted handoff addressed to you (recipient only), saying what was done.
 
@@ -496,9 +604,15 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     # ------------------------------------------------------------------ the messages feed
     @tool("Search messages", read_only=True)
     async def search_messages(
-        query: Annotated[str, Field(min_length=1, max_length=500,
-                                    description="Full-text search (1-500 characters), web-search syntax: words, "
-                                                "\"exact phrase\", -excluded, a or b.")],
+        query: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=500,
+                description="Full-text search (1-500 characters), web-search syntax: words, "
+                '"exact phrase", -excluded, a or b.',
+            ),
+        ],
         limit: Annotated[int, Field(ge=1, le=100, description="At most this many messages (1-100).")] = 20,
     ) -> CallToolResult:
         """Search the text and artifacts of every message in threads you are part of, newest first.
@@ -508,6 +622,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         and artifacts leave out diff/spec bodies: get_thread(task_id) has everything. more is true when
         further matches exist beyond limit. Errors: invalid_params.
         """
+
         def call() -> dict[str, Any]:
             rows = list(itertools.islice(client.search(query, limit=min(100, limit + 1)), limit + 1))
             return {"items": [_feed_row(r) for r in rows[:limit]], "more": len(rows) > limit}
@@ -516,16 +631,27 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
 
     @tool("Catch up", read_only=True)
     async def catch_up(
-        since: Annotated[str, Field(description="ISO 8601 time with a timezone, e.g. '2026-04-25T10:00:00Z': "
-                                                "every message created at or after it is returned.")],
-        limit: Annotated[int, Field(ge=1, le=1000, description="At most this many messages (1-1000), the oldest "
-                                                               "first.")] = 200,
-        direction: Annotated[Literal["inbound", "outbound", "both"],
-                             Field(description="'inbound': threads sent to you; 'outbound': threads you opened; "
-                                               "'both' (default).")] = "both",
-        seen_ids: Annotated[list[str] | None,
-                            Field(description="Message ids you already processed (since is inclusive, so the "
-                                              "messages at exactly that time come back): they are left out.")] = None,
+        since: Annotated[
+            str,
+            Field(
+                description="ISO 8601 time with a timezone, e.g. '2026-04-25T10:00:00Z': "
+                "every message created at or after it is returned."
+            ),
+        ],
+        limit: Annotated[
+            int, Field(ge=1, le=1000, description="At most this many messages (1-1000), the oldest first.")
+        ] = 200,
+        direction: Annotated[
+            Literal["inbound", "outbound", "both"],
+            Field(description="'inbound': threads sent to you; 'outbound': threads you opened; 'both' (default)."),
+        ] = "both",
+        seen_ids: Annotated[
+            list[str] | None,
+            Field(
+                description="Message ids you already processed (since is inclusive, so the "
+                "messages at exactly that time come back): they are left out."
+            ),
+        ] = None,
     ) -> CallToolResult:
         """Every message since a time, each once, oldest first: what happened while you were away.
 
@@ -535,12 +661,18 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         characters (body_truncated: true); get_thread(task_id) has everything.
         Errors: invalid_params (an unparseable since, or one without a timezone).
         """
+
         def call() -> dict[str, Any]:
             rows = client.catch_up(since, seen=seen_ids or (), direction=direction, limit=100)
             kept = rows[:limit]
             next_since, next_seen = next_position(kept, since, seen_ids or ())
-            return {"messages": [_feed_row(r) for r in kept], "count": len(kept), "more": len(rows) > limit,
-                    "next_since": next_since, "next_seen_ids": next_seen}
+            return {
+                "messages": [_feed_row(r) for r in kept],
+                "count": len(kept),
+                "more": len(rows) > limit,
+                "next_since": next_since,
+                "next_seen_ids": next_seen,
+            }
 
         return await run(call)
 
@@ -548,6 +680,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
 
 
 # =========================================================================== entry point
+
 
 def _version() -> str:
     try:
@@ -567,7 +700,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="relay-mcp",
         description="The handoff relay as MCP tools. Reads RELAY_URL and RELAY_API_KEY from the environment; "
-                    "serves over stdio unless --http is given.")
+        "serves over stdio unless --http is given.",
+    )
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP (at /mcp) instead of stdio")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on with --http (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765, help="port to listen on with --http (default 8765)")
@@ -590,9 +724,11 @@ def main(argv: list[str] | None = None) -> None:
     key = os.environ.get("RELAY_API_KEY", "").strip()
     missing = [name for name, value in (("RELAY_URL", url), ("RELAY_API_KEY", key)) if not value]
     if missing:
-        _fatal(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
-               "(RELAY_URL: the relay's base URL, e.g. https://relay.example.com; "
-               "RELAY_API_KEY: your agent's ah_live_... key)")
+        _fatal(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
+            "(RELAY_URL: the relay's base URL, e.g. https://relay.example.com; "
+            "RELAY_API_KEY: your agent's ah_live_... key)"
+        )
     if not 0 < args.port < 65536:
         _fatal(f"--port must be 1-65535, got {args.port}")
     try:
@@ -602,8 +738,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.http:
             if not _is_loopback(args.host):
-                print(f"relay-mcp: warning: listening on {args.host} without authentication: anyone who reaches "
-                      "it acts as this key's agent", file=sys.stderr, flush=True)
+                print(
+                    f"relay-mcp: warning: listening on {args.host} without authentication: anyone who reaches "
+                    "it acts as this key's agent",
+                    file=sys.stderr,
+                    flush=True,
+                )
             server = build_server(client, log_level="INFO")
             server.run("streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp")
         else:

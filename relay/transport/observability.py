@@ -5,67 +5,32 @@ request id, the agent's handle, the HTTP and JSON-RPC methods, the status and th
 duration. Gauges for the outbox backlog, due deliveries and unindexed messages are read
 from PostgreSQL at scrape time, so every process reports the same truth.
 """
+
 from __future__ import annotations
 
 import hmac
 import logging
 import os
-import sys
 import time
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from pythonjsonlogger.json import JsonFormatter
 from sqlalchemy import func, select
 
 log = logging.getLogger("relay.request")
 
 REQUESTS = Counter("relay_http_requests_total", "HTTP requests by route and status", ["route", "method", "status"])
-LATENCY = Histogram("relay_http_request_duration_seconds", "HTTP request latency by route", ["route"],
-                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-RPC_CALLS = Counter("relay_rpc_calls_total", "JSON-RPC calls by method and outcome (ok or error symbol)",
-                    ["method", "outcome"])
+LATENCY = Histogram(
+    "relay_http_request_duration_seconds",
+    "HTTP request latency by route",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RPC_CALLS = Counter(
+    "relay_rpc_calls_total", "JSON-RPC calls by method and outcome (ok or error symbol)", ["method", "outcome"]
+)
 WEBHOOK_ATTEMPTS = Counter("relay_webhook_attempts_total", "Webhook delivery attempts by outcome", ["outcome"])
-
-_configured = False
-
-
-class _StdoutHandler(logging.StreamHandler):
-    """Write to whatever ``sys.stdout`` is at emit time (test runners swap and close it)."""
-
-    @property
-    def stream(self):
-        return sys.stdout
-
-    @stream.setter
-    def stream(self, value):
-        pass
-
-
-def configure_logging(level: str = "INFO") -> None:
-    """Send every log record to stdout as one JSON object (idempotent)."""
-    global _configured
-    if _configured:
-        return
-    handler = _StdoutHandler()
-    handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                       rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("flask-limiter").addFilter(_one_line_fail_open)
-    _configured = True
-
-
-def _one_line_fail_open(record: logging.LogRecord) -> bool:
-    """Shorten flask-limiter's fail-open traceback (Redis down) to one line naming the error."""
-    if record.exc_info and record.exc_info[1] is not None:
-        record.msg = f"{record.getMessage()}: rate limiting fails open ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
-        record.args = None
-        record.exc_info = None
-        record.exc_text = None
-    return True
 
 
 class _BacklogCollector:
@@ -81,12 +46,17 @@ class _BacklogCollector:
         with self.app.app_context():
             try:
                 outbox = db.session.scalar(select(func.count()).select_from(Event).where(Event.fanned_out_at.is_(None)))
-                due = db.session.scalar(select(func.count()).select_from(WebhookDelivery)
-                                        .where(WebhookDelivery.status == "pending"))
-                lag = db.session.scalar(select(func.coalesce(func.extract("epoch", func.now() - func.min(WebhookDelivery.created_at)), 0))
-                                        .where(WebhookDelivery.status == "pending"))
-                unindexed = db.session.scalar(select(func.count()).select_from(Message)
-                                              .where(Message.search_vector.is_(None)))
+                due = db.session.scalar(
+                    select(func.count()).select_from(WebhookDelivery).where(WebhookDelivery.status == "pending")
+                )
+                lag = db.session.scalar(
+                    select(
+                        func.coalesce(func.extract("epoch", func.now() - func.min(WebhookDelivery.created_at)), 0)
+                    ).where(WebhookDelivery.status == "pending")
+                )
+                unindexed = db.session.scalar(
+                    select(func.count()).select_from(Message).where(Message.search_vector.is_(None))
+                )
             except Exception:
                 db.session.rollback()
                 return
@@ -141,9 +111,16 @@ def init_app(app: Flask) -> None:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         REQUESTS.labels(route, request.method, str(response.status_code)).inc()
         LATENCY.labels(route).observe(duration)
-        log.info("request", extra={
-            "request_id": g.get("request_id"), "agent": g.get("_relay_agent_handle"),
-            "http_method": request.method, "route": route, "rpc_methods": g.get("rpc_methods"),
-            "status": response.status_code, "duration_ms": round(duration * 1000, 2),
-        })
+        log.info(
+            "request",
+            extra={
+                "request_id": g.get("request_id"),
+                "agent": g.get("_relay_agent_handle"),
+                "http_method": request.method,
+                "route": route,
+                "rpc_methods": g.get("rpc_methods"),
+                "status": response.status_code,
+                "duration_ms": round(duration * 1000, 2),
+            },
+        )
         return response

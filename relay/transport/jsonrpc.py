@@ -4,32 +4,37 @@ The envelope rules are JSON-RPC 2.0's; the HTTP statuses and error symbols are
 DESIGN.md's ("JSON-RPC endpoint"). A dialect is a table of methods plus a way to shape
 errors, so a second dialect (A2A v1.0) is a new table, not a change to these methods.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from flask import Blueprint, Response, current_app, g
 from marshmallow import Schema
 from sqlalchemy.exc import OperationalError
 
-from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.models import Agent
-from relay.observability import RPC_CALLS
-from relay.requests import BodyTooLarge, read_body
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
+from relay.transport.auth import current_agent, retry_after_seconds
+from relay.transport.observability import RPC_CALLS
+from relay.transport.requests import BodyTooLarge, read_body
 
-log = logging.getLogger("relay.jsonrpc")
+log = logging.getLogger("relay.transport.jsonrpc")
 
 MESSAGES = {
-    -32700: "Parse error", -32600: "Invalid Request", -32601: "Method not found",
-    -32602: "Invalid params", -32603: "Internal error",
+    -32700: "Parse error",
+    -32600: "Invalid Request",
+    -32601: "Method not found",
+    -32602: "Invalid params",
+    -32603: "Internal error",
 }
 MAX_BATCH = 100
 _MISSING = object()
@@ -67,22 +72,39 @@ def error_data(exc: RelayError) -> dict:
     return data
 
 
-SEED_DIALECT = Dialect(methods={
-    "message/send": Method(MessageSendParams(), lambda caller, p: threads.send_message(caller, p)),
-    "tasks/get": Method(TaskRef(), lambda caller, p: threads.get_thread(caller, p["task_id"])),
-    "tasks/list": Method(TasksListParams(), lambda caller, p: threads.list_threads(
-        caller, role=p["filter"]["role"], status=p["filter"]["status"], since=p["filter"]["since"],
-        limit=p["page"]["limit"], cursor=p["page"]["cursor"])),
-    "tasks/update": Method(TasksUpdateParams(), lambda caller, p: threads.transition(
-        caller, p["task_id"], p["transition"], session_id=p["session_id"], result_summary=p["result_summary"])),
-    "tasks/cancel": Method(TaskRef(), lambda caller, p: threads.transition(caller, p["task_id"], "cancel")),
-})
+SEED_DIALECT = Dialect(
+    methods={
+        "message/send": Method(MessageSendParams(), lambda caller, p: threads.send_message(caller, p)),
+        "tasks/get": Method(TaskRef(), lambda caller, p: threads.get_thread(caller, p["task_id"])),
+        "tasks/list": Method(
+            TasksListParams(),
+            lambda caller, p: threads.list_threads(
+                caller,
+                role=p["filter"]["role"],
+                status=p["filter"]["status"],
+                since=p["filter"]["since"],
+                limit=p["page"]["limit"],
+                cursor=p["page"]["cursor"],
+            ),
+        ),
+        "tasks/update": Method(
+            TasksUpdateParams(),
+            lambda caller, p: threads.transition(
+                caller, p["task_id"], p["transition"], session_id=p["session_id"], result_summary=p["result_summary"]
+            ),
+        ),
+        "tasks/cancel": Method(TaskRef(), lambda caller, p: threads.transition(caller, p["task_id"], "cancel")),
+    }
+)
 
 
 def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
     code = dialect.code_for(data["symbol"], code)
-    return {"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message,
-                                                    "data": dialect.shape_data(code, data)}}
+    return {
+        "jsonrpc": "2.0",
+        "id": id_,
+        "error": {"code": code, "message": message, "data": dialect.shape_data(code, data)},
+    }
 
 
 def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Response:
@@ -152,27 +174,56 @@ def _readable_id(doc: Any) -> Any:
 def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
     """Answer one request object; None for a notification."""
     if not isinstance(obj, dict):
-        return _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "a request must be an object"})
+        return _error(
+            dialect,
+            None,
+            -32600,
+            MESSAGES[-32600],
+            {"symbol": "invalid_request", "reason": "a request must be an object"},
+        )
     has_id = "id" in obj
     id_ = obj.get("id")
     if has_id and not (id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool))):
-        return _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "id must be a string, a number or null"})
+        return _error(
+            dialect,
+            None,
+            -32600,
+            MESSAGES[-32600],
+            {"symbol": "invalid_request", "reason": "id must be a string, a number or null"},
+        )
     if obj.get("jsonrpc") != "2.0":
-        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": 'jsonrpc must be exactly "2.0"'})
+        return _error(
+            dialect,
+            id_,
+            -32600,
+            MESSAGES[-32600],
+            {"symbol": "invalid_request", "reason": 'jsonrpc must be exactly "2.0"'},
+        )
     name = obj.get("method")
     if not isinstance(name, str):
-        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"})
+        return _error(
+            dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"}
+        )
     params = obj.get("params", {})
     if params is not None and not isinstance(params, (dict, list)):
-        return _error(dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "params must be an object or an array"})
+        return _error(
+            dialect,
+            id_,
+            -32600,
+            MESSAGES[-32600],
+            {"symbol": "invalid_request", "reason": "params must be an object or an array"},
+        )
     method = dialect.methods.get(name)
     if method is None:
         answer = _error(dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
         return answer if has_id else None
     try:
         if isinstance(params, list):
-            raise RelayError("invalid_params", "params must be an object of named parameters",
-                             {"params": ["must be an object, not an array"]})
+            raise RelayError(
+                "invalid_params",
+                "params must be an object of named parameters",
+                {"params": ["must be an object, not an array"]},
+            )
         loaded = load_or_invalid(method.schema, params or {})
         result = method.handler(caller, loaded)
         answer = {"jsonrpc": "2.0", "id": id_, "result": result}
@@ -181,11 +232,15 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
     except OperationalError:
         db.session.rollback()
         log.exception("database unavailable", extra={"request_id": g.get("request_id")})
-        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")})
+        answer = _error(
+            dialect, id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")}
+        )
     except Exception:
         db.session.rollback()
         log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
-        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")})
+        answer = _error(
+            dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")}
+        )
     outcome = "ok" if "result" in answer else _symbol(answer["error"].get("data"))
     RPC_CALLS.labels(name, outcome).inc()
     g.setdefault("rpc_methods", []).append(name)
@@ -212,20 +267,45 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
         doc = parse_body()
     except BodyTooLarge:
         limit = current_app.config["RELAY"].max_body_bytes
-        return _response(_error(dialect, None, -32600, f"request body is larger than {limit} bytes",
-                                {"symbol": "payload_too_large", "limit_bytes": limit}), status=413)
+        return _response(
+            _error(
+                dialect,
+                None,
+                -32600,
+                f"request body is larger than {limit} bytes",
+                {"symbol": "payload_too_large", "limit_bytes": limit},
+            ),
+            status=413,
+        )
     try:
         caller = current_agent()
     except RelayError as exc:
         if exc.symbol == "service_unavailable":  # PostgreSQL unreachable while authenticating
-            return _response(_error(dialect, _readable_id(doc), -32603, MESSAGES[-32603],
-                                    {"symbol": "service_unavailable", "request_id": g.get("request_id")}),
-                             status=exc.http_status)
-        return _response(_relay_error(dialect, _readable_id(doc), exc), status=401,
-                         headers={"WWW-Authenticate": 'Bearer realm="relay"'})
+            return _response(
+                _error(
+                    dialect,
+                    _readable_id(doc),
+                    -32603,
+                    MESSAGES[-32603],
+                    {"symbol": "service_unavailable", "request_id": g.get("request_id")},
+                ),
+                status=exc.http_status,
+            )
+        return _response(
+            _relay_error(dialect, _readable_id(doc), exc),
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="relay"'},
+        )
     if doc is _MISSING:
-        return _response(_error(dialect, None, -32700, MESSAGES[-32700],
-                                {"symbol": "parse_error", "reason": g.get("_rpc_parse_error", "not a JSON document")}))
+        return _response(
+            _error(
+                dialect,
+                None,
+                -32700,
+                MESSAGES[-32700],
+                {"symbol": "parse_error", "reason": g.get("_rpc_parse_error", "not a JSON document")},
+            )
+        )
     if guard is not None:
         try:
             guard()
@@ -233,10 +313,19 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
             return _response(_relay_error(dialect, _readable_id(doc), exc))
     if isinstance(doc, list):
         if not doc:
-            return _response(_error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}))
+            return _response(
+                _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"})
+            )
         if len(doc) > max_batch():
-            return _response(_error(dialect, None, -32600, f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
-                                    {"symbol": "batch_too_large", "limit": max_batch()}))
+            return _response(
+                _error(
+                    dialect,
+                    None,
+                    -32600,
+                    f"a batch may hold at most {max_batch()} requests, got {len(doc)}",
+                    {"symbol": "batch_too_large", "limit": max_batch()},
+                )
+            )
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
         return _response(answers) if answers else _no_content()
     answer = _call(dialect, caller, doc)
@@ -257,9 +346,15 @@ def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
     except BodyTooLarge:
         doc = None
     return _response(
-        _error(dialect, _readable_id(doc), -32003, f"rate limit exceeded: {limit.limit}; retry in {retry} s",
-               {"symbol": "rate_limited", "retry_after": retry}),
-        status=429, headers={"Retry-After": str(retry)},
+        _error(
+            dialect,
+            _readable_id(doc),
+            -32003,
+            f"rate limit exceeded: {limit.limit}; retry in {retry} s",
+            {"symbol": "rate_limited", "retry_after": retry},
+        ),
+        status=429,
+        headers={"Retry-After": str(retry)},
     )
 
 

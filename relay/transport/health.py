@@ -1,4 +1,5 @@
 """``/healthz`` (the process answers) and ``/readyz`` (PostgreSQL and Redis answer)."""
+
 from __future__ import annotations
 
 import redis
@@ -27,9 +28,7 @@ def _check_database() -> str | None:
 
 def _check_redis() -> str | None:
     try:
-        client = redis.Redis.from_url(
-            current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1
-        )
+        client = redis.Redis.from_url(current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1)
         try:
             client.ping()
         finally:

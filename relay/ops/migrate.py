@@ -1,4 +1,5 @@
 """Run the Alembic migrations shipped in the ``migrations`` package."""
+
 from __future__ import annotations
 
 from importlib.resources import files

@@ -6,13 +6,15 @@ gets its own Limiter: flask-limiter keeps its storage on the Limiter object, so 
 module-level one would let a second app in the same process (tests, tools) silently
 repoint every app's counters at its Redis.
 """
+
 from __future__ import annotations
 
 from flask import Flask, current_app
 from flask_limiter import Limiter
 
-from relay import a2a, api, jsonrpc
-from relay.auth import is_unauthenticated, rate_limit_key
+from relay.transport import a2a, jsonrpc
+from relay.transport import rest as api
+from relay.transport.auth import is_unauthenticated, rate_limit_key
 
 
 def _a2a_rate() -> str:
@@ -31,10 +33,15 @@ def init_app(app: Flask) -> Limiter:
     # and the A2A v1.0 binding's /a2a/agents/{handle}.
     for endpoint, on_breach in (("a2a.a2a", jsonrpc.rate_limited), ("a2a_v1.agent_rpc", a2a.rate_limited)):
         app.view_functions[endpoint] = limiter.shared_limit(
-            _a2a_rate, scope="a2a", exempt_when=is_unauthenticated, cost=jsonrpc.batch_cost, on_breach=on_breach,
+            _a2a_rate,
+            scope="a2a",
+            exempt_when=is_unauthenticated,
+            cost=jsonrpc.batch_cost,
+            on_breach=on_breach,
         )(app.view_functions[endpoint])
     # shared_limit: one budget per agent across every REST route, not one per endpoint.
-    limiter.shared_limit(_rest_rate, scope="rest", exempt_when=is_unauthenticated,
-                         on_breach=api.rest_rate_limited)(api.bp)
+    limiter.shared_limit(_rest_rate, scope="rest", exempt_when=is_unauthenticated, on_breach=api.rest_rate_limited)(
+        api.bp
+    )
     app.extensions["relay_limiter"] = limiter
     return limiter

@@ -1,4 +1,5 @@
 """Bearer authentication shared by every route: ``Authorization: Bearer <key>``."""
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,7 @@ from relay.models import Agent
 from relay.services import agents as agent_service
 
 _UNSET = object()
-log = logging.getLogger("relay.auth")
+log = logging.getLogger("relay.transport.auth")
 
 
 def bearer_token() -> str | None:
@@ -45,8 +46,9 @@ def try_current_agent() -> Agent | None:
             pass
         log.warning("database unavailable during authentication", extra={"request_id": g.get("request_id")})
         agent = None
-        g._relay_auth_error = RelayError("service_unavailable", "the database is unavailable; retry shortly",
-                                         {"request_id": g.get("request_id")})
+        g._relay_auth_error = RelayError(
+            "service_unavailable", "the database is unavailable; retry shortly", {"request_id": g.get("request_id")}
+        )
     g._relay_agent = agent
     # Kept apart from the row: a rollback later in the request expires the Agent, and reading
     # it then would query PostgreSQL again (the request log line must not, it may be down).

@@ -2,7 +2,7 @@
 
 The client needs nothing but the standard library, ``requests`` and
 ``standardwebhooks``; it never imports the server's services, models or schemas, so it
-can be copied into an agent's own code base. (Importing it as ``relay.client`` runs
+can be copied into an agent's own code base. (Importing it as ``relay.agent.client`` runs
 ``relay/__init__.py``, which imports Flask; the client itself does not use it.)
 
 JSON-RPC 2.0 methods of seed 000 (``POST /a2a``)::
@@ -28,38 +28,74 @@ retried with exponential backoff; domain errors never are. See :class:`RelayClie
 
 Webhooks: :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
 """
+
 from __future__ import annotations
 
 import itertools
 import random
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 
 __all__ = [
-    "RelayClient", "verify_webhook",
+    "RelayClient",
+    "verify_webhook",
     # results
-    "AgentRef", "Identity", "Message", "Handoff", "TaskSummary", "SendResult", "TransitionResult", "FeedRow",
+    "AgentRef",
+    "Identity",
+    "Message",
+    "Handoff",
+    "TaskSummary",
+    "SendResult",
+    "TransitionResult",
+    "FeedRow",
     "Page",
     # errors
-    "RelayError", "RelayConnectionError", "WebhookVerificationError", "ERROR_SYMBOLS", "error_class",
-    "ParseError", "InvalidRequest", "PayloadTooLarge", "MethodNotFound", "InvalidParams", "InternalError",
-    "Unauthenticated", "Forbidden", "RateLimited", "RecipientNotFound", "NotAParticipant", "ThreadNotFound",
-    "ThreadTerminal", "InvalidTransition", "NotAuthorizedTransition", "StateChanged", "DuplicateIdempotencyKey",
-    "InvalidIntentPayload", "TeammateBlocked", "IdentityNotFound", "AgentExists", "KeyNotFound", "NotFound",
-    "ServiceUnavailable", "UnsupportedOperation", "VersionNotSupported",
+    "RelayError",
+    "RelayConnectionError",
+    "WebhookVerificationError",
+    "ERROR_SYMBOLS",
+    "error_class",
+    "ParseError",
+    "InvalidRequest",
+    "PayloadTooLarge",
+    "MethodNotFound",
+    "InvalidParams",
+    "InternalError",
+    "Unauthenticated",
+    "Forbidden",
+    "RateLimited",
+    "RecipientNotFound",
+    "NotAParticipant",
+    "ThreadNotFound",
+    "ThreadTerminal",
+    "InvalidTransition",
+    "NotAuthorizedTransition",
+    "StateChanged",
+    "DuplicateIdempotencyKey",
+    "InvalidIntentPayload",
+    "TeammateBlocked",
+    "IdentityNotFound",
+    "AgentExists",
+    "KeyNotFound",
+    "NotFound",
+    "ServiceUnavailable",
+    "UnsupportedOperation",
+    "VersionNotSupported",
 ]
 
 T = TypeVar("T")
 
 
 # =========================================================================== errors
+
 
 class RelayError(Exception):
     """An error answered by the relay (or, for subclasses noted below, met on the way to it).
@@ -79,8 +115,17 @@ class RelayError(Exception):
 
     default_symbol: str | None = None
 
-    def __init__(self, message: str, *, symbol: str | None = None, code: int | None = None, data: Any = None,
-                 request_id: str | None = None, http_status: int | None = None, attempts: int = 1):
+    def __init__(
+        self,
+        message: str,
+        *,
+        symbol: str | None = None,
+        code: int | None = None,
+        data: Any = None,
+        request_id: str | None = None,
+        http_status: int | None = None,
+        attempts: int = 1,
+    ):
         super().__init__(message)
         self.message = message
         self.symbol = symbol if symbol is not None else self.default_symbol
@@ -109,8 +154,10 @@ class RelayError(Exception):
         return _flatten_fields(errors)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(symbol={self.symbol!r}, code={self.code!r}, message={self.message!r}, "
-                f"http_status={self.http_status!r}, request_id={self.request_id!r})")
+        return (
+            f"{type(self).__name__}(symbol={self.symbol!r}, code={self.code!r}, message={self.message!r}, "
+            f"http_status={self.http_status!r}, request_id={self.request_id!r})"
+        )
 
 
 class ConfigurationError(ValueError):
@@ -129,8 +176,10 @@ def check_settings(base_url: str, api_key: str) -> None:
     except ValueError as exc:
         raise ConfigurationError(f"RELAY_URL is not a valid URL ({exc}): {base_url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or any(ord(c) <= 0x20 for c in base_url):
-        raise ConfigurationError(f"RELAY_URL must be the relay's http:// or https:// root URL, such as "
-                                 f"http://127.0.0.1:8000, got {base_url!r}")
+        raise ConfigurationError(
+            f"RELAY_URL must be the relay's http:// or https:// root URL, such as "
+            f"http://127.0.0.1:8000, got {base_url!r}"
+        )
     if not api_key or any(ord(c) <= 0x20 or ord(c) >= 0x7F for c in api_key):
         raise ConfigurationError("RELAY_API_KEY must be the ah_live_... key as printed, with no spaces or line breaks")
 
@@ -141,7 +190,9 @@ def _flatten_fields(errors: Any, prefix: str = "") -> list[str]:
     if isinstance(errors, (list, tuple)) and all(isinstance(e, str) for e in errors):
         return [f"{prefix}: {' '.join(errors)}" if prefix else " ".join(errors)]
     if isinstance(errors, (list, tuple)):
-        return [line for i, e in enumerate(errors) for line in _flatten_fields(e, f"{prefix}.{i}" if prefix else str(i))]
+        return [
+            line for i, e in enumerate(errors) for line in _flatten_fields(e, f"{prefix}.{i}" if prefix else str(i))
+        ]
     return [] if errors is None else [f"{prefix}: {errors}" if prefix else str(errors)]
 
 
@@ -159,7 +210,7 @@ def _next_cursor(cursor: str, used: set[str]) -> str:
     return cursor
 
 
-def next_position(rows: Sequence["FeedRow"], since: datetime | str, seen: Iterable[str] = ()) -> tuple[str, list[str]]:
+def next_position(rows: Sequence[FeedRow], since: datetime | str, seen: Iterable[str] = ()) -> tuple[str, list[str]]:
     """Where a catch-up loop resumes after ``rows`` (oldest first, as :meth:`RelayClient.catch_up` returns).
 
     Returns ``(since, seen_ids)`` for the next ``catch_up(since, seen=seen_ids)``: the
@@ -236,16 +287,24 @@ def _error(name: str, symbol: str, doc: str) -> type[RelayError]:
 
 ParseError = _error("ParseError", "parse_error", "-32700: the request body was not JSON.")
 InvalidRequest = _error("InvalidRequest", "invalid_request", "-32600: not a valid JSON-RPC request.")
-PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large",
-                         "HTTP 413: the request body is over the relay's limit (1 MiB by default); "
-                         "``data.limit_bytes`` says the limit.")
+PayloadTooLarge = _error(
+    "PayloadTooLarge",
+    "payload_too_large",
+    "HTTP 413: the request body is over the relay's limit (1 MiB by default); ``data.limit_bytes`` says the limit.",
+)
 MethodNotFound = _error("MethodNotFound", "method_not_found", "-32601: no such JSON-RPC method.")
-InvalidParams = _error("InvalidParams", "invalid_params",
-                       "-32602 / HTTP 422: a parameter is malformed or out of range; ``data`` names each "
-                       "field and why (JSON-RPC: ``data['errors']``).")
-InternalError = _error("InternalError", "internal_error",
-                       "-32603 / HTTP 500: a relay bug; quote ``request_id`` when reporting it.")
-Unauthenticated = _error("Unauthenticated", "unauthenticated", "-32001 / HTTP 401: missing, malformed or revoked API key.")
+InvalidParams = _error(
+    "InvalidParams",
+    "invalid_params",
+    "-32602 / HTTP 422: a parameter is malformed or out of range; ``data`` names each "
+    "field and why (JSON-RPC: ``data['errors']``).",
+)
+InternalError = _error(
+    "InternalError", "internal_error", "-32603 / HTTP 500: a relay bug; quote ``request_id`` when reporting it."
+)
+Unauthenticated = _error(
+    "Unauthenticated", "unauthenticated", "-32001 / HTTP 401: missing, malformed or revoked API key."
+)
 Forbidden = _error("Forbidden", "forbidden", "-32002 / HTTP 403: this key may not read that identity.")
 
 
@@ -264,45 +323,85 @@ class RateLimited(RelayError):
 
 
 _CLASSES["rate_limited"] = RateLimited
-RecipientNotFound = _error("RecipientNotFound", "recipient_not_found", "-32004: no (enabled) agent has the recipient handle.")
-NotAParticipant = _error("NotAParticipant", "not_a_participant",
-                         "-32005 / HTTP 403: the caller is neither the sender nor the recipient of the thread.")
+RecipientNotFound = _error(
+    "RecipientNotFound", "recipient_not_found", "-32004: no (enabled) agent has the recipient handle."
+)
+NotAParticipant = _error(
+    "NotAParticipant",
+    "not_a_participant",
+    "-32005 / HTTP 403: the caller is neither the sender nor the recipient of the thread.",
+)
 ThreadNotFound = _error("ThreadNotFound", "thread_not_found", "-32006 / HTTP 404: no thread has that (well-formed) id.")
-ThreadTerminal = _error("ThreadTerminal", "thread_terminal",
-                        "-32007 / HTTP 409: the thread is completed or cancelled; no more messages.")
-InvalidTransition = _error("InvalidTransition", "invalid_transition",
-                           "-32008 / HTTP 409: the transition is not valid from the thread's current state "
-                           "(``data['state']``).")
-NotAuthorizedTransition = _error("NotAuthorizedTransition", "not_authorized_transition",
-                                 "-32009 / HTTP 403: the other participant performs this transition "
-                                 "(accept/complete: recipient; cancel: sender).")
-StateChanged = _error("StateChanged", "state_changed",
-                      "-32010 / HTTP 409: another call changed the thread first (compare-and-set lost); read it again.")
-DuplicateIdempotencyKey = _error("DuplicateIdempotencyKey", "duplicate_idempotency_key",
-                                 "-32011 / HTTP 409: this client_idempotency_key was used with different params.")
-InvalidIntentPayload = _error("InvalidIntentPayload", "invalid_intent_payload",
-                              "-32012: proposed_action given without intent propose_action, or missing with it.")
+ThreadTerminal = _error(
+    "ThreadTerminal", "thread_terminal", "-32007 / HTTP 409: the thread is completed or cancelled; no more messages."
+)
+InvalidTransition = _error(
+    "InvalidTransition",
+    "invalid_transition",
+    "-32008 / HTTP 409: the transition is not valid from the thread's current state (``data['state']``).",
+)
+NotAuthorizedTransition = _error(
+    "NotAuthorizedTransition",
+    "not_authorized_transition",
+    "-32009 / HTTP 403: the other participant performs this transition (accept/complete: recipient; cancel: sender).",
+)
+StateChanged = _error(
+    "StateChanged",
+    "state_changed",
+    "-32010 / HTTP 409: another call changed the thread first (compare-and-set lost); read it again.",
+)
+DuplicateIdempotencyKey = _error(
+    "DuplicateIdempotencyKey",
+    "duplicate_idempotency_key",
+    "-32011 / HTTP 409: this client_idempotency_key was used with different params.",
+)
+InvalidIntentPayload = _error(
+    "InvalidIntentPayload",
+    "invalid_intent_payload",
+    "-32012: proposed_action given without intent propose_action, or missing with it.",
+)
 TeammateBlocked = _error("TeammateBlocked", "teammate_blocked", "-32013: the recipient has blocked the caller.")
-IdentityNotFound = _error("IdentityNotFound", "identity_not_found",
-                          "HTTP 404: no identity with that handle is visible to the caller.")
+IdentityNotFound = _error(
+    "IdentityNotFound", "identity_not_found", "HTTP 404: no identity with that handle is visible to the caller."
+)
 AgentExists = _error("AgentExists", "agent_exists", "HTTP 409: an agent with that handle already exists.")
 KeyNotFound = _error("KeyNotFound", "key_not_found", "HTTP 404: no such API key.")
 NotFound = _error("NotFound", "not_found", "HTTP 404: no such resource.")
-ServiceUnavailable = _error("ServiceUnavailable", "service_unavailable",
-                            "HTTP 503 (-32603): the relay's database or a proxy in front of it is unavailable; "
-                            "retried by the client before being raised.")
-UnsupportedOperation = _error("UnsupportedOperation", "unsupported_operation",
-                              "-32018: the operation is not supported (the relay's A2A v1.0 binding).")
-VersionNotSupported = _error("VersionNotSupported", "version_not_supported",
-                             "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).")
+ServiceUnavailable = _error(
+    "ServiceUnavailable",
+    "service_unavailable",
+    "HTTP 503 (-32603): the relay's database or a proxy in front of it is unavailable; "
+    "retried by the client before being raised.",
+)
+UnsupportedOperation = _error(
+    "UnsupportedOperation",
+    "unsupported_operation",
+    "-32018: the operation is not supported (the relay's A2A v1.0 binding).",
+)
+VersionNotSupported = _error(
+    "VersionNotSupported",
+    "version_not_supported",
+    "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).",
+)
 
 # An answer without a symbol (a proxy's HTML 502, ...) is classified by its HTTP status.
-_STATUS_SYMBOL = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
-                  413: "payload_too_large", 422: "invalid_params", 429: "rate_limited", 500: "internal_error",
-                  502: "service_unavailable", 503: "service_unavailable", 504: "service_unavailable"}
+_STATUS_SYMBOL = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    413: "payload_too_large",
+    422: "invalid_params",
+    429: "rate_limited",
+    500: "internal_error",
+    502: "service_unavailable",
+    503: "service_unavailable",
+    504: "service_unavailable",
+}
 # Codes that name one symbol only, for a JSON-RPC error whose data lost its symbol.
-_CODE_SYMBOL = {code: s for s, (code, _) in ERROR_SYMBOLS.items()
-                if [c for c, _ in ERROR_SYMBOLS.values()].count(code) == 1}
+_CODE_SYMBOL = {
+    code: s for s, (code, _) in ERROR_SYMBOLS.items() if [c for c, _ in ERROR_SYMBOLS.values()].count(code) == 1
+}
 
 
 def error_class(symbol: str | None) -> type[RelayError]:
@@ -311,6 +410,7 @@ def error_class(symbol: str | None) -> type[RelayError]:
 
 
 # =========================================================================== results
+
 
 def _ts(value: Any) -> datetime | None:
     # The relay writes ISO 8601 with a 'Z' and microseconds; fromisoformat (3.11+) reads it.
@@ -352,8 +452,14 @@ class Identity:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Identity:
-        return cls(handle=d["handle"], name=d.get("name"), role=d.get("role"), org=d.get("org"),
-                   created_at=_ts(d.get("created_at")), raw=dict(d))
+        return cls(
+            handle=d["handle"],
+            name=d.get("name"),
+            role=d.get("role"),
+            org=d.get("org"),
+            created_at=_ts(d.get("created_at")),
+            raw=dict(d),
+        )
 
 
 @dataclass(frozen=True)
@@ -379,9 +485,18 @@ class Message:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Message:
-        return cls(id=d["id"], sequence_no=d["sequence_no"], author=d.get("from"), role=d.get("role"),
-                   body=d.get("body", ""), parts=list(d.get("parts") or []), artifacts=list(d.get("artifacts") or []),
-                   payload=dict(d.get("payload") or {}), created_at=_ts(d["created_at"]), raw=dict(d))
+        return cls(
+            id=d["id"],
+            sequence_no=d["sequence_no"],
+            author=d.get("from"),
+            role=d.get("role"),
+            body=d.get("body", ""),
+            parts=list(d.get("parts") or []),
+            artifacts=list(d.get("artifacts") or []),
+            payload=dict(d.get("payload") or {}),
+            created_at=_ts(d["created_at"]),
+            raw=dict(d),
+        )
 
 
 @dataclass(frozen=True)
@@ -416,15 +531,25 @@ class Handoff:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Handoff:
         return cls(
-            task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
-            state=_state(d), sender=AgentRef.from_json(d.get("sender")), recipient=AgentRef.from_json(d.get("recipient")),
-            summary=d.get("summary"), intent=d.get("intent"), artifacts=list(d.get("artifacts") or []),
+            task_id=d["task_id"],
+            thread_id=d.get("thread_id", d["task_id"]),
+            context_id=d.get("context_id"),
+            state=_state(d),
+            sender=AgentRef.from_json(d.get("sender")),
+            recipient=AgentRef.from_json(d.get("recipient")),
+            summary=d.get("summary"),
+            intent=d.get("intent"),
+            artifacts=list(d.get("artifacts") or []),
             proposed_action=d.get("proposed_action"),
             messages=tuple(Message.from_json(m) for m in d.get("messages") or []),
-            result_summary=d.get("result_summary"), version=d.get("version"),
-            accepted_at=_ts(d.get("accepted_at")), completed_at=_ts(d.get("completed_at")),
-            cancelled_at=_ts(d.get("cancelled_at")), created_at=_ts(d.get("created_at")),
-            updated_at=_ts(d.get("updated_at")), raw=dict(d),
+            result_summary=d.get("result_summary"),
+            version=d.get("version"),
+            accepted_at=_ts(d.get("accepted_at")),
+            completed_at=_ts(d.get("completed_at")),
+            cancelled_at=_ts(d.get("cancelled_at")),
+            created_at=_ts(d.get("created_at")),
+            updated_at=_ts(d.get("updated_at")),
+            raw=dict(d),
         )
 
 
@@ -452,11 +577,18 @@ class TaskSummary:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TaskSummary:
         return cls(
-            task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
-            state=_state(d), sender=AgentRef.from_json(d.get("sender")), recipient=AgentRef.from_json(d.get("recipient")),
-            summary_preview=d.get("summary_preview"), intent=d.get("intent"),
-            unread_messages=int(d.get("unread_messages") or 0), created_at=_ts(d.get("created_at")),
-            updated_at=_ts(d.get("updated_at")), raw=dict(d),
+            task_id=d["task_id"],
+            thread_id=d.get("thread_id", d["task_id"]),
+            context_id=d.get("context_id"),
+            state=_state(d),
+            sender=AgentRef.from_json(d.get("sender")),
+            recipient=AgentRef.from_json(d.get("recipient")),
+            summary_preview=d.get("summary_preview"),
+            intent=d.get("intent"),
+            unread_messages=int(d.get("unread_messages") or 0),
+            created_at=_ts(d.get("created_at")),
+            updated_at=_ts(d.get("updated_at")),
+            raw=dict(d),
         )
 
 
@@ -480,9 +612,17 @@ class SendResult:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], idempotency_key: str) -> SendResult:
-        return cls(task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
-                   state=_state(d), message_id=d.get("message_id"), sequence_no=d.get("sequence_no"),
-                   created_at=_ts(d.get("created_at")), idempotency_key=idempotency_key, raw=dict(d))
+        return cls(
+            task_id=d["task_id"],
+            thread_id=d.get("thread_id", d["task_id"]),
+            context_id=d.get("context_id"),
+            state=_state(d),
+            message_id=d.get("message_id"),
+            sequence_no=d.get("sequence_no"),
+            created_at=_ts(d.get("created_at")),
+            idempotency_key=idempotency_key,
+            raw=dict(d),
+        )
 
 
 @dataclass(frozen=True)
@@ -503,10 +643,19 @@ class TransitionResult:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TransitionResult:
-        return cls(task_id=d["task_id"], thread_id=d.get("thread_id", d["task_id"]), context_id=d.get("context_id"),
-                   state=_state(d), version=d.get("version"), result_summary=d.get("result_summary"),
-                   accepted_at=_ts(d.get("accepted_at")), completed_at=_ts(d.get("completed_at")),
-                   cancelled_at=_ts(d.get("cancelled_at")), updated_at=_ts(d.get("updated_at")), raw=dict(d))
+        return cls(
+            task_id=d["task_id"],
+            thread_id=d.get("thread_id", d["task_id"]),
+            context_id=d.get("context_id"),
+            state=_state(d),
+            version=d.get("version"),
+            result_summary=d.get("result_summary"),
+            accepted_at=_ts(d.get("accepted_at")),
+            completed_at=_ts(d.get("completed_at")),
+            cancelled_at=_ts(d.get("cancelled_at")),
+            updated_at=_ts(d.get("updated_at")),
+            raw=dict(d),
+        )
 
 
 @dataclass(frozen=True)
@@ -537,11 +686,23 @@ class FeedRow:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FeedRow:
-        return cls(id=d["id"], task_id=d["task_id"], context_id=d.get("context_id"), task_state=d.get("task_state"),
-                   sequence_no=d["sequence_no"], role=d.get("role"), author=d.get("from"), body=d.get("body", ""),
-                   parts=list(d.get("parts") or []), artifacts=list(d.get("artifacts") or []),
-                   metadata=dict(d.get("metadata") or {}), created_at=_ts(d["created_at"]),
-                   caller=AgentRef.from_json(d.get("caller")), target=AgentRef.from_json(d.get("target")), raw=dict(d))
+        return cls(
+            id=d["id"],
+            task_id=d["task_id"],
+            context_id=d.get("context_id"),
+            task_state=d.get("task_state"),
+            sequence_no=d["sequence_no"],
+            role=d.get("role"),
+            author=d.get("from"),
+            body=d.get("body", ""),
+            parts=list(d.get("parts") or []),
+            artifacts=list(d.get("artifacts") or []),
+            metadata=dict(d.get("metadata") or {}),
+            created_at=_ts(d["created_at"]),
+            caller=AgentRef.from_json(d.get("caller")),
+            target=AgentRef.from_json(d.get("target")),
+            raw=dict(d),
+        )
 
 
 @dataclass(frozen=True)
@@ -560,6 +721,7 @@ class Page(Generic[T]):
 
 
 # =========================================================================== the client
+
 
 def _when(value: datetime | str | None, name: str) -> str | None:
     if value is None or isinstance(value, str):
@@ -634,8 +796,15 @@ class RelayClient:
     #: the longest ``Retry-After`` the client will sleep through, seconds
     max_retry_wait: float = 60.0
 
-    def __init__(self, base_url: str, api_key: str, timeout: float = 10.0, max_retries: int = 4,
-                 backoff: float = 0.5, session: requests.Session | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        timeout: float = 10.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        session: requests.Session | None = None,
+    ):
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         check_settings(base_url, api_key)
@@ -668,9 +837,18 @@ class RelayClient:
 
     # ------------------------------------------------------------------ JSON-RPC methods (seed 000)
 
-    def send(self, recipient: str, text: str, *, intent: str = "inform", artifacts: Sequence[dict] | None = None,
-             proposed_action: dict | None = None, metadata: Mapping[str, Any] | None = None,
-             context_id: str | None = None, idempotency_key: str | None = None) -> SendResult:
+    def send(
+        self,
+        recipient: str,
+        text: str,
+        *,
+        intent: str = "inform",
+        artifacts: Sequence[dict] | None = None,
+        proposed_action: dict | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        context_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> SendResult:
         """Open a handoff to ``recipient`` (``message/send`` with no ``task_id``).
 
         ``intent`` is ``inform``, ``ask_question`` or ``propose_action`` (then
@@ -686,14 +864,26 @@ class RelayClient:
         :class:`InvalidIntentPayload`, :class:`InvalidParams` (e.g. sending to yourself,
         an unknown ``context_id``), :class:`DuplicateIdempotencyKey`, or a transport error.
         """
-        params: dict[str, Any] = {"recipient": recipient, "intent": intent, "message": _text_message(text),
-                                  "artifacts": list(artifacts or []), "proposed_action": proposed_action}
+        params: dict[str, Any] = {
+            "recipient": recipient,
+            "intent": intent,
+            "message": _text_message(text),
+            "artifacts": list(artifacts or []),
+            "proposed_action": proposed_action,
+        }
         if context_id is not None:
             params["context_id"] = context_id
         return self._send_message(params, metadata, idempotency_key)
 
-    def reply(self, task_id: str, text: str, *, artifacts: Sequence[dict] | None = None,
-              metadata: Mapping[str, Any] | None = None, idempotency_key: str | None = None) -> SendResult:
+    def reply(
+        self,
+        task_id: str,
+        text: str,
+        *,
+        artifacts: Sequence[dict] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> SendResult:
         """Append a message to thread ``task_id`` (``message/send`` with ``task_id``).
 
         Either participant may reply while the thread is pending or accepted.
@@ -713,8 +903,13 @@ class RelayClient:
         """
         return Handoff.from_json(self._rpc("tasks/get", {"task_id": task_id}))
 
-    def inbox(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50,
-              cursor: str | None = None) -> Page[TaskSummary]:
+    def inbox(
+        self,
+        status: str | Sequence[str] | None = None,
+        since: datetime | str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page[TaskSummary]:
         """One page of threads addressed to the caller (``tasks/list``, ``filter.role=recipient``).
 
         ``status``: one state or several (``pending``, ``accepted``, ``completed``,
@@ -724,18 +919,25 @@ class RelayClient:
         """
         return self._list("recipient", status, since, limit, cursor)
 
-    def sent(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50,
-             cursor: str | None = None) -> Page[TaskSummary]:
+    def sent(
+        self,
+        status: str | Sequence[str] | None = None,
+        since: datetime | str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page[TaskSummary]:
         """One page of threads the caller opened (``tasks/list``, ``filter.role=sender``); as :meth:`inbox`."""
         return self._list("sender", status, since, limit, cursor)
 
-    def iter_inbox(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None,
-                   limit: int = 50) -> Iterator[TaskSummary]:
+    def iter_inbox(
+        self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50
+    ) -> Iterator[TaskSummary]:
         """Every inbox thread across all pages, newest activity first (follows ``next_cursor``)."""
         return self._iter_list("recipient", status, since, limit)
 
-    def iter_sent(self, status: str | Sequence[str] | None = None, since: datetime | str | None = None,
-                  limit: int = 50) -> Iterator[TaskSummary]:
+    def iter_sent(
+        self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50
+    ) -> Iterator[TaskSummary]:
         """Every thread the caller opened, across all pages, newest activity first."""
         return self._iter_list("sender", status, since, limit)
 
@@ -757,8 +959,12 @@ class RelayClient:
 
         ``result_summary`` (at most 8192 characters) says what was done. Errors as :meth:`accept`.
         """
-        return self._transition(task_id, "completed", "tasks/update",
-                                {"task_id": task_id, "transition": "complete", "result_summary": result_summary})
+        return self._transition(
+            task_id,
+            "completed",
+            "tasks/update",
+            {"task_id": task_id, "transition": "complete", "result_summary": result_summary},
+        )
 
     def cancel(self, task_id: str) -> TransitionResult:
         """Cancel a pending handoff (``tasks/cancel``; sender only). Errors as :meth:`accept`."""
@@ -808,10 +1014,20 @@ class RelayClient:
         """Unblock ``handle`` (no error if it was not blocked)."""
         self._rest("DELETE", f"{self._identity_path(None)}/blocks/{quote(handle, safe='@')}")
 
-    def messages(self, handle: str | None = None, *, direction: str | None = None, q: str | None = None,
-                 since: datetime | str | None = None, task_id: str | None = None, context_id: str | None = None,
-                 role: str | None = None, requester_handle: str | None = None, worker_handle: str | None = None,
-                 limit: int = 100) -> Iterator[FeedRow]:
+    def messages(
+        self,
+        handle: str | None = None,
+        *,
+        direction: str | None = None,
+        q: str | None = None,
+        since: datetime | str | None = None,
+        task_id: str | None = None,
+        context_id: str | None = None,
+        role: str | None = None,
+        requester_handle: str | None = None,
+        worker_handle: str | None = None,
+        limit: int = 100,
+    ) -> Iterator[FeedRow]:
         """Every feed row matching the filters, newest first, across all pages (seed 004).
 
         ``GET /api/v1/identities/{handle}/a2a/messages``, following ``next_cursor`` until
@@ -826,9 +1042,17 @@ class RelayClient:
         (:class:`Forbidden`, :class:`IdentityNotFound`, :class:`InvalidParams`) surface on
         the first ``next()``.
         """
-        query: dict[str, Any] = {"direction": direction, "q": q, "since": _when(since, "since"), "task_id": task_id,
-                                 "context_id": context_id, "role": role, "requester_handle": requester_handle,
-                                 "worker_handle": worker_handle, "limit": limit}
+        query: dict[str, Any] = {
+            "direction": direction,
+            "q": q,
+            "since": _when(since, "since"),
+            "task_id": task_id,
+            "context_id": context_id,
+            "role": role,
+            "requester_handle": requester_handle,
+            "worker_handle": worker_handle,
+            "limit": limit,
+        }
         query = {k: v for k, v in query.items() if v is not None}
         return self._iter_feed(handle, query)
 
@@ -838,8 +1062,11 @@ class RelayClient:
             filters["since"] = _when(filters["since"], "since")
         query = {k: v for k, v in {**filters, "cursor": cursor}.items() if v is not None}
         body = self._rest("GET", f"{self._identity_path(handle)}/a2a/messages", params=query)
-        return Page(items=tuple(FeedRow.from_json(r) for r in body.get("items", [])),
-                    next_cursor=body.get("next_cursor"), raw=body)
+        return Page(
+            items=tuple(FeedRow.from_json(r) for r in body.get("items", [])),
+            next_cursor=body.get("next_cursor"),
+            raw=body,
+        )
 
     def search(self, q: str, **filters: Any) -> Iterator[FeedRow]:
         """Feed rows whose text matches ``q`` (PostgreSQL ``websearch_to_tsquery``: any text is
@@ -869,8 +1096,9 @@ class RelayClient:
 
     # ------------------------------------------------------------------ internals
 
-    def _send_message(self, params: dict[str, Any], metadata: Mapping[str, Any] | None,
-                      idempotency_key: str | None) -> SendResult:
+    def _send_message(
+        self, params: dict[str, Any], metadata: Mapping[str, Any] | None, idempotency_key: str | None
+    ) -> SendResult:
         meta = dict(metadata or {})
         given = meta.get("client_idempotency_key")
         if idempotency_key is not None and given is not None and given != idempotency_key:
@@ -887,16 +1115,25 @@ class RelayClient:
             exc.idempotency_key = key
             raise
 
-    def _list(self, role: str, status: str | Sequence[str] | None, since: datetime | str | None, limit: int,
-              cursor: str | None) -> Page[TaskSummary]:
+    def _list(
+        self,
+        role: str,
+        status: str | Sequence[str] | None,
+        since: datetime | str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[TaskSummary]:
         flt: dict[str, Any] = {"role": role}
         if status is not None:
             flt["status"] = [status] if isinstance(status, str) else list(status)
         if since is not None:
             flt["since"] = _when(since, "since")
         result = self._rpc("tasks/list", {"filter": flt, "page": {"limit": limit, "cursor": cursor}})
-        return Page(items=tuple(TaskSummary.from_json(t) for t in result.get("items", [])),
-                    next_cursor=result.get("next_cursor"), raw=result)
+        return Page(
+            items=tuple(TaskSummary.from_json(t) for t in result.get("items", [])),
+            next_cursor=result.get("next_cursor"),
+            raw=result,
+        )
 
     def _iter_list(self, role: str, status: Any, since: Any, limit: int) -> Iterator[TaskSummary]:
         cursor, used = None, set()
@@ -925,7 +1162,7 @@ class RelayClient:
         return {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
 
     def _delay(self, attempt: int) -> float:
-        base = min(self.max_backoff, self.backoff * (2 ** attempt))
+        base = min(self.max_backoff, self.backoff * (2**attempt))
         return base + random.uniform(0, base / 4)
 
     def _rpc(self, method: str, params: dict[str, Any]) -> Any:
@@ -956,11 +1193,16 @@ class RelayClient:
             if symbol is None:
                 symbol = _CODE_SYMBOL.get(code) or _STATUS_SYMBOL.get(resp.status_code)
             raise self._make_error(resp, attempts, symbol, code, str(err.get("message") or ""), data)
-        raise self._make_error(resp, attempts, _STATUS_SYMBOL.get(resp.status_code), None,
-                               f"unexpected answer to {method} (HTTP {resp.status_code}): {resp.text[:200]}", None)
+        raise self._make_error(
+            resp,
+            attempts,
+            _STATUS_SYMBOL.get(resp.status_code),
+            None,
+            f"unexpected answer to {method} (HTTP {resp.status_code}): {resp.text[:200]}",
+            None,
+        )
 
-    def _rest(self, verb: str, path: str, params: Mapping[str, Any] | None = None,
-              json_body: Any = None) -> Any:
+    def _rest(self, verb: str, path: str, params: Mapping[str, Any] | None = None, json_body: Any = None) -> Any:
         """One REST call; return its JSON body (None for 204) or raise the error's class."""
         resp, attempts = self._exchange(verb, path, params=params, json_body=json_body)
         if 200 <= resp.status_code < 300:
@@ -969,10 +1211,22 @@ class RelayClient:
         err = doc.get("error") if isinstance(doc, dict) else None
         if isinstance(err, dict):
             symbol = err.get("code") if isinstance(err.get("code"), str) else None
-            raise self._make_error(resp, attempts, symbol or _STATUS_SYMBOL.get(resp.status_code), None,
-                                   str(err.get("message") or ""), err.get("details"))
-        raise self._make_error(resp, attempts, _STATUS_SYMBOL.get(resp.status_code), None,
-                               f"HTTP {resp.status_code} from {verb} {path}: {resp.text[:200]}", None)
+            raise self._make_error(
+                resp,
+                attempts,
+                symbol or _STATUS_SYMBOL.get(resp.status_code),
+                None,
+                str(err.get("message") or ""),
+                err.get("details"),
+            )
+        raise self._make_error(
+            resp,
+            attempts,
+            _STATUS_SYMBOL.get(resp.status_code),
+            None,
+            f"HTTP {resp.status_code} from {verb} {path}: {resp.text[:200]}",
+            None,
+        )
 
     @staticmethod
     def _json(resp: requests.Response) -> Any:
@@ -981,13 +1235,15 @@ class RelayClient:
         except ValueError:
             return None
 
-    def _make_error(self, resp: requests.Response, attempts: int, symbol: str | None, code: int | None,
-                    message: str, data: Any) -> RelayError:
+    def _make_error(
+        self, resp: requests.Response, attempts: int, symbol: str | None, code: int | None, message: str, data: Any
+    ) -> RelayError:
         request_id = resp.headers.get("X-Request-Id")
         if request_id is None and isinstance(data, dict) and isinstance(data.get("request_id"), str):
             request_id = data["request_id"]
-        kw: dict[str, Any] = dict(symbol=symbol, code=code, data=data, request_id=request_id,
-                                  http_status=resp.status_code, attempts=attempts)
+        kw: dict[str, Any] = dict(
+            symbol=symbol, code=code, data=data, request_id=request_id, http_status=resp.status_code, attempts=attempts
+        )
         cls = error_class(symbol)
         if cls is RateLimited:
             retry_after = _retry_after(resp)
@@ -996,8 +1252,15 @@ class RelayClient:
             return RateLimited(message, retry_after=retry_after, **kw)
         return cls(message, **kw)
 
-    def _exchange(self, verb: str, path: str, *, params: Mapping[str, Any] | None = None, json_body: Any = None,
-                  retry_also: Callable[[requests.Response], bool] | None = None) -> tuple[requests.Response, int]:
+    def _exchange(
+        self,
+        verb: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        retry_also: Callable[[requests.Response], bool] | None = None,
+    ) -> tuple[requests.Response, int]:
         """Make the HTTP request, retrying transient failures; return the last answer and the attempt count.
 
         The same body (hence the same idempotency key) is sent on every attempt.
@@ -1009,15 +1272,23 @@ class RelayClient:
             attempt += 1
             retries_left = attempt <= self.max_retries
             try:
-                resp = self.session.request(verb, url, params=params, json=json_body, headers=self._headers(),
-                                            timeout=self.timeout, allow_redirects=False)
+                resp = self.session.request(
+                    verb,
+                    url,
+                    params=params,
+                    json=json_body,
+                    headers=self._headers(),
+                    timeout=self.timeout,
+                    allow_redirects=False,
+                )
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 # ConnectionError covers refused, reset and dropped-before-answer
                 # (RemoteDisconnected); requests' pool discards that connection, so the
                 # retry opens a fresh one.
                 if not retries_left:
-                    raise RelayConnectionError(f"{verb} {url} failed after {attempt} attempt(s): {exc}",
-                                               attempts=attempt) from exc
+                    raise RelayConnectionError(
+                        f"{verb} {url} failed after {attempt} attempt(s): {exc}", attempts=attempt
+                    ) from exc
                 self._sleep(self._delay(attempt - 1))
                 continue
             if resp.status_code == 429:
@@ -1026,8 +1297,9 @@ class RelayClient:
                     return resp, attempt
                 # Retry-After is whole seconds rounded up, so sleeping it is enough; the jitter
                 # keeps clients that were refused together from returning together.
-                self._sleep((wait if wait is not None else self._delay(attempt - 1))
-                            + random.uniform(0, self.backoff / 4))
+                self._sleep(
+                    (wait if wait is not None else self._delay(attempt - 1)) + random.uniform(0, self.backoff / 4)
+                )
                 continue
             if resp.status_code >= 500 or (retry_also is not None and retry_also(resp)):
                 if not retries_left:
@@ -1038,6 +1310,7 @@ class RelayClient:
 
 
 # =========================================================================== webhooks
+
 
 def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes | str) -> dict:
     """Verify a webhook delivery and return its parsed payload.

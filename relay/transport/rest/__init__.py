@@ -1,4 +1,5 @@
 """REST transport under ``/api/v1``: one JSON error shape ``{"error": {code, message, details}}``."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -6,11 +7,11 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 from marshmallow import Schema
 
-from relay.auth import current_agent, retry_after_seconds
 from relay.errors import RelayError
 from relay.models import Agent
-from relay.requests import BodyTooLarge, read_body
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
+from relay.transport.auth import current_agent, retry_after_seconds
+from relay.transport.requests import BodyTooLarge, read_body
 
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
 
@@ -34,8 +35,13 @@ def _relay_error(exc: RelayError):
 def rest_rate_limited(limit):
     """429 in the REST error shape with a whole-second Retry-After."""
     retry = retry_after_seconds(limit)
-    return error_response(429, "rate_limited", f"rate limit exceeded: {limit.limit}; retry in {retry} s",
-                          {"retry_after": retry}, headers={"Retry-After": str(retry)})
+    return error_response(
+        429,
+        "rate_limited",
+        f"rate limit exceeded: {limit.limit}; retry in {retry} s",
+        {"retry_after": retry},
+        headers={"Retry-After": str(retry)},
+    )
 
 
 def identity(handle: str) -> Agent:
@@ -62,8 +68,9 @@ def json_body() -> Any:
         raw = read_body()
     except BodyTooLarge:
         limit = current_app.config["RELAY"].max_body_bytes
-        raise RelayError("payload_too_large", f"the request body is larger than {limit} bytes",
-                         {"limit_bytes": limit}) from None
+        raise RelayError(
+            "payload_too_large", f"the request body is larger than {limit} bytes", {"limit_bytes": limit}
+        ) from None
     # Any Content-Type: curl -d sends form-urlencoded, and /a2a does not insist either.
     try:
         return strict_json(raw)
@@ -79,4 +86,4 @@ def load_json(schema: Schema) -> dict:
     return load_or_invalid(schema, body)
 
 
-from relay.api import blocks, identities, keys, openapi, tasks, webhooks  # noqa: E402,F401  (routes register on bp)
+from relay.transport.rest import blocks, identities, keys, openapi, tasks, webhooks  # noqa: E402,F401  (routes register on bp)

@@ -1,9 +1,10 @@
 """``/api/v1/identities/...``: who the caller is."""
+
 from __future__ import annotations
 
-from relay.api import bp
-from relay.auth import current_agent
 from relay.schemas.agents import AgentOut
+from relay.transport.auth import current_agent
+from relay.transport.rest import bp
 
 _agent_out = AgentOut()
 

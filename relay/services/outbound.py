@@ -4,16 +4,23 @@ The target host is resolved once, every address is checked, and the connection g
 to the address that was checked — there is no second DNS lookup between check and
 connect. Redirects are never followed.
 """
+
 from __future__ import annotations
 
+import base64
 import ipaddress
+import secrets
 import socket
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import urllib3
+from flask import current_app
 
+from relay.errors import invalid
+
+EVENT_TYPES = ("message.created", "task.updated")
 USER_AGENT = "handoff-relay-webhooks/1.0"
 MAX_RESPONSE_BYTES = 64 * 1024
 
@@ -80,8 +87,9 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
         ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
         reason = _refused_address(ip)
         if reason and not allow_private:
-            raise TargetRefused(f"host {host!r} resolves to {reason} ({ip}); "
-                                "set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets")
+            raise TargetRefused(
+                f"host {host!r} resolves to {reason} ({ip}); set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets"
+            )
         addresses.append(str(ip))
     if not addresses:
         raise TargetRefused(f"host {host!r} does not resolve")
@@ -113,11 +121,20 @@ def post(target: Target, body: bytes, headers: dict[str, str], timeout: float) -
     else:
         pool_cls = urllib3.HTTPConnectionPool
     started = time.monotonic()
-    pool = pool_cls(target.address, target.port, timeout=urllib3.Timeout(total=timeout), retries=False,
-                    maxsize=1, **kwargs)
+    pool = pool_cls(
+        target.address, target.port, timeout=urllib3.Timeout(total=timeout), retries=False, maxsize=1, **kwargs
+    )
     try:
-        response = pool.urlopen("POST", target.path, body=body, headers=all_headers, redirect=False,
-                                retries=False, preload_content=False, assert_same_host=False)
+        response = pool.urlopen(
+            "POST",
+            target.path,
+            body=body,
+            headers=all_headers,
+            redirect=False,
+            retries=False,
+            preload_content=False,
+            assert_same_host=False,
+        )
         try:
             response.read(MAX_RESPONSE_BYTES)
         finally:
@@ -134,3 +151,20 @@ def post(target: Target, body: bytes, headers: dict[str, str], timeout: float) -
         return Outcome(None, reason, None, int((time.monotonic() - started) * 1000))
     finally:
         pool.close()
+
+
+def new_secret() -> str:
+    """Return a Standard Webhooks secret: ``whsec_`` + base64 of 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def check_url(url: str) -> str:
+    """Refuse URLs that may not be called (scheme, credentials, private targets); return it."""
+    if not isinstance(url, str) or not url or len(url) > 2048:
+        raise invalid("url", "must be a URL of at most 2048 characters")
+    s = current_app.config["RELAY"]
+    try:
+        resolve(url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
+    except TargetRefused as exc:
+        raise invalid("url", str(exc)) from None
+    return url

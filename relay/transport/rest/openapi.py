@@ -1,4 +1,5 @@
 """OpenAPI 3.1 document of the REST API, generated from the routes and marshmallow schemas."""
+
 from __future__ import annotations
 
 import re
@@ -8,12 +9,20 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask import current_app
 from marshmallow import fields, validate
 
-from relay.api import bp
 from relay.schemas.agents import AgentOut, KeyOut
 from relay.schemas.common import Cursor, Ulid
 from relay.schemas.handoffs import ARTIFACT_SCHEMAS, ApiContract, Artifact, MessageIn
-from relay.schemas.rest import (DeliveriesQuery, FeedQuery, KeyCreateBody, ReplyBody, TaskListQuery, TransitionBody,
-                                WebhookCreateBody, WebhookUpdateBody)
+from relay.schemas.rest import (
+    DeliveriesQuery,
+    FeedQuery,
+    KeyCreateBody,
+    ReplyBody,
+    TaskListQuery,
+    TransitionBody,
+    WebhookCreateBody,
+    WebhookUpdateBody,
+)
+from relay.transport.rest import bp
 
 # endpoint -> what the document says beyond the route itself
 ROUTE_DOCS: dict[str, dict] = {
@@ -34,8 +43,12 @@ ROUTE_DOCS: dict[str, dict] = {
     "api_v1.create_webhook": {"body": WebhookCreateBody, "tag": "webhooks", "status": 201, "errors": (403, 404, 422)},
     "api_v1.list_webhooks": {"tag": "webhooks", "errors": (403, 404)},
     "api_v1.get_webhook": {"tag": "webhooks", "errors": (403, 404, 422)},
-    "api_v1.update_webhook": {"body": WebhookUpdateBody, "tag": "webhooks", "errors": (403, 404, 422),
-                              "body_constraints": {"minProperties": 1}},  # at least one field to change
+    "api_v1.update_webhook": {
+        "body": WebhookUpdateBody,
+        "tag": "webhooks",
+        "errors": (403, 404, 422),
+        "body_constraints": {"minProperties": 1},
+    },  # at least one field to change
     "api_v1.delete_webhook": {"tag": "webhooks", "status": 204, "errors": (403, 404, 422)},
     "api_v1.rotate_webhook_secret": {"tag": "webhooks", "errors": (403, 404, 422)},
     "api_v1.test_webhook": {"tag": "webhooks", "status": 202, "errors": (403, 404, 422)},
@@ -45,9 +58,13 @@ ROUTE_DOCS: dict[str, dict] = {
 # What the services accept in each path parameter; anything else answers 422 naming it.
 HANDLE_SCHEMA = {"type": "string", "maxLength": 320, "pattern": r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+$"}
 # A thread id: 26 Crockford base32 characters (the first at most 7) or a UUID (relay.ids.parse_ulid).
-ULID_SCHEMA = {"type": "string", "pattern": (
-    r"^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32}"
-    r"|[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12})$")}
+ULID_SCHEMA = {
+    "type": "string",
+    "pattern": (
+        r"^([0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}|[0-9A-Fa-f]{32}"
+        r"|[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12})$"
+    ),
+}
 PATH_PARAMETERS: dict[str, dict] = {
     "handle": HANDLE_SCHEMA,
     "blocked_handle": HANDLE_SCHEMA,
@@ -77,29 +94,42 @@ def _custom_fields(self, field, **kwargs) -> dict:
             variants.append(variant)
         return {"oneOf": variants}
     if isinstance(field, fields.Url):
-        schemes = "|".join(sorted({scheme for v in field.validators if isinstance(v, validate.URL)
-                                   for scheme in (v.schemes or ())} or {"http", "https"}))
+        schemes = "|".join(
+            sorted(
+                {scheme for v in field.validators if isinstance(v, validate.URL) for scheme in (v.schemes or ())}
+                or {"http", "https"}
+            )
+        )
         return {"type": "string", "format": "uri", "pattern": f"^({schemes})://"}
     if field.name == "parts" and isinstance(field.parent, MessageIn):
         # MessageIn._has_text: at least one part must have non-blank text.
-        return {"contains": {"type": "object", "required": ["text"],
-                             "properties": {"text": {"type": "string", "pattern": NON_BLANK}}}}
+        return {
+            "contains": {
+                "type": "object",
+                "required": ["text"],
+                "properties": {"text": {"type": "string", "pattern": NON_BLANK}},
+            }
+        }
     return {}
 
 
 ERROR_SCHEMA = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-        "code": {"type": "string"}, "message": {"type": "string"}, "details": {}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {}},
+        }
+    },
 }
 
 
 def build_spec() -> dict:
     """Return the OpenAPI document for every route of the ``api_v1`` blueprint."""
     marshmallow_plugin = MarshmallowPlugin()
-    spec = APISpec(title="Handoff relay REST API", version="1", openapi_version="3.1.0",
-                   plugins=[marshmallow_plugin])
+    spec = APISpec(title="Handoff relay REST API", version="1", openapi_version="3.1.0", plugins=[marshmallow_plugin])
     marshmallow_plugin.converter.add_attribute_function(_custom_fields)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer", "bearerFormat": "ah_live_ key"})
     spec.components.schema("Error", ERROR_SCHEMA)
@@ -116,9 +146,15 @@ def build_spec() -> dict:
                 "operationId": rule.endpoint.split(".", 1)[1],
                 "summary": (view.__doc__ or "").strip().splitlines()[0] if view.__doc__ else rule.endpoint,
                 "tags": [doc.get("tag", "api")],
-                "parameters": [{"in": "path", "name": arg, "required": True,
-                                "schema": dict(PATH_PARAMETERS.get(arg, {"type": "string"}))}
-                               for arg in sorted(rule.arguments)],
+                "parameters": [
+                    {
+                        "in": "path",
+                        "name": arg,
+                        "required": True,
+                        "schema": dict(PATH_PARAMETERS.get(arg, {"type": "string"})),
+                    }
+                    for arg in sorted(rule.arguments)
+                ],
                 "responses": {status: {"description": "success"}},
             }
             if "response" in doc:
@@ -132,11 +168,18 @@ def build_spec() -> dict:
                 op["security"] = [{"bearer": []}]
                 # A malformed handle or id in the path is 422 on every route that takes one;
                 # a body past RELAY_MAX_BODY_BYTES is 413.
-                errors = {401, 429, *doc.get("errors", ()), *((422,) if rule.arguments else ()),
-                          *((413,) if "body" in doc else ())}
+                errors = {
+                    401,
+                    429,
+                    *doc.get("errors", ()),
+                    *((422,) if rule.arguments else ()),
+                    *((413,) if "body" in doc else ()),
+                }
                 for code in sorted(errors):
-                    op["responses"][str(code)] = {"description": "error", "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+                    op["responses"][str(code)] = {
+                        "description": "error",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    }
             operations[method.lower()] = op
         spec.path(path=path, operations=operations)
     return spec.to_dict()

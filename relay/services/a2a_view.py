@@ -1,0 +1,140 @@
+"""A2A v1.0 objects rendered from the relay's rows: Task, Message, TaskStatus, StreamResponse.
+
+The A2A transport answers with them and A2A push deliveries carry them, so they live
+below both (the mapping table is in ``relay.schemas.a2a`` and docs/a2a.md).
+Input: the dicts ``relay.services.threads`` returns (``thread_summary``, ``message_row``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from relay.ids import parse_ulid
+
+STATES = {
+    "pending": "TASK_STATE_SUBMITTED",
+    "accepted": "TASK_STATE_WORKING",
+    "completed": "TASK_STATE_COMPLETED",
+    "cancelled": "TASK_STATE_CANCELED",
+}
+ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
+MEDIA_JSON = "application/json"
+
+
+def _uuid_text(ulid_text: str) -> str:
+    return str(parse_ulid(ulid_text))
+
+
+def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
+    """A2A ``Message`` from a seed message row (``tasks/get`` shape) of ``task``."""
+    parts: list[dict[str, Any]] = [{"text": p.get("text", "")} for p in row.get("parts") or [] if p.get("text")]
+    parts += [{"data": a, "mediaType": MEDIA_JSON} for a in row.get("artifacts") or []]
+    metadata: dict[str, Any] = {
+        **(row.get("payload") or {}),
+        "sequenceNo": row["sequence_no"],
+        "from": row["from"],
+        "createdAt": row["created_at"],
+    }
+    if opening:
+        metadata["intent"] = task.get("intent")
+        if task.get("proposed_action") is not None:
+            metadata["proposed_action"] = task["proposed_action"]
+    # A message sent over A2A keeps the messageId its author chose; others show the relay's id.
+    message_id = row.get("a2a_message_id") or row["id"]
+    if message_id != row["id"]:
+        metadata["relayMessageId"] = row["id"]
+    return {
+        "messageId": message_id,
+        "contextId": _uuid_text(task["context_id"]),
+        "taskId": task["task_id"],
+        "role": ROLES[row["role"]],
+        "parts": parts,
+        "metadata": metadata,
+    }
+
+
+def _result_message(task: dict) -> dict:
+    return {
+        "messageId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay:result:{task['task_id']}")),
+        "contextId": _uuid_text(task["context_id"]),
+        "taskId": task["task_id"],
+        "role": "ROLE_AGENT",
+        "parts": [{"text": task["result_summary"]}],
+        "metadata": {"resultSummary": True},
+    }
+
+
+def status_out(task: dict) -> dict:
+    """A2A ``TaskStatus``: the state, when it last changed (last activity), and on completion
+    a ROLE_AGENT message holding the result summary."""
+    status: dict[str, Any] = {"state": STATES[task["status"]["state"]], "timestamp": task["updated_at"]}
+    if task["status"]["state"] == "completed" and task.get("result_summary"):
+        status["message"] = _result_message(task)
+    return status
+
+
+def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
+    """A2A ``Artifact`` list: each relay artifact as one ``data`` part, in message order."""
+    return [
+        {
+            "artifactId": f"{m['id']}:{i}",
+            "name": a.get("type", "artifact"),
+            "parts": [{"data": a, "mediaType": MEDIA_JSON}],
+            "metadata": {"messageId": m["id"], "sequenceNo": m["sequence_no"]},
+        }
+        for m in messages
+        for i, a in enumerate(m.get("artifacts") or [])
+    ]
+
+
+def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
+    """A2A ``Task`` from a seed thread dict with ``messages`` (tasks/get, or a list item with messages).
+
+    ``history_length``: None keeps every message, 0 none, N the newest N (A2A GetTask).
+    """
+    messages = task.get("messages") or []
+    out: dict[str, Any] = {
+        "id": task["task_id"],
+        "contextId": _uuid_text(task["context_id"]),
+        "status": status_out(task),
+        "metadata": {
+            "intent": task.get("intent"),
+            "sender": task["sender"],
+            "recipient": task.get("recipient"),
+            "createdAt": task["created_at"],
+        },
+    }
+    if include_artifacts:
+        out["artifacts"] = artifacts_out(task, messages)
+    if history_length != 0:
+        kept = messages if history_length is None else messages[-history_length:]
+        out["history"] = [message_out(m, task, opening=m["sequence_no"] == 1) for m in kept]
+    return out
+
+
+def push_config_out(config: dict) -> dict:
+    """A2A ``TaskPushNotificationConfig`` (the credentials are never echoed)."""
+    out: dict[str, Any] = {"id": config["id"], "taskId": config["task_id"], "url": config["url"]}
+    if config.get("token"):
+        out["token"] = config["token"]
+    if config.get("auth_scheme"):
+        out["authentication"] = {"scheme": config["auth_scheme"]}
+    return out
+
+
+def status_update_event(task: dict, transition: dict) -> dict:
+    """A2A ``StreamResponse`` for a state change: ``{"statusUpdate": TaskStatusUpdateEvent}``."""
+    return {
+        "statusUpdate": {
+            "taskId": task["task_id"],
+            "contextId": _uuid_text(task["context_id"]),
+            "status": status_out(task),
+            "metadata": transition,
+        }
+    }
+
+
+def message_event(row: dict, task: dict) -> dict:
+    """A2A ``StreamResponse`` for a new message: ``{"message": Message}``."""
+    return {"message": message_out(row, task, opening=row["sequence_no"] == 1)}

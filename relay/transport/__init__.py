@@ -1,0 +1,54 @@
+"""Transports: JSON-RPC (``jsonrpc``), the A2A v1.0 binding (``a2a``), REST (``rest``),
+and their plumbing (auth, rate limits, body reading, health, logs and metrics).
+
+Each transport loads its input through ``relay.schemas`` and calls ``relay.services``;
+none holds a business rule.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, g
+from sqlalchemy.exc import OperationalError
+from werkzeug.exceptions import HTTPException
+
+from relay.extensions import db
+
+
+def init_app(app: Flask) -> None:
+    """Register every blueprint, the rate limiter and the one JSON error envelope on ``app``."""
+    from relay.transport import a2a, health, jsonrpc, observability, ratelimit, requests, rest
+
+    requests.init_app(app)
+    observability.init_app(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(rest.bp)
+    app.register_blueprint(jsonrpc.bp)
+    app.register_blueprint(a2a.bp)
+    ratelimit.init_app(app)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        if exc.response is not None:  # e.g. flask-limiter's 429, already shaped
+            return exc.response
+        # Keep the exception's own headers (405's Allow, which HTTP requires) in our JSON shape.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return rest.error_response(
+            exc.code or 500, (exc.name or "error").lower().replace(" ", "_"), exc.description, headers=headers
+        )
+
+    @app.errorhandler(Exception)
+    def _unhandled(exc: Exception):
+        try:
+            db.session.rollback()
+        except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
+            pass
+        if isinstance(exc, OperationalError):  # PostgreSQL unreachable: retryable, not a bug
+            app.logger.warning("database unavailable", extra={"request_id": g.get("request_id")})
+            return rest.error_response(
+                503,
+                "service_unavailable",
+                "the database is unavailable; retry shortly",
+                {"request_id": g.get("request_id")},
+            )
+        app.logger.exception("unhandled error")
+        return rest.error_response(500, "internal_error", "internal error", {"request_id": g.get("request_id")})
