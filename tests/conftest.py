@@ -55,22 +55,37 @@ def _connect_admin(url):
 
 
 @contextmanager
-def migrated_database(server_url: str, prefix: str):
-    """Yield the URL of a new database on ``server_url``'s server, migrated; drop it (FORCE) after."""
+def fresh_database(server_url: str, prefix: str):
+    """Yield the URL of a new, empty database on ``server_url``'s server; drop it (FORCE) after.
+
+    The URL keeps every part of ``server_url`` but the database name, so a socket URL
+    (the embedded server's ``?host=/path``) stays a socket URL.
+    """
     base = make_url(server_url)
     name = f"{prefix}_{secrets.token_hex(6)}"
     admin = _connect_admin(base)
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
-    url = base.set(database=name).render_as_string(hide_password=False)
     try:
-        upgrade(url)
-        yield url
+        yield base.set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@contextmanager
+def migrated_database(server_url: str, prefix: str):
+    """Yield the URL of a new database on ``server_url``'s server, migrated; drop it (FORCE) after."""
+    with fresh_database(server_url, prefix) as url:
+        upgrade(url)
+        yield url
+
+
+def connect(url: str):
+    """A psycopg2 connection to ``url`` (any form: TCP, socket, Heroku's ``postgres://``)."""
+    return _connect_admin(make_url(normalize_database_url(url)))
 
 
 def wait_until(fn, timeout=20.0, what="condition", interval=0.05):

@@ -1,4 +1,4 @@
-"""The A2A v1.0 binding: agent cards and ``POST /a2a/agents/{handle}`` (relay/a2a.py).
+"""The A2A v1.0 binding: agent cards and ``POST /a2a/agents/{handle}`` (relay/transport/a2a.py).
 
 The caller (bearer key) is the A2A client and the handoff's sender; ``{handle}`` is the
 agent and the recipient. Every request goes through the Flask test client against the
@@ -1205,7 +1205,7 @@ def test_a2a_tasks_are_the_seed_dialects_threads(client, alice, to_bob):
     assert [m["role"] for m in to_bob.get(task["id"])["history"]] == ["ROLE_USER", "ROLE_USER"]
 
 
-# --------------------------------------------------------------------------- bad input found by review
+# --------------------------------------------------------------------------- odd input: never a 500
 
 
 def test_status_timestamp_after_the_last_instant_is_an_empty_page(to_bob):

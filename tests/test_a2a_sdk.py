@@ -1,6 +1,6 @@
 """The official ``a2a-sdk`` client, unmodified, against a live relay (gunicorn + Celery worker).
 
-Issue #8's "done when": a stock A2A v1.0 client resolves a relay agent's card, hands it
+A stock A2A v1.0 client resolves a relay agent's card, hands it
 work and follows it to completion while the recipient works through the seed dialect.
 Each test drives ``a2a.client`` over real HTTP on loopback; the recipient's side uses
 plain ``POST /a2a`` calls, as an agent on the seed dialect would.

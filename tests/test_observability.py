@@ -1,4 +1,4 @@
-"""Configuration check, request ids, metrics and log hygiene (issue 7, points 2 and 3)."""
+"""Configuration check, request ids, metrics and log hygiene."""
 
 from __future__ import annotations
 

@@ -1,22 +1,20 @@
-"""The Procfile as a Heroku-style host runs it: release, web, worker, beat (issue 7, point 1)."""
+"""The Procfile as a Heroku-style host runs it: release, web, worker, beat."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psycopg2
 import pytest
 import requests
 from honcho.environ import parse_procfile
-from sqlalchemy.engine import make_url
 
 from relay.ops.embedded import free_port
+from tests.conftest import connect, fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
@@ -24,30 +22,26 @@ PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
 
 @pytest.fixture
 def heroku_env(server_urls, tmp_path):
-    """An empty database named by a Heroku-style ``postgres://`` URL, dropped afterwards."""
-    base = make_url(server_urls[0])
-    name = f"relay_proc_{secrets.token_hex(5)}"
-    admin = psycopg2.connect(host=base.host, port=base.port, user=base.username or "postgres", dbname="postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update(
-        {
-            "DATABASE_URL": f"postgres://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{name}",
-            "REDIS_URL": server_urls[1],
-            "RELAY_HOME": str(tmp_path),
-            "RELAY_RATE_LIMIT": "4/minute",
-            "WEB_CONCURRENCY": "1",
-            "HOST": "127.0.0.1",
-            "CELERY_CONCURRENCY": "1",
-            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        }
-    )
-    yield env
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    """An empty database named by a Heroku-style ``postgres://`` URL, dropped afterwards.
+
+    Built from the run's own servers (embedded ones when DATABASE_URL is unset): the
+    URL is the test server's with another database name and Heroku's scheme.
+    """
+    with fresh_database(server_urls[0], "relay_proc") as url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        env.update(
+            {
+                "DATABASE_URL": "postgres://" + url.split("://", 1)[1],
+                "REDIS_URL": server_urls[1],
+                "RELAY_HOME": str(tmp_path),
+                "RELAY_RATE_LIMIT": "4/minute",
+                "WEB_CONCURRENCY": "1",
+                "HOST": "127.0.0.1",
+                "CELERY_CONCURRENCY": "1",
+                "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+            }
+        )
+        yield env
 
 
 def _shell(command: str, env: dict, **kw) -> subprocess.CompletedProcess:
@@ -97,8 +91,7 @@ def test_release_migrates_an_empty_database_and_is_a_noop_the_second_time(heroku
     assert first.returncode == 0, first.stderr
     second = _shell(PROCFILE["release"], heroku_env)
     assert second.returncode == 0, second.stderr
-    url = make_url(heroku_env["DATABASE_URL"].replace("postgres://", "postgresql://"))
-    conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    conn = connect(heroku_env["DATABASE_URL"])
     with conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM alembic_version")
         assert cur.fetchone()[0] == 1
@@ -164,8 +157,7 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         assert procs[2].poll() is None and procs[3].poll() is None
         # The worker indexes the message for search.
         deadline = time.monotonic() + 30
-        url = make_url(heroku_env["DATABASE_URL"].replace("postgres://", "postgresql://"))
-        conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+        conn = connect(heroku_env["DATABASE_URL"])
         conn.autocommit = True
         indexed = False
         while time.monotonic() < deadline and not indexed:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from relay.config import ConfigError
 from relay.errors import RelayError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _effective_env() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """A2A v1.0 shapes: load schemas for its JSON-RPC params and dumps of tasks, messages, cards.
 
-The A2A binding (relay/a2a.py) translates, it does not re-decide: a ``SendMessage`` is
+The A2A binding (relay/transport/a2a.py) translates, it does not re-decide: a ``SendMessage`` is
 turned into seed 000's ``message/send`` params and loaded by ``MessageSendParams``, so
 every bound and artifact rule is the seed dialect's own. The mapping (docs/a2a.md):
 

@@ -2,7 +2,7 @@
 
 A stock A2A client (``a2a-sdk``) talks to one relay agent as if it were an A2A server:
 the caller (bearer key) is the client and sender, ``{handle}`` the agent and recipient.
-Methods are A2A's PascalCase ones over the same JSON-RPC transport (relay/jsonrpc.py)
+Methods are A2A's PascalCase ones over the same JSON-RPC transport (relay/transport/jsonrpc.py)
 and the same services as ``POST /a2a``, so blocking, idempotency (``messageId``), the
 rate limit and participant rules apply unchanged. What differs is the error shape: A2A's
 codes (-32001 TaskNotFound, -32002 TaskNotCancelable, -32004 UnsupportedOperation,

@@ -54,7 +54,7 @@ class Dialect:
 
     Every error is first built the seed's way (a code and a ``data`` object holding the
     relay's ``symbol``); ``code_for(symbol, code)`` and ``shape_data(code, data)`` let a
-    dialect answer with its own codes and ``data`` shape (A2A v1.0: relay/a2a.py).
+    dialect answer with its own codes and ``data`` shape (A2A v1.0: relay/transport/a2a.py).
     """
 
     methods: dict[str, Method]
