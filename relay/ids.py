@@ -16,22 +16,36 @@ def new_ulid() -> uuid.UUID:
     return ULID().to_uuid()
 
 
+class SentId(uuid.UUID):
+    """A UUID parsed from a caller's text, which it keeps as ``text`` so errors can echo it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: uuid.UUID, text: str):
+        super().__init__(int=value.int)
+        object.__setattr__(self, "text", text)
+
+    def __reduce__(self):
+        return (SentId, (uuid.UUID(int=self.int), self.text))
+
+
 def parse_ulid(value: object) -> uuid.UUID:
     """Parse a ULID given as 26 Crockford base32 characters or as a UUID string.
 
-    Raises ValueError with a reason when the value is neither (DESIGN.md, "Decisions").
+    Returns a SentId, which names the id as the caller wrote it (as_sent). Raises
+    ValueError with a reason when the value is neither (DESIGN.md, "Decisions").
     """
     if not isinstance(value, str):
         raise ValueError("must be a string")
     text = value.strip()
     if len(text) == 26:
         try:
-            return ULID.from_str(text.upper()).to_uuid()
+            return SentId(ULID.from_str(text.upper()).to_uuid(), text)
         except ValueError:
             raise ValueError("is not a valid ULID") from None
     if len(text) in (32, 36):
         try:
-            return uuid.UUID(text)
+            return SentId(uuid.UUID(text), text)
         except ValueError:
             raise ValueError("is not a valid UUID") from None
     raise ValueError("must be a 26-character ULID or a UUID")
@@ -40,6 +54,12 @@ def parse_ulid(value: object) -> uuid.UUID:
 def format_ulid(value: uuid.UUID) -> str:
     """Return the 26-character ULID string of a UUID-stored ULID."""
     return str(ULID.from_uuid(value))
+
+
+def as_sent(value: uuid.UUID) -> str:
+    """Name an id for an error message: as the caller sent it (a SentId), else as a ULID."""
+    text = getattr(value, "text", None)
+    return text if isinstance(text, str) else format_ulid(value)
 
 
 def iso(value: datetime | None) -> str | None:

@@ -17,23 +17,85 @@ from relay.extensions import db
 from relay.models import Agent, ApiKey
 from relay.services import unit_of_work
 
-HANDLE_RE = re.compile(r"^[a-z0-9._-]+@[a-z0-9.-]+$")
+# A handle is ``local@org`` (docs/decisions.md, "Handles"): new agents and recipients follow
+# the grammar of handle_problem; LEGACY_HANDLE_RE (also the database's handle_format check)
+# is the looser pattern of rows made before it, which are still found, listed and disabled.
+LEGACY_HANDLE_RE = re.compile(r"[a-z0-9._-]+@[a-z0-9.-]+")
+MAX_HANDLE = 320
+MAX_ORG = 255  # agents.org
+_LOCAL_RE = re.compile(r"[a-z0-9._-]+")
+_LABEL_RE = re.compile(r"[a-z0-9-]+")
+_ORG_RULE = "the org must be dot-separated labels of a-z, 0-9 and '-'"
 KEY_PREFIX = "ah_live_"
 KEY_RE = re.compile(r"^ah_live_[a-z2-7]{32}$")
 # Throttle for last_used_at: one write per key per minute at most, not one per request.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
-def normalize_handle(raw: object, field: str = "handle") -> str:
-    """Lower-case and check a handle ``local@org`` (DESIGN.md, "Identities and keys").
+def handle_problem(handle: str) -> str | None:
+    """Return the rule of the handle grammar that a lower-cased ``handle`` breaks, or None.
 
-    Raises RelayError(invalid_params) naming ``field`` when malformed.
+    ``local@org``: the local part is a-z, 0-9, '.', '_' and '-' with no leading, trailing
+    or doubled '.'; the org is dot-separated labels of a-z, 0-9 and '-', none empty and
+    none starting or ending with '-'. So ``x@org.``, ``x@.org``, ``.x@org`` ... are not
+    look-alikes of ``x@org`` but refused.
+    """
+    if len(handle) > MAX_HANDLE:
+        return f"must be at most {MAX_HANDLE} characters"
+    if handle.count("@") != 1:
+        return "must be local@org with exactly one '@'"
+    local, org = handle.split("@")
+    if not local:
+        return "the local part (before '@') is empty"
+    if not _LOCAL_RE.fullmatch(local):
+        return "the local part may hold only a-z, 0-9, '.', '_' and '-'"
+    if local.startswith(".") or local.endswith("."):
+        return "the local part must not start or end with '.'"
+    if ".." in local:
+        return "the local part must not contain '..'"
+    if not org:
+        return f"{_ORG_RULE}; the org (after '@') is empty"
+    if len(org) > MAX_ORG:
+        return f"{_ORG_RULE}; the org is longer than {MAX_ORG} characters"
+    for label in org.split("."):
+        if not label:
+            return f"{_ORG_RULE}; a label is empty"
+        if not _LABEL_RE.fullmatch(label):
+            return f"{_ORG_RULE}; label {label!r} holds another character"
+        if label.startswith("-") or label.endswith("-"):
+            return f"{_ORG_RULE}; label {label!r} starts or ends with '-'"
+    return None
+
+
+def _refused(raw: str, field: str, problem: str | None) -> RelayError:
+    shown = repr(raw) if len(raw) <= MAX_HANDLE else f"{raw[:40]!r}..."
+    return invalid(field, f"handle {shown}: {problem}")
+
+
+def normalize_handle(raw: object, field: str = "handle") -> str:
+    """Lower-case a handle used to look an agent up (DESIGN.md, "Identities and keys").
+
+    Accepts every handle an existing row may have (LEGACY_HANDLE_RE); a new agent or a
+    recipient must also pass check_handle. Raises RelayError(invalid_params) naming
+    ``field`` and the broken rule when malformed.
     """
     if not isinstance(raw, str) or not raw.strip():
         raise invalid(field, "must be a handle such as frank@acme")
     handle = raw.strip().lower()
-    if len(handle) > 320 or not HANDLE_RE.match(handle):
-        raise invalid(field, f"{raw!r} is not a handle of the form local@org ([a-z0-9._-]+@[a-z0-9.-]+)")
+    if len(handle) > MAX_HANDLE or not LEGACY_HANDLE_RE.fullmatch(handle):
+        raise _refused(raw, field, handle_problem(handle))
+    return handle
+
+
+def check_handle(raw: object, field: str = "handle") -> str:
+    """Lower-case a handle that names a new agent or a message's recipient; enforce the grammar.
+
+    Raises RelayError(invalid_params) naming ``field`` and the broken rule (handle_problem).
+    """
+    handle = normalize_handle(raw, field)
+    problem = handle_problem(handle)
+    if problem is not None:
+        raise _refused(raw, field, problem)
     return handle
 
 
@@ -78,8 +140,8 @@ def require_agent(handle: str, field: str = "handle") -> Agent:
 
 
 def create_agent(handle: str, name: str, role: str = "", label: str = "initial") -> tuple[Agent, IssuedKey]:
-    """Create an agent with its first key; raise agent_exists or invalid_params."""
-    handle = normalize_handle(handle)
+    """Create an agent with its first key; raise agent_exists or invalid_params (check_handle)."""
+    handle = check_handle(handle)
     if not name or len(name) > 200:
         raise invalid("name", "must be 1-200 characters")
     if len(role) > 200:

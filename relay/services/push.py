@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from relay import crypto
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import format_ulid
+from relay.ids import as_sent, format_ulid
 from relay.models import Agent, Event, Message, Thread, WebhookEndpoint
 from relay.services import a2a_view, threads, unit_of_work
 from relay.services.outbound import EVENT_TYPES, check_url, new_secret
@@ -119,7 +119,7 @@ def get_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -
         thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
         endpoint = session.scalar(_configs(thread.id).where(WebhookEndpoint.push_config_id == config_id))
         if endpoint is None:
-            raise RelayError("not_found", f"task {format_ulid(thread.id)} has no push notification config {config_id}")
+            raise RelayError("not_found", f"task {as_sent(task_id)} has no push notification config {config_id}")
         return config_view(endpoint)
 
 
@@ -139,7 +139,7 @@ def delete_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str
             _configs(thread.id).where(WebhookEndpoint.push_config_id == config_id).with_for_update()
         )
         if endpoint is None:
-            raise RelayError("not_found", f"task {format_ulid(thread.id)} has no push notification config {config_id}")
+            raise RelayError("not_found", f"task {as_sent(task_id)} has no push notification config {config_id}")
         session.delete(endpoint)
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import encode_cursor, format_ulid, iso, new_ulid
+from relay.ids import as_sent, encode_cursor, format_ulid, iso, new_ulid
 from relay.models import (
     RESERVED_KEY_PREFIX,
     TERMINAL_STATES,
@@ -31,7 +31,7 @@ from relay.models import (
     Thread,
 )
 from relay.services import after_commit, dispatch, idempotency, unit_of_work
-from relay.services.agents import agent_ref, get_agent, normalize_handle
+from relay.services.agents import agent_ref, check_handle, get_agent
 
 PREVIEW_CHARS = 200
 
@@ -96,7 +96,7 @@ def _load_thread(
         stmt = stmt.with_for_update(of=Thread)
     thread = session.scalar(stmt)
     if thread is None or (peer is not None and (thread.sender_id, thread.recipient_id) != (caller.id, peer.id)):
-        raise RelayError("thread_not_found", f"no thread {format_ulid(task_id)}")
+        raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")  # the id as the caller sent it
     side = _participant_role(thread, caller)
     if side is None:
         # Say nothing about the thread itself: not its state, not its participants (case C3).
@@ -182,7 +182,7 @@ def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq:
 def _create(session: Session, caller: Agent, params: dict, adopt_context: bool = False) -> dict:
     if params.get("recipient") is None:
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
-    handle = normalize_handle(params["recipient"], "recipient")
+    handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
     recipient = get_agent(handle)
     if recipient is None or recipient.disabled_at is not None:
         raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
