@@ -4,6 +4,11 @@ import os
 
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+# gevent with header, body and idle deadlines: a slow client holds a greenlet, not a
+# process (relay/transport/server.py; RELAY_HEADER_TIMEOUT, RELAY_BODY_TIMEOUT,
+# RELAY_CLIENT_IDLE_TIMEOUT).
+worker_class = "relay.transport.server.RelayWorker"
+worker_connections = int(os.environ.get("WEB_CONNECTIONS", "1000"))
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
 graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "20"))
 keepalive = 5

@@ -16,6 +16,7 @@ DEFAULTS: dict[str, str] = {
     "RELAY_ENV": "development",
     "RELAY_RATE_LIMIT": "60/minute",
     "RELAY_REST_RATE_LIMIT": "600/minute",
+    "RELAY_AUTH_FAILURE_LIMIT": "60/minute",
     "RELAY_MAX_BODY_BYTES": str(1024 * 1024),
     "RELAY_FEED_BUDGET_BYTES": str(512 * 1024),
     "RELAY_SEARCH_CONFIG": "english",
@@ -110,6 +111,8 @@ class Settings:
     log_level: str = "INFO"
     metrics_token: str = ""
     public_url: str = ""
+    auth_failure_limit: str = "60/minute"
+    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -161,6 +164,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         env=relay_env,
         rate_limit=_rate(env, "RELAY_RATE_LIMIT"),
         rest_rate_limit=_rate(env, "RELAY_REST_RATE_LIMIT"),
+        auth_failure_limit=_rate(env, "RELAY_AUTH_FAILURE_LIMIT"),
+        forwarded_allow_ips=tuple(
+            ip.strip() for ip in env.get("FORWARDED_ALLOW_IPS", "127.0.0.1").split(",") if ip.strip()
+        ),
         max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", 1024),
         feed_budget_bytes=_int(env, "RELAY_FEED_BUDGET_BYTES", 1024),
         search_config=search_config,

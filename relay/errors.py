@@ -34,6 +34,7 @@ ERRORS: dict[str, tuple[int, int]] = {
     "key_not_found": (-32016, 404),
     "not_found": (-32017, 404),
     "service_unavailable": (-32603, 503),
+    "recipient_disabled": (-32020, 409),
     # A2A v1.0 binding only (relay/transport/a2a.py answers them with A2A's own codes).
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),

@@ -170,6 +170,8 @@ def base_env(database_url, redis_url):
             "RELAY_SECRET_KEY": "test-secret",
             "RELAY_RATE_LIMIT": "100000/minute",
             "RELAY_REST_RATE_LIMIT": "100000/minute",
+            # Tests send bad keys from 127.0.0.1 on purpose; tests/test_auth_failures.py sets its own.
+            "RELAY_AUTH_FAILURE_LIMIT": "100000/minute",
             # Test receivers listen on 127.0.0.1 over plain http.
             "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
             "RELAY_WEBHOOK_ALLOW_HTTP": "1",

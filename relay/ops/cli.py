@@ -196,6 +196,17 @@ def agents_disable(handle: str) -> None:
     click.echo(f"disabled {agent.handle}")
 
 
+@agents.command("enable")
+@click.argument("handle")
+@with_app
+def agents_enable(handle: str) -> None:
+    """Re-enable a disabled agent: its keys work again and its held webhooks are sent."""
+    from relay.services.agents import enable_agent
+
+    agent, released = enable_agent(handle)
+    click.echo(f"enabled {agent.handle}; {released} held deliveries released")
+
+
 @main.group()
 def keys() -> None:
     """Manage API keys."""

@@ -162,12 +162,30 @@ def list_agents() -> list[Agent]:
 
 
 def disable_agent(handle: str) -> Agent:
-    """Disable an agent: its keys stop authenticating. Raise identity_not_found."""
+    """Disable an agent: its keys stop authenticating, deliveries to its endpoints are held,
+    and the other party of its threads can append no more (``recipient_disabled``).
+
+    Raise identity_not_found.
+    """
     with unit_of_work():
         agent = require_agent(handle)
         if agent.disabled_at is None:
             agent.disabled_at = datetime.now(UTC)
     return agent
+
+
+def enable_agent(handle: str) -> tuple[Agent, int]:
+    """Re-enable a disabled agent and release its held deliveries; return it and how many.
+
+    Raise identity_not_found.
+    """
+    from relay.services import webhooks
+
+    with unit_of_work() as session:
+        agent = require_agent(handle)
+        agent.disabled_at = None
+        released = webhooks.release_held(session, agent.id)
+    return agent, len(released)
 
 
 def create_key(handle: str, label: str = "") -> IssuedKey:

@@ -270,6 +270,14 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
         raise RelayError(
             "thread_terminal", f"the thread is {thread.state}; no more messages can be added", {"state": thread.state}
         )
+    other = thread.recipient if caller.id == thread.sender_id else thread.sender
+    if other.disabled_at is not None:
+        # Its key may have leaked: nothing more is stored for it until an operator re-enables it.
+        raise RelayError(
+            "recipient_disabled",
+            f"{other.handle} is disabled; the thread takes no new messages until it is re-enabled",
+            {"handle": other.handle},
+        )
     _serialize_feed_writes(session, thread.sender_id, thread.recipient_id)
     now = _now(session)
     thread.last_sequence_no += 1

@@ -1,10 +1,20 @@
-"""Bearer authentication shared by every route: ``Authorization: Bearer <key>``."""
+"""Bearer authentication shared by every route: ``Authorization: Bearer <key>``.
+
+Every bad key gets the same answer, "invalid API key"; the reason (missing, malformed,
+unknown, revoked, agent disabled) goes to the server log with the request id. Failed
+authentications on authenticated routes spend a budget per client address
+(``RELAY_AUTH_FAILURE_LIMIT``, default 60/minute, counted in Redis by flask-limiter's
+strategy); past it a request is refused with ``rate_limited`` before any database lookup.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 
-from flask import g, request
+from flask import current_app, g, request
+from limits import parse
 from sqlalchemy.exc import OperationalError
 
 from relay.errors import RelayError
@@ -29,11 +39,22 @@ def try_current_agent() -> Agent | None:
     cached = g.get("_relay_agent", _UNSET)
     if cached is not _UNSET:
         return cached
+    over = _over_failure_budget()
+    if over is not None:
+        g._relay_agent, g._relay_agent_handle, g._relay_auth_error = None, None, over
+        return None
     try:
         agent = agent_service.authenticate(bearer_token())
         g._relay_auth_error = None
     except RelayError as exc:
         agent = None
+        if exc.symbol == "unauthenticated":
+            log.info(
+                "authentication failed: %s",
+                exc.message,
+                extra={"request_id": g.get("request_id"), "client": client_address()},
+            )
+            exc = RelayError("unauthenticated", INVALID_KEY)
         g._relay_auth_error = exc
     except OperationalError:
         # PostgreSQL is unreachable (down, restarting): neither the caller's fault (401)
@@ -57,11 +78,78 @@ def try_current_agent() -> Agent | None:
 
 
 def current_agent() -> Agent:
-    """Return the authenticated agent or raise RelayError(unauthenticated)."""
+    """Return the authenticated agent or raise RelayError.
+
+    Raises ``unauthenticated`` ("invalid API key") for any bad key, counting one failure
+    against the client address; ``rate_limited`` (details ``retry_after``, seconds) when
+    the address is over RELAY_AUTH_FAILURE_LIMIT; ``service_unavailable`` when PostgreSQL
+    is unreachable. Only routes that need a caller call this, so public routes never count.
+    """
     agent = try_current_agent()
     if agent is None:
-        raise g._relay_auth_error
+        error = g._relay_auth_error
+        if error.symbol == "unauthenticated" and not g.get("_relay_auth_failure_counted"):
+            g._relay_auth_failure_counted = True
+            _spend_failure()
+        raise error
     return agent
+
+
+INVALID_KEY = "invalid API key"
+
+
+def client_address() -> str:
+    """The client's address: the last hop a trusted proxy (FORWARDED_ALLOW_IPS) appended, or the peer."""
+    peer = request.remote_addr or "unknown"
+    trusted = current_app.config["RELAY"].forwarded_allow_ips
+    forwarded = request.headers.get("X-Forwarded-For", "")
+    if forwarded and ("*" in trusted or peer in trusted):
+        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        if hops:
+            return hops[-1]
+    return peer
+
+
+def _failure_budget():
+    limiter = current_app.extensions.get("relay_limiter")
+    if limiter is None:
+        return None
+    prefix = current_app.config.get("RATELIMIT_KEY_PREFIX", "")
+    return (
+        limiter.limiter,
+        parse(current_app.config["RELAY"].auth_failure_limit),
+        (prefix, "authfail", client_address()),
+    )
+
+
+def _over_failure_budget() -> RelayError | None:
+    budget = _failure_budget()
+    if budget is None:
+        return None
+    strategy, item, key = budget
+    try:
+        if strategy.test(item, *key):
+            return None
+        reset = strategy.get_window_stats(item, *key).reset_time
+    except Exception:  # Redis unreachable: fail open, as the per-agent limits do
+        return None
+    retry = max(1, math.ceil(reset - time.time()))
+    return RelayError(
+        "rate_limited",
+        f"too many failed authentications from this address; retry in {retry} s",
+        {"retry_after": retry},
+    )
+
+
+def _spend_failure() -> None:
+    budget = _failure_budget()
+    if budget is None:
+        return
+    strategy, item, key = budget
+    try:
+        strategy.hit(item, *key)
+    except Exception:  # Redis unreachable: fail open
+        pass
 
 
 def rate_limit_key() -> str:
@@ -81,7 +169,4 @@ def retry_after_seconds(limit) -> int:
     ``window[0]`` is the exact reset time; ``reset_at`` is already rounded up by a
     second, and rounding it again would say 61 s for a 60 s window.
     """
-    import math
-    import time
-
     return max(1, math.ceil(limit.window[0] - time.time()))

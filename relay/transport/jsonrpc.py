@@ -291,6 +291,11 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
                 ),
                 status=exc.http_status,
             )
+        if exc.symbol == "rate_limited":  # this address spent its failed-authentication budget
+            retry = exc.details["retry_after"]
+            return _response(
+                _relay_error(dialect, _readable_id(doc), exc), status=429, headers={"Retry-After": str(retry)}
+            )
         return _response(
             _relay_error(dialect, _readable_id(doc), exc),
             status=401,

@@ -6,6 +6,7 @@ import re
 import uuid
 
 from flask import Flask, current_app, g, request
+from werkzeug.exceptions import RequestTimeout
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -27,6 +28,7 @@ def init_app(app: Flask) -> None:
 # Drain at most this much of an oversized body so the client reads our 413, not a reset.
 DRAIN_LIMIT = 64 * 1024 * 1024
 _TOO_LARGE = object()
+_TIMED_OUT = object()
 
 
 class BodyTooLarge(Exception):
@@ -37,11 +39,15 @@ def read_body() -> bytes:
     """Return the raw body (read once per request); raise BodyTooLarge past RELAY_MAX_BODY_BYTES.
 
     Read here rather than through werkzeug's MAX_CONTENT_LENGTH, which truncates a
-    chunked body (no Content-Length) silently instead of refusing it.
+    chunked body (no Content-Length) silently instead of refusing it. A body that does
+    not arrive in time (the web worker's RELAY_BODY_TIMEOUT / RELAY_CLIENT_IDLE_TIMEOUT,
+    relay.transport.server) raises werkzeug's RequestTimeout: HTTP 408.
     """
     cached = g.get("_relay_body")
     if cached is _TOO_LARGE:
         raise BodyTooLarge()
+    if cached is _TIMED_OUT:
+        raise RequestTimeout("the request body did not arrive in time")
     if cached is not None:
         return cached
     limit = current_app.config["RELAY"].max_body_bytes
@@ -51,7 +57,11 @@ def read_body() -> bytes:
         _drain(length)
         raise BodyTooLarge()
     stream = request.environ.get("wsgi.input")
-    body = b"" if stream is None else _read_up_to(stream, limit + 1 if length is None else length)
+    try:
+        body = b"" if stream is None else _read_up_to(stream, limit + 1 if length is None else length)
+    except TimeoutError:  # socket.timeout included
+        g._relay_body = _TIMED_OUT
+        raise RequestTimeout("the request body did not arrive in time") from None
     if len(body) > limit:
         g._relay_body = _TOO_LARGE
         raise BodyTooLarge()

@@ -29,7 +29,10 @@ def error_response(status: int, code: str, message: str, details=None, headers: 
 
 @bp.errorhandler(RelayError)
 def _relay_error(exc: RelayError):
-    return error_response(exc.http_status, exc.symbol, exc.message, exc.details)
+    headers = None
+    if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
+        headers = {"Retry-After": str(exc.details["retry_after"])}
+    return error_response(exc.http_status, exc.symbol, exc.message, exc.details, headers=headers)
 
 
 def rest_rate_limited(limit):

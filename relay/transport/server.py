@@ -1,0 +1,92 @@
+"""The gunicorn worker the web process runs: gevent, with bounded reads for slow clients.
+
+A sync worker spends a whole process on a client that sends its headers one byte a
+second, so two such sockets stopped the relay. Here every connection is a greenlet,
+PostgreSQL calls yield to other greenlets (psycogreen), and a connection is cut when
+
+- its request head (request line and headers) has not arrived within
+  ``RELAY_HEADER_TIMEOUT`` seconds (default 10): the socket is closed;
+- its body has not arrived within ``RELAY_BODY_TIMEOUT`` seconds (default 30) of the
+  head: the read raises ``TimeoutError`` and the app answers 408
+  (``relay.transport.requests.read_body``);
+- it sends nothing at all for ``RELAY_CLIENT_IDLE_TIMEOUT`` seconds (default 30) while
+  a read or write waits on it.
+
+Settings are read from the environment when the worker starts, like the rest of
+``gunicorn.conf.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import gevent
+from gunicorn.workers.base_async import AsyncWorker
+from gunicorn.workers.ggevent import GeventWorker
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"relay: configuration error: {name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise SystemExit(f"relay: configuration error: {name} must be positive, got {raw!r}")
+    return value
+
+
+class _DeadlineSocket:
+    """A client socket whose ``recv`` fails once the current request's body deadline passed.
+
+    Everything else is the socket's own; gunicorn's parser and body reader call ``recv``.
+    """
+
+    __slots__ = ("_sock", "deadline", "body_timeout")
+
+    def __init__(self, sock: socket.socket, body_timeout: float):
+        self._sock = sock
+        self.deadline: float | None = None
+        self.body_timeout = body_timeout
+
+    def recv(self, *args):
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"request body not received within {self.body_timeout:g} s")
+        return self._sock.recv(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+class RelayWorker(GeventWorker):
+    """gunicorn's gevent worker with per-connection header, body and idle deadlines."""
+
+    def patch(self) -> None:
+        super().patch()
+        from psycogreen.gevent import patch_psycopg
+
+        patch_psycopg()
+
+    def init_process(self) -> None:
+        self.header_timeout = _seconds("RELAY_HEADER_TIMEOUT", 10)
+        self.body_timeout = _seconds("RELAY_BODY_TIMEOUT", 30)
+        self.idle_timeout = _seconds("RELAY_CLIENT_IDLE_TIMEOUT", 30)
+        super().init_process()
+
+    def timeout_ctx(self):
+        # gunicorn wraps every request-head read in this; False: give up silently (close).
+        return gevent.Timeout(self.header_timeout, False)
+
+    def handle(self, listener, client, addr):
+        client.setblocking(1)
+        client.settimeout(self.idle_timeout)
+        AsyncWorker.handle(self, listener, _DeadlineSocket(client, self.body_timeout), addr)
+
+    def handle_request(self, listener_name, req, sock, addr):
+        sock.deadline = time.monotonic() + self.body_timeout
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        finally:
+            sock.deadline = None
