@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
+
 from celery import Celery, Task
+from celery.beat import PersistentScheduler
 from flask import Flask
+
+log = logging.getLogger("relay.beat")
+
+#: The periodic sweeps (task names); each logs its own line, and only when it did something.
+SWEEP_TASKS = frozenset(
+    {"workers.tasks.purge_idempotency_records", "workers.tasks.index_pending_messages", "workers.tasks.sweep_outbox"}
+)
 
 
 def celery_init_app(app: Flask) -> Celery:
@@ -33,6 +45,8 @@ def celery_init_app(app: Flask) -> Celery:
                 "interval_step": 0,
             },
             "beat_schedule": beat_schedule(),
+            # beat must start whatever --schedule (RELAY_HOME) names: see RelayScheduler.
+            "beat_scheduler": "workers:RelayScheduler",
             "include": ["workers.tasks"],
             # Keep the app's JSON log lines (with their extra fields) in worker processes too.
             "worker_hijack_root_logger": False,
@@ -42,6 +56,7 @@ def celery_init_app(app: Flask) -> Celery:
     )
     celery_app.set_default()
     app.extensions["celery"] = celery_app
+    quiet_sweep_logs()
     return celery_app
 
 
@@ -52,3 +67,73 @@ def beat_schedule() -> dict:
         "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
         "sweep-outbox": {"task": "workers.tasks.sweep_outbox", "schedule": 3.0},
     }
+
+
+class _MemorySchedule(dict):
+    """Stands in for the shelve file when it cannot be written: same calls, nothing kept."""
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RelayScheduler(PersistentScheduler):
+    """celery beat's file-backed schedule that always starts.
+
+    The Procfile puts the file in ``$RELAY_HOME``, which may not exist yet (celery's own
+    scheduler then exits with FileNotFoundError and no sweep ever runs): its folder is
+    created first. When it still cannot be written (a read-only disk, a file in the way)
+    the schedule is kept in memory, with a warning: the sweeps still run, and a restart
+    only restarts their intervals.
+    """
+
+    _in_memory = False
+
+    def _open_schedule(self):
+        if self._in_memory:
+            return _MemorySchedule()
+        return super()._open_schedule()
+
+    def setup_schedule(self) -> None:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.schedule_filename)), exist_ok=True)
+            super().setup_schedule()
+        except OSError as exc:
+            log.warning(
+                "beat: cannot write the schedule file %s (%s: %s); keeping the schedule in memory",
+                self.schedule_filename,
+                type(exc).__name__,
+                exc,
+            )
+            self._in_memory = True
+            super().setup_schedule()
+
+
+def _is_routine_sweep_line(record: logging.LogRecord) -> bool:
+    """False for celery's INFO lines about a sweep (sent, received, succeeded); True otherwise."""
+    if record.levelno > logging.INFO:
+        return True  # warnings and errors (a failed send or sweep) always pass
+    args = record.args
+    if isinstance(args, Mapping):  # the worker's "Task name[id] received" and "... succeeded in"
+        return args.get("name") not in SWEEP_TASKS
+    # beat's "Scheduler: Sending due task <entry> (<task>)", every 3 s
+    sending = isinstance(record.msg, str) and record.msg.startswith("Scheduler: Sending due task")
+    return not (sending and isinstance(args, tuple) and len(args) == 2 and args[1] in SWEEP_TASKS)
+
+
+_QUIETED = ("celery.beat", "celery.app.trace", "celery.worker.strategy")
+
+
+def quiet_sweep_logs() -> None:
+    """Drop celery's routine INFO lines about the sweeps in beat and the worker (idempotent).
+
+    Without this beat logs a line every 3 s and the worker two, even when a sweep found
+    nothing; the sweep tasks log one line themselves when they did something. Warnings
+    and errors, and the lines about every other task, are untouched.
+    """
+    for name in _QUIETED:
+        logger = logging.getLogger(name)
+        if _is_routine_sweep_line not in logger.filters:
+            logger.addFilter(_is_routine_sweep_line)

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from celery import shared_task
 
 from relay.services import dispatch, maintenance, search, webhooks
 
+# One INFO line per sweep that did something, none for an idle one (celery's own
+# per-sweep lines are filtered out: workers.quiet_sweep_logs).
+log = logging.getLogger("relay.beat")
+
 
 @shared_task(name="workers.tasks.purge_idempotency_records")
 def purge_idempotency_records() -> int:
     """Delete idempotency records past their 24 h lifetime; return how many."""
-    return maintenance.purge_expired_idempotency_records()
+    purged = maintenance.purge_expired_idempotency_records()
+    if purged:
+        log.info("idempotency sweep: %d expired records purged", purged, extra={"sweep": "purge", "purged": purged})
+    maintenance.record_sweep("purge_idempotency_records")
+    return purged
 
 
 @shared_task(name="workers.tasks.index_message", acks_late=True)
@@ -37,7 +46,11 @@ def index_pending_messages() -> int:
         done = search.index_pending()
         total += done
         if done == 0:
-            return total
+            break
+    if total:
+        log.info("index sweep: %d messages indexed", total, extra={"sweep": "index", "indexed": total})
+    maintenance.record_sweep("index_pending_messages")
+    return total
 
 
 @shared_task(name="workers.tasks.fan_out_event", acks_late=True)
@@ -71,12 +84,22 @@ def sweep_outbox() -> dict:
     This is what makes the outbox lossless: a broker outage or a killed worker delays a
     webhook until the next sweep, never loses it.
     """
+    events = webhooks.pending_events()
     fanned = 0
-    for event_id in webhooks.pending_events():
+    for event_id in events:
         for delivery_id in webhooks.fan_out(event_id):
             dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
             fanned += 1
     due = webhooks.due_deliveries()
     for delivery_id in due:
         dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
+    if events or due:
+        log.info(
+            "outbox sweep: %d events fanned out into %d deliveries, %d due deliveries enqueued",
+            len(events),
+            fanned,
+            len(due),
+            extra={"sweep": "outbox", "events": len(events), "fanned_out": fanned, "due": len(due)},
+        )
+    maintenance.record_sweep("sweep_outbox")
     return {"fanned_out": fanned, "due": len(due)}

@@ -1,4 +1,4 @@
-"""``/healthz`` (the process answers) and ``/readyz`` (PostgreSQL and Redis answer)."""
+"""``/healthz`` (the process answers) and ``/readyz`` (PostgreSQL and Redis answer; beat's last sweep)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from flask import Blueprint, current_app, jsonify
 from sqlalchemy import text
 
 from relay.extensions import db
+from relay.services import maintenance
 
 bp = Blueprint("health", __name__)
 
@@ -40,11 +41,20 @@ def _check_redis() -> str | None:
 
 @bp.get("/readyz")
 def readyz():
-    """Answer 200 when both servers answer, else 503 naming the one that failed."""
+    """Answer 200 when both servers answer, else 503 naming the one that failed.
+
+    The body also shows when beat's sweeps last ran (recorded in Redis by each sweep):
+    ``"beat": {"last_sweep": iso, "age_seconds": N, "sweeps": {name: {...}}}``, with
+    None values for a sweep that never ran, and ``"beat": null`` when Redis cannot be
+    read. A stale or never-run beat is shown, not failed: it does not change the status
+    code, because this web process still serves requests and taking it out of rotation
+    would not bring beat back. Alert on ``relay_beat_last_sweep_age_seconds`` in /metrics.
+    """
     checks = {"database": _check_database(), "redis": _check_redis()}
     failed = {name: err for name, err in checks.items() if err}
     body = {
         "status": "ok" if not failed else "unavailable",
         "checks": {name: ("ok" if err is None else f"failed: {err}") for name, err in checks.items()},
+        "beat": maintenance.beat_status() if checks["redis"] is None else None,
     }
     return jsonify(body), (503 if failed else 200)

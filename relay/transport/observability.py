@@ -3,7 +3,8 @@
 Never logged: API keys, webhook secrets, message bodies. The request line carries the
 request id, the agent's handle, the HTTP and JSON-RPC methods, the status and the
 duration. Gauges for the outbox backlog, due deliveries and unindexed messages are read
-from PostgreSQL at scrape time, so every process reports the same truth.
+from PostgreSQL at scrape time, and the age of beat's last sweeps from Redis, so every
+process reports the same truth.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class _BacklogCollector:
                 unindexed = db.session.scalar(
                     select(func.count()).select_from(Message).where(Message.search_vector.is_(None))
                 )
+                index_failed = db.session.scalar(  # unindexed (its partial index) and marked
+                    select(func.count())
+                    .select_from(Message)
+                    .where(Message.search_vector.is_(None), Message.index_error.is_not(None))
+                )
             except Exception:
                 db.session.rollback()
                 return
@@ -65,10 +71,35 @@ class _BacklogCollector:
             ("relay_webhook_deliveries_pending", "Webhook deliveries not yet succeeded or failed", due),
             ("relay_webhook_oldest_pending_seconds", "Age of the oldest pending webhook delivery", float(lag or 0)),
             ("relay_messages_unindexed", "Messages whose search vector is not written yet", unindexed),
+            ("relay_messages_index_failed", "Unindexed messages the indexer marked failed", index_failed),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], float(value or 0))
             yield gauge
+
+
+class _BeatCollector:
+    """``relay_beat_last_sweep_age_seconds{sweep}``: seconds since each beat sweep last ran.
+
+    Read from Redis at scrape time (relay.services.maintenance.beat_status); a sweep that
+    never ran has no sample, and nothing is reported while Redis cannot be read.
+    """
+
+    def __init__(self, app: Flask):
+        self.app = app
+
+    def collect(self):
+        from relay.services.maintenance import beat_status
+
+        with self.app.app_context():
+            status = beat_status()
+        gauge = GaugeMetricFamily(
+            "relay_beat_last_sweep_age_seconds", "Seconds since the beat sweep last finished", labels=["sweep"]
+        )
+        for name, sweep in ((status or {}).get("sweeps") or {}).items():
+            if sweep["age_seconds"] is not None:
+                gauge.add_metric([name], float(sweep["age_seconds"]))
+        yield gauge
 
 
 bp = Blueprint("observability", __name__)
@@ -97,6 +128,7 @@ def init_app(app: Flask) -> None:
         for collector in (REQUESTS, LATENCY, RPC_CALLS, WEBHOOK_ATTEMPTS):
             registry.register(collector)
     registry.register(_BacklogCollector(app))
+    registry.register(_BeatCollector(app))
     app.extensions["relay_metrics_registry"] = registry
     app.register_blueprint(bp)
 
