@@ -5,19 +5,46 @@ artifacts' text (weight B) — never the thread summary. The worker writes it af
 commit; until then queries fall back to computing it on the fly for unindexed rows,
 so search never lags a write. Queries use ``websearch_to_tsquery``, so any user text
 is a valid query.
+
+The document is bounded as a whole. PostgreSQL refuses a tsvector whose lexemes and
+positions pass 1 MB (1,048,575 bytes, SQLSTATE 54000), and a body and an artifact that
+each fit can pass it together. So the text fed to ``to_tsvector`` is at most
+``MAX_DOCUMENT_CHARS`` (120,000) characters in all: the body first, then the artifacts'
+text in what is left. A character costs a vector at most 8 bytes (at most 4 bytes of
+UTF-8, in at most two tokens: a hyphenated word and its part, a URL and its host or
+path), so any document fits: at most 960,000 bytes (measured: hyphenated words of
+unique 4-byte letters ~919,000, the worst found; unique ASCII tokens 1.5-3 bytes a
+character, 180,000-360,000).
+
+Left out of the index: the body past 120,000 characters and, once the body is that
+long, all of the artifacts; a shorter body leaves the artifacts the remainder. A
+message is still stored and delivered whole; only search cannot find it by text
+past the bound.
+
+A row whose vector fails anyway (a statement error that is not about the connection)
+is marked: ``messages.index_error`` holds the SQLSTATE and first line, the cause is
+logged, ``relay_messages_index_failed`` counts it, the sweep skips it and search's
+fallback leaves it out (it is not found by text until ``index_error`` is cleared,
+which makes the sweep retry it). A batch the sweep cannot write in one statement is
+redone row by row, each under a savepoint, so one row never holds up the others.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from flask import current_app
 from sqlalchemy import String, and_, cast, func, literal, or_, select, text, update
 from sqlalchemy.dialects.postgresql import REGCONFIG
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from relay.models import Message
 from relay.services import unit_of_work
+
+log = logging.getLogger("relay.services.search")
 
 # Text of every artifact field but its type tag: paths, commands, titles, urls, names, diffs.
 # PostgreSQL's parser keeps "src/api/users.py" or a URL as one token, so path-like fields
@@ -31,8 +58,41 @@ _ARTIFACT_TEXT = text(
     "jsonb_each_text(CASE WHEN jsonb_typeof(a.elem) = 'object' THEN a.elem ELSE '{}'::jsonb END) AS kv "
     "WHERE kv.key <> 'type'), '')"
 )
-# to_tsvector refuses documents over 1 MB of lexemes; bound the input instead of failing.
-MAX_DOCUMENT_CHARS = 500_000
+# The whole document's bound, in characters (body first, then artifacts): see the docstring.
+MAX_DOCUMENT_CHARS = 120_000
+
+# SQLSTATE classes that are about the connection or the server, not the statement:
+# 08 connection exception, 53 insufficient resources, 57P operator intervention
+# (shutdown, crash, cannot connect now, database dropped).
+_CONNECTION_SQLSTATES = ("08", "53", "57P")
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True if ``exc`` means the database could not be reached or used, not that a statement was wrong.
+
+    That is: SQLAlchemy invalidated the connection (a disconnect), or the driver's error
+    has a connection-level SQLSTATE (class 08, 53 or 57P), or it is an OperationalError
+    with no SQLSTATE at all (refused, reset, timed out before the server answered).
+    """
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    code = getattr(exc.orig, "pgcode", None)
+    if code is None:
+        return isinstance(exc, OperationalError)
+    return code.startswith(_CONNECTION_SQLSTATES)
+
+
+def error_cause(exc: BaseException) -> tuple[str | None, str]:
+    """``(SQLSTATE or None, first line of the server's message)`` of a database error.
+
+    Never the statement or its parameters (message bodies).
+    """
+    orig = getattr(exc, "orig", None) or exc
+    message = getattr(getattr(orig, "diag", None), "message_primary", None) or str(orig)
+    lines = message.strip().splitlines()
+    return getattr(orig, "pgcode", None), lines[0][:500] if lines else type(orig).__name__
 
 
 def _config() -> ColumnElement:
@@ -40,11 +100,17 @@ def _config() -> ColumnElement:
 
 
 def document_vector() -> ColumnElement:
-    """SQL expression: the weighted tsvector of a ``messages`` row."""
+    """SQL expression: the weighted tsvector of a ``messages`` row, of at most ``MAX_DOCUMENT_CHARS`` of text.
+
+    The one definition, used by the indexer and by the fallback for unindexed rows.
+    """
     cfg = _config()
-    return func.setweight(func.to_tsvector(cfg, func.left(Message.body, MAX_DOCUMENT_CHARS)), literal("A", String)).op(
-        "||"
-    )(func.setweight(func.to_tsvector(cfg, func.left(_ARTIFACT_TEXT, MAX_DOCUMENT_CHARS)), literal("B", String)))
+    cap = MAX_DOCUMENT_CHARS  # read at call time
+    body = func.left(Message.body, cap)
+    artifacts = func.left(_ARTIFACT_TEXT, cap - func.least(func.char_length(Message.body), cap))
+    return func.setweight(func.to_tsvector(cfg, body), literal("A", String)).op("||")(
+        func.setweight(func.to_tsvector(cfg, artifacts), literal("B", String))
+    )
 
 
 def query(q: str) -> ColumnElement:
@@ -53,41 +119,91 @@ def query(q: str) -> ColumnElement:
 
 
 def matches(q: str) -> ColumnElement:
-    """Condition: the message matches ``q``, using the stored vector or, if unindexed, a fresh one."""
+    """Condition: the message matches ``q``, using the stored vector or, if unindexed (and not
+    marked failed), a fresh one."""
     tsq = query(q)
     return or_(
         Message.search_vector.op("@@")(tsq),
-        and_(Message.search_vector.is_(None), document_vector().op("@@")(tsq)),
+        and_(Message.search_vector.is_(None), Message.index_error.is_(None), document_vector().op("@@")(tsq)),
     )
 
 
-def index_message(message_id: uuid.UUID) -> bool:
-    """Write one message's ``search_vector``; return False if the message is gone."""
-    with unit_of_work() as session:
-        result = session.execute(
+def _write_vectors(session: Session, *where) -> int:
+    result = session.execute(
+        update(Message)
+        .where(*where)
+        .values(search_vector=document_vector(), index_error=None)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount or 0
+
+
+def _index_row(session: Session, message_id: uuid.UUID) -> bool:
+    """Index one row under a savepoint; mark it failed (and log why) if its statement fails."""
+    try:
+        with session.begin_nested():
+            return bool(_write_vectors(session, Message.id == message_id))
+    except DBAPIError as exc:
+        if is_connection_error(exc):
+            raise
+        code, first_line = error_cause(exc)
+        cause = f"{code or type(exc.orig).__name__}: {first_line}"
+        session.execute(
             update(Message)
             .where(Message.id == message_id)
-            .values(search_vector=document_vector())
+            .values(index_error=cause)
             .execution_options(synchronize_session=False)
         )
-    return bool(result.rowcount)
+        log.error(
+            "message %s not indexed, marked failed: %s",
+            message_id,
+            cause,
+            extra={"message_id": str(message_id), "pgcode": code},
+        )
+        return False
+
+
+def index_message(message_id: uuid.UUID) -> bool:
+    """Write one message's ``search_vector``; return False if the message is gone or was marked failed.
+
+    Only a connection-level error raises; a row that cannot be indexed is marked instead.
+    """
+    with unit_of_work() as session:
+        return _index_row(session, message_id)
 
 
 def index_pending(batch: int = 500) -> int:
-    """Index up to ``batch`` messages still lacking a vector (a lost task, a broker outage)."""
+    """Index up to ``batch`` messages still lacking a vector (a lost task, a broker outage); return how many.
+
+    Rows marked failed are skipped. One statement for the batch; if it fails (and not for
+    the connection), row by row, marking the rows that fail.
+    """
     with unit_of_work() as session:
         ids = (
-            select(Message.id)
-            .where(Message.search_vector.is_(None))
-            .order_by(Message.created_at)
-            .limit(batch)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
+            session.execute(
+                select(Message.id)
+                .where(Message.search_vector.is_(None), Message.index_error.is_(None))
+                .order_by(Message.created_at)
+                .limit(batch)
+                .with_for_update(skip_locked=True)
+            )
+            .scalars()
+            .all()
         )
-        result = session.execute(
-            update(Message)
-            .where(Message.id.in_(ids))
-            .values(search_vector=document_vector())
-            .execution_options(synchronize_session=False)
-        )
-    return result.rowcount or 0
+        if not ids:
+            return 0
+        try:
+            with session.begin_nested():
+                return _write_vectors(session, Message.id.in_(ids))
+        except DBAPIError as exc:
+            if is_connection_error(exc):
+                raise
+            code, first_line = error_cause(exc)
+            log.warning(
+                "index batch of %d failed (%s: %s); indexing row by row",
+                len(ids),
+                code,
+                first_line,
+                extra={"pgcode": code},
+            )
+        return sum(_index_row(session, message_id) for message_id in ids)

@@ -8,10 +8,11 @@ none holds a business rule.
 from __future__ import annotations
 
 from flask import Flask, g
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 
 from relay.extensions import db
+from relay.services.search import error_cause, is_connection_error
 
 
 def init_app(app: Flask) -> None:
@@ -42,7 +43,11 @@ def init_app(app: Flask) -> None:
             db.session.rollback()
         except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
             pass
-        if isinstance(exc, OperationalError):  # PostgreSQL unreachable: retryable, not a bug
+        # Only a connection-level error (a disconnect, SQLSTATE class 08/53/57P, or no SQLSTATE
+        # at all) is an outage: retryable, not a bug. psycopg2 makes other statement errors
+        # OperationalErrors too (54000 program_limit_exceeded, 57014 query_canceled, 40P01
+        # deadlock_detected): those are a 500 logged with their cause.
+        if is_connection_error(exc):
             app.logger.warning("database unavailable", extra={"request_id": g.get("request_id")})
             return rest.error_response(
                 503,
@@ -50,5 +55,16 @@ def init_app(app: Flask) -> None:
                 "the database is unavailable; retry shortly",
                 {"request_id": g.get("request_id")},
             )
+        if isinstance(exc, DBAPIError):
+            # The SQLSTATE and the server's first line only: the statement's parameters may be message text.
+            code, first_line = error_cause(exc)
+            app.logger.error(
+                "database statement failed: %s %s: %s",
+                code,
+                type(exc.orig).__name__,
+                first_line,
+                extra={"request_id": g.get("request_id"), "pgcode": code},
+            )
+            return rest.error_response(500, "internal_error", "internal error", {"request_id": g.get("request_id")})
         app.logger.exception("unhandled error")
         return rest.error_response(500, "internal_error", "internal error", {"request_id": g.get("request_id")})
