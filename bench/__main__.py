@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]``, ``python -m bench scale [--messages N]``, ``python -m bench dialects``."""
+"""``python -m bench run [--quick]``, ``scale [--messages N]``, ``dialects``, ``hostile [--duration S]``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def main() -> None:
     scale_p.add_argument("--queries", type=int, default=200)
     dialects_p = sub.add_parser("dialects", help="seed dialect vs the A2A v1.0 binding: latency per call")
     dialects_p.add_argument("--calls", type=int, default=300)
+    hostile_p = sub.add_parser("hostile", help="other clients' latency under slow sockets and oversized bad bodies")
+    hostile_p.add_argument("--duration", type=float, default=30.0, help="seconds a phase (default 30)")
+    hostile_p.add_argument("--slow", type=int, default=50, help="slow-head sockets, and as many slow-body ones")
+    hostile_p.add_argument("--hostile-agents", type=int, default=2, help="agents sending bad bodies at 60/minute")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.command == "run":
@@ -37,6 +41,13 @@ def main() -> None:
         results = {**dialects(args.calls), "commit": git_commit()}
         print_dialects(results)
         name = f"{results['date'][:10]}-{results['commit']}-dialects.json"
+    elif args.command == "hostile":
+        from bench.hostile import hostile, print_hostile
+        from bench.run import git_commit
+
+        results = {**hostile(args.duration, args.slow, args.hostile_agents), "commit": git_commit()}
+        print_hostile(results)
+        name = f"{results['date'][:10]}-{results['commit']}-hostile.json"
     else:
         from bench.scale import print_scale, scale
 

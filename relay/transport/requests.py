@@ -19,6 +19,17 @@ def init_app(app: Flask) -> None:
         supplied = request.headers.get("X-Request-Id", "")
         g.request_id = supplied if _SAFE_ID.match(supplied) else uuid.uuid4().hex
 
+    @app.before_request
+    def _read_body_first() -> None:
+        # Before authentication and before any database work: a body that trickles in
+        # must not hold a pooled PostgreSQL connection while it does (the key lookup
+        # checks one out until the request ends).
+        if request.method in ("POST", "PUT", "PATCH"):
+            try:
+                read_body()
+            except BodyTooLarge:
+                pass  # the view answers it in its own error shape, from the cached verdict
+
     @app.after_request
     def _echo_request_id(response):
         response.headers["X-Request-Id"] = g.get("request_id", "")
