@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError, OperationalError
+
 # symbol -> (JSON-RPC code, HTTP status for REST)
 ERRORS: dict[str, tuple[int, int]] = {
     "parse_error": (-32700, 400),
@@ -66,3 +68,36 @@ class RelayError(Exception):
 def invalid(field: str, reason: str) -> RelayError:
     """Return an ``invalid_params`` error naming one field and why it was refused."""
     return RelayError("invalid_params", f"{field}: {reason}", {field: [reason]})
+
+
+# SQLSTATE classes about the connection or the server, not the statement: 08 connection
+# exception, 53 insufficient resources, 57P operator intervention (shutdown, crash).
+_CONNECTION_SQLSTATES = ("08", "53", "57P")
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True if ``exc`` means the database could not be reached or used, not that a statement was wrong.
+
+    That is: SQLAlchemy invalidated the connection (a disconnect), or the driver's error
+    has a connection-level SQLSTATE (class 08, 53 or 57P), or it is an OperationalError
+    with no SQLSTATE at all (refused, reset, timed out before the server answered).
+    """
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    code = getattr(exc.orig, "pgcode", None)
+    if code is None:
+        return isinstance(exc, OperationalError)
+    return code.startswith(_CONNECTION_SQLSTATES)
+
+
+def error_cause(exc: BaseException) -> tuple[str | None, str]:
+    """``(SQLSTATE or None, first line of the server's message)`` of a database error.
+
+    Never the statement or its parameters (message bodies).
+    """
+    orig = getattr(exc, "orig", None) or exc
+    message = getattr(getattr(orig, "diag", None), "message_primary", None) or str(orig)
+    lines = message.strip().splitlines()
+    return getattr(orig, "pgcode", None), lines[0][:500] if lines else type(orig).__name__

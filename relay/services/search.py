@@ -37,10 +37,11 @@ import uuid
 from flask import current_app
 from sqlalchemy import String, and_, cast, func, literal, or_, select, text, update
 from sqlalchemy.dialects.postgresql import REGCONFIG
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from relay.errors import error_cause, is_connection_error
 from relay.models import Message
 from relay.services import unit_of_work
 
@@ -60,39 +61,6 @@ _ARTIFACT_TEXT = text(
 )
 # The whole document's bound, in characters (body first, then artifacts): see the docstring.
 MAX_DOCUMENT_CHARS = 120_000
-
-# SQLSTATE classes that are about the connection or the server, not the statement:
-# 08 connection exception, 53 insufficient resources, 57P operator intervention
-# (shutdown, crash, cannot connect now, database dropped).
-_CONNECTION_SQLSTATES = ("08", "53", "57P")
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """True if ``exc`` means the database could not be reached or used, not that a statement was wrong.
-
-    That is: SQLAlchemy invalidated the connection (a disconnect), or the driver's error
-    has a connection-level SQLSTATE (class 08, 53 or 57P), or it is an OperationalError
-    with no SQLSTATE at all (refused, reset, timed out before the server answered).
-    """
-    if not isinstance(exc, DBAPIError):
-        return False
-    if exc.connection_invalidated:
-        return True
-    code = getattr(exc.orig, "pgcode", None)
-    if code is None:
-        return isinstance(exc, OperationalError)
-    return code.startswith(_CONNECTION_SQLSTATES)
-
-
-def error_cause(exc: BaseException) -> tuple[str | None, str]:
-    """``(SQLSTATE or None, first line of the server's message)`` of a database error.
-
-    Never the statement or its parameters (message bodies).
-    """
-    orig = getattr(exc, "orig", None) or exc
-    message = getattr(getattr(orig, "diag", None), "message_primary", None) or str(orig)
-    lines = message.strip().splitlines()
-    return getattr(orig, "pgcode", None), lines[0][:500] if lines else type(orig).__name__
 
 
 def _config() -> ColumnElement:

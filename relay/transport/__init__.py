@@ -11,8 +11,8 @@ from flask import Flask, g
 from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 
+from relay.errors import error_cause, is_connection_error
 from relay.extensions import db
-from relay.services.search import error_cause, is_connection_error
 
 
 def init_app(app: Flask) -> None:

@@ -17,7 +17,7 @@ from flask import current_app, g, request
 from limits import parse
 from sqlalchemy.exc import OperationalError
 
-from relay.errors import RelayError
+from relay.errors import RelayError, is_connection_error
 from relay.models import Agent
 from relay.services import agents as agent_service
 
@@ -56,7 +56,9 @@ def try_current_agent() -> Agent | None:
             )
             exc = RelayError("unauthenticated", INVALID_KEY)
         g._relay_auth_error = exc
-    except OperationalError:
+    except OperationalError as exc:
+        if not is_connection_error(exc):
+            raise
         # PostgreSQL is unreachable (down, restarting): neither the caller's fault (401)
         # nor an internal error (500). Transports answer service_unavailable (503/-32603).
         from relay.extensions import db

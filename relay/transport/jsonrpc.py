@@ -15,9 +15,8 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g
 from marshmallow import Schema
-from sqlalchemy.exc import OperationalError
 
-from relay.errors import RelayError
+from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
@@ -229,18 +228,26 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
         answer = {"jsonrpc": "2.0", "id": id_, "result": result}
     except RelayError as exc:
         answer = _relay_error(dialect, id_, exc)
-    except OperationalError:
+    except Exception as exc:
         db.session.rollback()
-        log.exception("database unavailable", extra={"request_id": g.get("request_id")})
-        answer = _error(
-            dialect, id_, -32603, MESSAGES[-32603], {"symbol": "service_unavailable", "request_id": g.get("request_id")}
-        )
-    except Exception:
-        db.session.rollback()
+        if is_connection_error(exc):  # PostgreSQL unreachable: retryable, not a bug
+            log.warning("database unavailable", extra={"request_id": g.get("request_id")})
+            answer = _error(
+                dialect,
+                id_,
+                -32603,
+                MESSAGES[-32603],
+                {"symbol": "service_unavailable", "request_id": g.get("request_id")},
+            )
+            return _count(name, answer, has_id)
         log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
         answer = _error(
             dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")}
         )
+    return _count(name, answer, has_id)
+
+
+def _count(name: str, answer: dict, has_id: bool) -> dict | None:
     outcome = "ok" if "result" in answer else _symbol(answer["error"].get("data"))
     RPC_CALLS.labels(name, outcome).inc()
     g.setdefault("rpc_methods", []).append(name)
