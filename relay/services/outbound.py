@@ -38,23 +38,98 @@ class Target:
     address: str
 
 
-def _refused_address(ip: ipaddress._BaseAddress) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        reason = _refused_address(ip.ipv4_mapped)
-        return f"IPv4-mapped {reason}" if reason else None
-    if ip.is_loopback:
-        return "a loopback address"
-    if ip.is_link_local:
-        return "a link-local (metadata) address"
-    if ip.is_multicast:
-        return "a multicast address"
-    if ip.is_unspecified:
-        return "an unspecified address"
-    if ip.is_reserved:
+def _nets(*specs: tuple[str, str]) -> tuple[tuple[ipaddress._BaseNetwork, str], ...]:
+    return tuple((ipaddress.ip_network(net), reason) for net, reason in specs)
+
+
+_DOCUMENTATION = "a documentation address"
+
+# Special-purpose ranges (the IANA registries), first match wins. Anything not listed
+# must still be ``is_global`` and, for IPv6, global unicast (2000::/3) to be called.
+_V4_RANGES = _nets(
+    ("0.0.0.0/32", "an unspecified address"),
+    ("0.0.0.0/8", "a 'this network' address (0.0.0.0/8)"),
+    ("10.0.0.0/8", "a private address"),
+    ("100.64.0.0/10", "a shared (carrier-grade NAT) address"),
+    ("127.0.0.0/8", "a loopback address"),
+    ("169.254.0.0/16", "a link-local (metadata) address"),
+    ("172.16.0.0/12", "a private address"),
+    ("192.0.0.0/24", "an IETF protocol assignment (192.0.0.0/24)"),
+    ("192.0.2.0/24", _DOCUMENTATION),
+    ("192.88.99.0/24", "a 6to4 relay anycast address (deprecated)"),
+    ("192.168.0.0/16", "a private address"),
+    ("198.18.0.0/15", "a benchmarking address"),
+    ("198.51.100.0/24", _DOCUMENTATION),
+    ("203.0.113.0/24", _DOCUMENTATION),
+    ("224.0.0.0/4", "a multicast address"),
+    ("255.255.255.255/32", "the broadcast address"),
+    ("240.0.0.0/4", "a reserved address"),
+)
+_V6_RANGES = _nets(
+    ("::/128", "an unspecified address"),
+    ("::1/128", "a loopback address"),
+    ("100::/64", "a discard-only address"),
+    ("2001:2::/48", "a benchmarking address"),
+    ("2001:db8::/32", _DOCUMENTATION),
+    ("2001::/23", "an IETF protocol assignment (2001::/23)"),
+    ("3fff::/20", _DOCUMENTATION),
+    ("5f00::/16", "an SRv6 segment identifier (5f00::/16)"),
+    ("fc00::/7", "a unique-local address"),
+    ("fe80::/10", "a link-local address"),
+    ("fec0::/10", "a site-local address (deprecated)"),
+    ("ff00::/8", "a multicast address"),
+)
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+
+
+def _low_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address:
+    return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+
+
+def _embedded(form: str, v4: ipaddress.IPv4Address) -> str | None:
+    """The reason for an IPv6 address carrying ``v4``, if ``v4`` itself is refused."""
+    reason = _refused_address(v4)
+    return f"{form} {reason}, {v4}" if reason else None
+
+
+def _refused_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why ``ip`` may not be called, or None if it may: an allow-list of public unicast.
+
+    An IPv6 address that carries an IPv4 address (IPv4-mapped and -compatible, NAT64,
+    6to4, Teredo) is judged by the address it carries, since that is where it leads.
+    """
+    if isinstance(ip, ipaddress.IPv4Address):
+        for net, reason in _V4_RANGES:
+            if ip in net:
+                return reason
+        return None if ip.is_global else "a non-global address"
+    if ip.ipv4_mapped is not None:
+        return _embedded("IPv4-mapped", ip.ipv4_mapped)
+    if ip in _NAT64:
+        return _embedded("NAT64 of", _low_v4(ip))
+    if ip in _NAT64_LOCAL:
+        return _embedded("local-use NAT64 of", _low_v4(ip)) or "a local-use NAT64 address (64:ff9b:1::/48)"
+    if ip.sixtofour is not None and (reason := _embedded("6to4 of", ip.sixtofour)):
+        return reason
+    if ip.teredo is not None:
+        server, client = ip.teredo
+        return (
+            _embedded("Teredo with its server at", server)
+            or _embedded("Teredo with its client at", client)
+            or "a Teredo address (2001::/32)"
+        )
+    for net, reason in _V6_RANGES:
+        if ip in net:
+            return reason
+    if ip in _IPV4_COMPATIBLE:  # deprecated (RFC 4291); ::a.b.c.d means a.b.c.d to some stacks
+        v4 = _low_v4(ip)
+        return _embedded("IPv4-compatible", v4) or f"a deprecated IPv4-compatible address ({v4})"
+    if ip not in _GLOBAL_UNICAST:
         return "a reserved address"
-    if ip.is_private or not ip.is_global:
-        return "a private address"
-    return None
+    return None if ip.is_global else "a non-global address"
 
 
 def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
@@ -88,7 +163,7 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
         reason = _refused_address(ip)
         if reason and not allow_private:
             raise TargetRefused(
-                f"host {host!r} resolves to {reason} ({ip}); set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets"
+                f"host {host!r} resolves to {ip} ({reason}); set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets"
             )
         addresses.append(str(ip))
     if not addresses:

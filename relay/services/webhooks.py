@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy import and_, func, or_, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from standardwebhooks import Webhook
 
@@ -32,6 +32,7 @@ from relay.services.outbound import EVENT_TYPES, check_url, new_secret
 log = logging.getLogger("relay.webhooks")
 
 TEST_EVENT = "webhook.test"
+HELD = "held: the agent is disabled; sent when it is re-enabled"
 ROTATION_OVERLAP = timedelta(hours=24)
 MAX_ENDPOINTS_PER_AGENT = 20
 
@@ -82,6 +83,10 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
     check_url(url)
     secret = new_secret()
     with unit_of_work() as session:
+        # Lock the agent's row before counting: concurrent creates queue here, so two of
+        # them cannot both count 19 and both insert. FOR NO KEY UPDATE does not block rows
+        # being inserted that reference the agent (their foreign-key checks take KEY SHARE).
+        session.execute(select(Agent.id).where(Agent.id == agent.id).with_for_update(key_share=True))
         count = session.scalar(
             select(func.count())
             .select_from(WebhookEndpoint)
@@ -217,6 +222,7 @@ def list_deliveries(
             "status": d.status,
             "attempt_count": d.attempt_count,
             "next_attempt_at": iso(d.next_attempt_at) if d.status == "pending" else None,
+            "held": d.status == "pending" and d.next_attempt_at is None,
             "last_error": d.last_error,
             "created_at": iso(d.created_at),
             "completed_at": iso(d.completed_at),
@@ -348,9 +354,10 @@ def _claim(delivery_id: uuid.UUID) -> tuple[WebhookDelivery, WebhookEndpoint, Ev
     lease = timedelta(seconds=s.webhook_timeout + 30)
     with unit_of_work() as session:
         row = session.execute(
-            select(WebhookDelivery, WebhookEndpoint, Event)
+            select(WebhookDelivery, WebhookEndpoint, Event, Agent.disabled_at)
             .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
             .join(Event, Event.id == WebhookDelivery.event_id)
+            .join(Agent, Agent.id == WebhookEndpoint.agent_id)
             .where(
                 WebhookDelivery.id == delivery_id,
                 WebhookDelivery.status == "pending",
@@ -360,7 +367,13 @@ def _claim(delivery_id: uuid.UUID) -> tuple[WebhookDelivery, WebhookEndpoint, Ev
         ).first()
         if row is None:
             return None
-        delivery, endpoint, event = row
+        delivery, endpoint, event, agent_disabled_at = row
+        if agent_disabled_at is not None:
+            # A disabled agent's key may have leaked: send nothing, lose nothing. The delivery
+            # stays pending with no due time; enable_agent makes it due again.
+            delivery.next_attempt_at = None
+            delivery.last_error = HELD
+            return None
         if not endpoint.enabled:
             delivery.status, delivery.completed_at = "failed", func.now()
             delivery.last_error = f"endpoint disabled: {endpoint.disabled_reason or 'disabled'}"
@@ -472,3 +485,25 @@ def after_delay_retry(delivery_id: uuid.UUID, delay: float) -> None:
     """Schedule the next attempt soon when it is near; far ones are left to the beat sweep."""
     if delay <= 600:
         dispatch.enqueue_later("workers.tasks.deliver_webhook", delay, str(delivery_id))
+
+
+def release_held(session, agent_id: uuid.UUID) -> list[uuid.UUID]:
+    """Make an agent's held deliveries due now (it was re-enabled); return their ids.
+
+    Runs inside the caller's unit of work; enqueues them after its commit.
+    """
+    held = list(
+        session.scalars(
+            update(WebhookDelivery)
+            .where(
+                WebhookDelivery.status == "pending",
+                WebhookDelivery.next_attempt_at.is_(None),
+                WebhookDelivery.endpoint_id.in_(select(WebhookEndpoint.id).where(WebhookEndpoint.agent_id == agent_id)),
+            )
+            .values(next_attempt_at=func.now(), last_error=None)
+            .returning(WebhookDelivery.id)
+        )
+    )
+    for delivery_id in held:
+        after_commit(partial(dispatch.enqueue, "workers.tasks.deliver_webhook", str(delivery_id)))
+    return held
