@@ -8,18 +8,20 @@ server's (no DATABASE_URL, no REDIS_URL); each call is bounded by a timeout.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from relay.agent.cli import file_ref_artifact, split_diff
+from relay.agent.cli import OneLineUsage, file_ref_artifact, split_diff
 from relay.agent.client import RelayClient
 from tests.conftest import sql
 
@@ -277,6 +279,65 @@ def test_a_relay_error_is_one_line_with_its_symbol_and_a_hint(run, keys, symbol)
     assert line.startswith(f"error: {symbol}: ") and "(hint: " in line and hint in line, line
 
 
+def test_an_unreachable_relay_url_fails_on_its_first_attempt_with_the_hint(run):
+    # Nothing listens there: the refused connect is reported at once, not retried 4 times.
+    url = _closed_port()
+    proc = run("ah_live_" + "a" * 32, "inbox", url=url)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()  # no retry lines: there was no retry
+    assert line.startswith(f"error: connection_error: cannot reach the relay at {url} "), line
+    assert "(connection refused, 1 attempt)" in line and "is RELAY_URL right" in line, line
+
+
+class _RateLimitedRelay:
+    """An HTTP server that answers every request 429 with ``Retry-After: 0`` (so retries do not wait)."""
+
+    def __init__(self):
+        outer = self
+        self.hits = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.hits += 1
+                body = json.dumps({"error": {"code": "rate_limited", "message": "slow down"}}).encode()
+                self.send_response(429)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_each_retry_prints_one_stderr_line_before_the_error(run):
+    with _RateLimitedRelay() as relay:
+        proc = run("ah_live_" + "a" * 32, "whoami", url=relay.url)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    *retries, last = proc.stderr.splitlines()
+    assert relay.hits == 5  # the first attempt and 4 retries
+    assert len(retries) == 4, proc.stderr
+    for n, line in enumerate(retries, 1):
+        assert line.startswith(f"relay-agent: {relay.url} answered rate limited (HTTP 429); retry {n}/4 in "), line
+        assert line.endswith(" s"), line
+    assert last.startswith("error: rate_limited: ") and "(hint: " in last, last
+
+
 def test_a_usage_error_is_one_line_naming_what_is_missing(run, keys):
     proc = run(keys["alice"], "send", "bob@acme", "do it", "--intent", "propose_action", "--rationale", "why")
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
@@ -445,3 +506,39 @@ def test_file_ref_lines():
         "line_start": 10,
         "line_end": 20,
     }
+
+
+@pytest.mark.parametrize(
+    "spec, path",
+    [("C:/repo/a.py", "C:/repo/a.py"), ("src:v2/a.py", "src:v2/a.py"), ("C:\\repo\\a.py", "C:\\repo\\a.py")],
+)
+def test_file_ref_a_colon_followed_by_a_path_is_part_of_the_path(spec, path):
+    assert file_ref_artifact(spec) == {"type": "file_ref", "path": path}
+    assert file_ref_artifact(spec + ":7") == {"type": "file_ref", "path": path, "line_start": 7}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["src/x.py:abc", "src/x.py:2x", "src/x.py:3-", "src/x.py:-3", "src/x.py:", "src/x.py:1.5", "src/x.py:1-2-3"],
+)
+def test_file_ref_refuses_line_parts_that_are_not_numbers(spec):
+    with pytest.raises(OneLineUsage) as info:
+        file_ref_artifact(spec)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(f"--file-ref {spec}: ") and "START-END" in line, line
+
+
+@pytest.mark.parametrize("spec", ["src/x.py:20-10", "src/x.py:0", ":10", "   "])
+def test_file_ref_refuses_bad_ranges_and_empty_paths(spec):
+    with pytest.raises(OneLineUsage) as info:
+        file_ref_artifact(spec)
+    assert str(info.value).startswith("--file-ref"), info.value
+
+
+def test_a_non_numeric_file_ref_line_is_a_usage_error_and_nothing_is_sent(run, keys):
+    proc = run(keys["alice"], "send", "bob@acme", "look here", "--file-ref", "src/x.py:abc")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: --file-ref src/x.py:abc: ") and "PATH:START-END" in line, line
+    assert json.loads(ok(run(keys["alice"], "inbox", "--sent", "--json")))["items"] == []
+    assert "PATH[:START[-END]]" in ok(run(None, "send", "--help", url=None))

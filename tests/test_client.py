@@ -245,6 +245,14 @@ def test_429_waits_retry_after_and_sends_once(base_env, make_agent, app, relay_u
     assert sql(app, "SELECT id FROM threads") == [(ULID.from_str(sent.task_id).to_uuid(),)]
 
 
+def _close_after(request: bytes) -> bytes:
+    """The request with ``Connection: close``, so the relay closes once it has answered
+    (its gevent workers keep connections alive otherwise)."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
+
+
 class DroppingProxy:
     """A TCP proxy on 127.0.0.1 in front of the relay.
 
@@ -326,7 +334,7 @@ class DroppingProxy:
                 return
             self.forwarded += 1
             with socket.create_connection(self.upstream, timeout=30) as up:
-                up.sendall(request)
+                up.sendall(_close_after(request))
                 answer = b""
                 while chunk := up.recv(65536):  # the relay closes after its answer
                     answer += chunk
@@ -363,10 +371,13 @@ def test_5xx_is_retried_with_the_same_key(agents, app):
     )
     with DroppingProxy(agents["alice"].base_url, drop=1, fail_with=unavailable) as proxy:
         session = CountingSession()
-        alice = RelayClient(proxy.url, agents["alice"].api_key, session=session, backoff=0.05)
+        notices: list[rc.RetryNotice] = []
+        alice = RelayClient(proxy.url, agents["alice"].api_key, session=session, backoff=0.05, on_retry=notices.append)
         sent = alice.send("bob@acme", "after the outage")
         alice.close()
     assert [e["status"] for e in session.log] == [503, 200] and proxy.forwarded == 1
+    # The one retry was announced before its wait.
+    assert [(n.retry, n.retries, n.reason, n.connection) for n in notices] == [(1, 4, "HTTP 503", False)]
     assert {_key_of(r.partition(b"\r\n\r\n")[2]) for r in proxy.requests} == {sent.idempotency_key}
     assert sql(app, "SELECT count(*) FROM threads") == [(1,)]
 
@@ -386,16 +397,59 @@ def test_domain_error_is_not_retried(agents, transport):
     assert len(wanted) == 1 and info.value.attempts == 1
 
 
-def test_unreachable_relay_raises_connection_error_after_retries():
+def _closed_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:  # a port nobody listens on once closed
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def test_a_refused_connection_is_raised_on_the_first_attempt():
+    # Nothing listens at the URL (a wrong RELAY_URL, a relay that is down): no retry, no wait.
     slept: list[float] = []
-    c = RelayClient(f"http://127.0.0.1:{port}", "ah_live_" + "a" * 32, max_retries=2, backoff=0.01)
+    notices: list[rc.RetryNotice] = []
+    c = RelayClient(f"http://127.0.0.1:{_closed_port()}", "ah_live_" + "a" * 32, on_retry=notices.append)
+    c._sleep = slept.append
+    with pytest.raises(rc.RelayConnectionError) as info:
+        c.inbox()
+    assert info.value.attempts == 1 and slept == [] and notices == []
+    assert info.value.reason == "connection refused"
+    assert isinstance(info.value.__cause__, requests.ConnectionError)
+
+
+def test_a_refused_connection_is_retried_when_asked():
+    slept: list[float] = []
+    notices: list[rc.RetryNotice] = []
+    url = f"http://127.0.0.1:{_closed_port()}"
+    c = RelayClient(
+        url, "ah_live_" + "a" * 32, max_retries=2, backoff=0.01, retry_refused=True, on_retry=notices.append
+    )
     c._sleep = slept.append
     with pytest.raises(rc.RelayConnectionError) as info:
         c.inbox()
     assert info.value.attempts == 3 and len(slept) == 2
-    assert isinstance(info.value.__cause__, requests.ConnectionError)
+    assert [(n.retry, n.retries, n.reason, n.connection) for n in notices] == [
+        (1, 2, "connection refused", True),
+        (2, 2, "connection refused", True),
+    ]
+    assert [n.delay for n in notices] == slept and all(n.url == url + "/a2a" for n in notices)
+
+
+def test_a_timeout_is_retried_and_each_retry_is_announced():
+    # A listening socket that never answers: the connect completes (backlog), the read times out.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        slept: list[float] = []
+        notices: list[rc.RetryNotice] = []
+        c = RelayClient(
+            f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "ah_live_" + "a" * 32,
+            timeout=0.2,
+            max_retries=2,
+            on_retry=notices.append,
+        )
+        c._sleep = slept.append
+        with pytest.raises(rc.RelayConnectionError) as info:
+            c.inbox()
+    assert info.value.attempts == 3 and info.value.reason == "timed out"
+    assert [(n.retry, n.reason) for n in notices] == [(1, "timed out"), (2, "timed out")] and len(slept) == 2
 
 
 # --------------------------------------------------------------------------- feed (seed 004)

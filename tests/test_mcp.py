@@ -355,6 +355,57 @@ def test_field_errors_name_the_tools_own_arguments(relay_url, keys):
     run(test)
 
 
+# Arguments must have exactly the JSON type the tool's input schema gives: nothing is coerced
+# (the JSON-RPC endpoint refuses such values too). One case per kind of wrong value.
+WRONG_TYPES = {
+    "integer-given-true": ("list_inbox", {"limit": True}, "limit: must be an integer, not a boolean"),
+    "integer-given-string": ("list_inbox", {"limit": "2"}, "limit: must be an integer, not a string"),
+    "integer-given-float": ("list_inbox", {"limit": 2.0}, "limit: must be an integer, not a float"),
+    "boolean-given-string": ("list_inbox", {"sent": "yes"}, "sent: must be a boolean, not a string"),
+    "boolean-given-integer": ("list_inbox", {"sent": 1}, "sent: must be a boolean, not an integer"),
+    "other-tool-integer-given-true": (
+        "search_messages",
+        {"query": "x", "limit": True},
+        "limit: must be an integer, not a boolean",
+    ),
+    "nested-integer-given-string": (
+        "send_handoff",
+        {"recipient": "bob@acme", "text": "x", "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": "3"}]},
+        "artifacts.0.line_start: must be an integer or null, not a string",
+    ),
+    "array-given-string": ("catch_up", {"since": "2026-01-01T00:00:00Z", "seen_ids": "[]"}, "seen_ids: must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_a_wrong_json_type_is_refused_by_name_not_coerced(relay_url, keys, case):
+    tool, arguments, reason = WRONG_TYPES[case]
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice:
+            text = err(await alice.call_tool(tool, arguments))
+            assert text.startswith("invalid_params: ") and reason in text, text
+            # Refused before anything reached the relay; the session goes on.
+            assert ok(await alice.call_tool("list_inbox", {"sent": True}))["items"] == []
+
+    run(test)
+
+
+def test_string_arguments_are_taken_as_given(relay_url, keys):
+    """A string that looks like JSON ("null", "true") is a string where the schema takes one."""
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            sent = ok(
+                await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "x", "idempotency_key": "null"})
+            )
+            assert sent["idempotency_key"] == "null"
+            accepted = ok(await bob.call_tool("accept", {"task_id": sent["task_id"], "session_id": "true"}))
+            assert accepted["status"]["state"] == "accepted"
+
+    run(test)
+
+
 def test_a_bad_key_is_an_unauthenticated_tool_error(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, "ah_live_" + "a" * 32) as nobody:

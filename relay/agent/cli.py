@@ -10,6 +10,11 @@ Configuration comes from the environment: ``RELAY_URL`` (the relay's root URL) a
 Exit status: 0 success; 1 the relay answered an error or could not be reached (one
 ``error: SYMBOL: message (hint: ...)`` line on stderr); 2 a usage error; 3
 ``RELAY_URL``/``RELAY_API_KEY`` missing or malformed.
+
+A call the relay did not answer (timeout, dropped connection, HTTP 5xx or 429) is retried
+with backoff, each retry announced by one stderr line (``relay-agent: cannot reach URL
+(timed out); retry 1/4 in 0.5 s``); a refused connection (nothing listens at RELAY_URL)
+is not retried: it is reported at once.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from relay.agent.client import (
     RelayClient,
     RelayConnectionError,
     RelayError,
+    RetryNotice,
     SendResult,
     TaskSummary,
     TransitionResult,
@@ -92,6 +98,7 @@ HINTS: dict[str, str] = {
     "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
     "--rationale; other intents take none of them",
     "teammate_blocked": "the recipient has blocked you; ask its owner",
+    "recipient_disabled": "the other agent is disabled; ask the operator to re-enable it (relay agents enable)",
     "invalid_params": "fix the named field and retry",
     "payload_too_large": "send less: split the diff or link to it with --link",
     "identity_not_found": "check the handle",
@@ -109,15 +116,9 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
     symbol = exc.symbol or "error"
     message = exc.message
     if isinstance(exc, RelayConnectionError):
-        cause = exc.__cause__
-        reason = (
-            "timed out"
-            if "Timeout" in type(cause).__name__
-            else (
-                "connection refused" if "refused" in str(cause).lower() else _one_line(str(cause))[:160] or "no answer"
-            )
-        )
-        message = f"cannot reach the relay at {url or 'RELAY_URL'} ({reason}, {exc.attempts} attempts)"
+        reason = _one_line(getattr(exc, "reason", "") or "no answer")
+        attempts = f"{exc.attempts} attempt{'' if exc.attempts == 1 else 's'}"
+        message = f"cannot reach the relay at {url or 'RELAY_URL'} ({reason}, {attempts})"
         hint = "is RELAY_URL right, and is the relay up? ('curl $RELAY_URL/healthz' should answer)"
     elif isinstance(exc, RateLimited):
         wait = f"{int(exc.retry_after + 0.999)} s" if exc.retry_after is not None else "a minute"
@@ -251,7 +252,8 @@ def _print_transition(verb: str, result: TransitionResult) -> None:
 # =========================================================================== artifacts
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-_FILE_REF = re.compile(r"^(?P<path>.+?):(?P<start>\d+)(?:-(?P<end>\d+))?$")
+# What follows the last ':' of a --file-ref: LINE or START-END.
+_LINES = re.compile(r"(?P<start>[0-9]+)(?:-(?P<end>[0-9]+))?")
 
 
 def _header_path(line: str, prefix: str) -> str | None:
@@ -377,17 +379,32 @@ def diff_artifacts(stream: Any, fallback_path: str | None) -> list[dict]:
 
 
 def file_ref_artifact(spec: str) -> dict:
-    """``PATH``, ``PATH:LINE`` or ``PATH:START-END`` as a ``file_ref`` artifact."""
-    m = _FILE_REF.match(spec)
-    if not m:
-        if not spec.strip():
-            raise OneLineUsage("--file-ref: the path is empty")
+    """``PATH``, ``PATH:LINE`` or ``PATH:START-END`` as a ``file_ref`` artifact.
+
+    What follows the last ':' is the line part, and must be ``LINE`` or ``START-END``
+    (``1 <= START <= END``); ``src/x.py:abc``, ``:2x``, ``:3-`` or a bare trailing ':' are
+    refused, not stored as paths. The one exception: text after the last ':' that holds a
+    '/' or '\\' is the rest of the path (``C:/repo/x.py``, ``src:v2/x.py``), so such a path
+    takes lines after one more ':' (``C:/repo/x.py:10``).
+    """
+    if not spec.strip():
+        raise OneLineUsage("--file-ref: the path is empty")
+    path, colon, tail = spec.rpartition(":")
+    if not colon or "/" in tail or "\\" in tail:
         return {"type": "file_ref", "path": spec}
+    m = _LINES.fullmatch(tail)
+    if not m:
+        raise OneLineUsage(
+            f"--file-ref {spec}: {tail!r} after the last ':' is not a line number; "
+            "give PATH, PATH:LINE or PATH:START-END (e.g. src/a.py:10-20)"
+        )
+    if not path.strip():
+        raise OneLineUsage(f"--file-ref {spec}: the path before ':{tail}' is empty")
     start = int(m.group("start"))
     end = int(m.group("end")) if m.group("end") else start
     if start < 1 or end < start:
         raise OneLineUsage(f"--file-ref {spec}: lines must be START-END with 1 <= START <= END")
-    ref = {"type": "file_ref", "path": m.group("path"), "line_start": start}
+    ref = {"type": "file_ref", "path": path, "line_start": start}
     if m.group("end"):
         ref["line_end"] = end
     return ref
@@ -415,8 +432,11 @@ def _artifact_options(fn: Callable) -> Callable:
             "--file-ref",
             "file_refs",
             multiple=True,
-            metavar="PATH[:LINE|:START-END]",
-            help="Point at a file, optionally at a line or line range (src/a.py:10-20). Repeatable.",
+            metavar="PATH[:START[-END]]",
+            help="Point at a file, optionally at a line or line range: src/a.py, src/a.py:7 or "
+            "src/a.py:10-20. What follows the last ':' must be START or START-END (1 <= START <= END; "
+            "anything else, like src/a.py:abc, is refused) unless it contains '/' or '\\': then it is "
+            "part of the path (C:/repo/a.py, or C:/repo/a.py:7 with lines). Repeatable.",
         ),
         click.option(
             "--test-command",
@@ -469,6 +489,19 @@ def _collect_artifacts(
 _SEEN: dict[str, str] = {}
 
 
+def retry_line(url: str, notice: RetryNotice) -> str:
+    """The stderr line for one retry: a call the relay did not answer is not waited on silently."""
+    what = f"cannot reach {url} ({notice.reason})" if notice.connection else f"{url} answered {notice.reason}"
+    return f"relay-agent: {what}; retry {notice.retry}/{notice.retries} in {notice.delay:.1f} s"
+
+
+def _say_retry(url: str) -> Callable[[RetryNotice], None]:
+    def say(notice: RetryNotice) -> None:
+        click.echo(retry_line(url, notice), err=True)
+
+    return say
+
+
 def _client(ctx: click.Context) -> RelayClient:
     """The RelayClient for RELAY_URL/RELAY_API_KEY (or --url/--key); exit 3 when either is missing."""
     obj = ctx.find_root().ensure_object(dict)
@@ -486,7 +519,7 @@ def _client(ctx: click.Context) -> RelayClient:
                 f"(hint: export {' and '.join(example[m] for m in missing)}, or pass {flags})"
             )
         try:
-            obj["client"] = RelayClient(url, key)
+            obj["client"] = RelayClient(url, key, on_retry=_say_retry(url))
         except ConfigurationError as exc:
             raise ConfigMissing(str(exc)) from None
         _SEEN["url"] = url

@@ -23,8 +23,9 @@ The messages feed of seed 004 (``GET /api/v1/identities/{handle}/a2a/messages``)
 
 Errors: every failure the relay answers raises a subclass of :class:`RelayError`, one
 per error symbol (``ThreadNotFound`` for ``thread_not_found``, ...), for both
-transports. Transient failures (connection errors, timeouts, HTTP 5xx, HTTP 429) are
-retried with exponential backoff; domain errors never are. See :class:`RelayClient`.
+transports. Transient failures (dropped connections, timeouts, HTTP 5xx, HTTP 429) are
+retried with exponential backoff; a refused connection (nothing listens at the URL) and
+domain errors are not. See :class:`RelayClient`.
 
 Webhooks: :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
 """
@@ -46,6 +47,7 @@ import requests
 
 __all__ = [
     "RelayClient",
+    "RetryNotice",
     "verify_webhook",
     # results
     "AgentRef",
@@ -73,6 +75,7 @@ __all__ = [
     "Forbidden",
     "RateLimited",
     "RecipientNotFound",
+    "RecipientDisabled",
     "NotAParticipant",
     "ThreadNotFound",
     "ThreadTerminal",
@@ -229,12 +232,68 @@ def next_position(rows: Sequence[FeedRow], since: datetime | str, seen: Iterable
 
 
 class RelayConnectionError(RelayError):
-    """The relay could not be reached (connection refused or dropped, timeout) after every retry.
+    """The relay could not be reached: the connection was refused (raised at once), or it dropped
+    or timed out on every attempt.
 
-    ``symbol`` is ``connection_error``; the underlying ``requests`` exception is ``__cause__``.
+    ``symbol`` is ``connection_error``; ``reason`` says what happened in a few words
+    (``"connection refused"``, ``"timed out"``, ...); the underlying ``requests`` exception
+    is ``__cause__``.
     """
 
     default_symbol = "connection_error"
+
+    def __init__(self, message: str, *, reason: str = "no answer", **kw: Any):
+        super().__init__(message, **kw)
+        self.reason = reason
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps: ``__cause__``/``__context__``, urllib3's ``reason``, exception args."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        wrapped = [current.__cause__, current.__context__, getattr(current, "reason", None), *current.args]
+        todo += [w for w in wrapped if isinstance(w, BaseException)]
+
+
+def transport_reason(exc: BaseException) -> str:
+    """A failed connection's cause in a few words: ``"connection refused"``, ``"timed out"``, ..."""
+    causes = list(_causes(exc))
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return "connection refused"
+    if any(isinstance(c, (requests.Timeout, TimeoutError)) or "Timeout" in type(c).__name__ for c in causes):
+        return "timed out"
+    if any(type(c).__name__ in ("RemoteDisconnected", "ChunkedEncodingError", "IncompleteRead") for c in causes):
+        return "connection dropped before the answer"
+    if any(isinstance(c, ConnectionResetError) for c in causes):
+        return "connection reset"
+    if any(type(c).__name__ in ("NameResolutionError", "gaierror") for c in causes):
+        return "host name not found"
+    text = " ".join(str(exc).split())
+    return "connection refused" if "refused" in text.lower() else (text[:160] or "no answer")
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """What :class:`RelayClient` tells its ``on_retry`` callback before it sleeps and tries again.
+
+    ``retry`` is this retry's number (1 for the second attempt) out of ``retries``
+    (``max_retries``); ``delay`` the seconds it will sleep first; ``reason`` why the last
+    attempt failed (``"timed out"``, ``"HTTP 503"``, ``"rate limited (HTTP 429)"``, ...);
+    ``connection`` whether the attempt got no answer at all.
+    """
+
+    verb: str
+    url: str
+    retry: int
+    retries: int
+    delay: float
+    reason: str
+    connection: bool
 
 
 class WebhookVerificationError(RelayError):
@@ -271,6 +330,7 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     "key_not_found": (-32016, 404),
     "not_found": (-32017, 404),
     "service_unavailable": (-32603, 503),
+    "recipient_disabled": (-32020, 409),
     # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
@@ -325,6 +385,11 @@ class RateLimited(RelayError):
 _CLASSES["rate_limited"] = RateLimited
 RecipientNotFound = _error(
     "RecipientNotFound", "recipient_not_found", "-32004: no (enabled) agent has the recipient handle."
+)
+RecipientDisabled = _error(
+    "RecipientDisabled",
+    "recipient_disabled",
+    "-32020 / HTTP 409: the thread's other party is disabled; it takes no new messages until re-enabled.",
 )
 NotAParticipant = _error(
     "NotAParticipant",
@@ -767,13 +832,20 @@ class RelayClient:
             in step.
         session: a ``requests.Session`` to use (closed by :meth:`close` only if the
             client made it itself).
+        retry_refused: retry a refused connection too (default: raise it at once).
+        on_retry: called with a :class:`RetryNotice` before each retry's wait, e.g. to
+            tell a user why a call is taking long; what it raises propagates.
 
-    Retries. A call is retried when the relay could not answer it: a connection error
-    (refused, reset, or dropped before the answer), a timeout, an HTTP 5xx, a JSON-RPC
+    Retries. A call is retried when the relay could not answer it: a connection reset
+    or dropped before the answer, a timeout, an HTTP 5xx, a JSON-RPC
     ``service_unavailable`` error, or HTTP 429 (after the ``Retry-After`` seconds; a
     wait longer than ``max_retry_wait`` is not slept but raised as :class:`RateLimited`).
-    Domain errors (4xx, JSON-RPC errors other than ``service_unavailable``) are raised
-    at once. An attempt that failed in transit may still have been carried out:
+    A refused connection (nothing listens at ``base_url``: a wrong URL, or the relay is
+    down) is raised as :class:`RelayConnectionError` on the first attempt, since waiting
+    seconds for a port to open rarely helps; pass ``retry_refused=True`` to retry it
+    like the rest (say, while a relay restarts). Domain errors (4xx, JSON-RPC errors other
+    than ``service_unavailable``) are raised at once. A refused connection never reached
+    the relay; any other attempt that failed in transit may still have been carried out:
 
     * ``send``/``reply`` are safe to retry because every call carries a
       ``client_idempotency_key`` (generated unless given) that stays the same across
@@ -804,6 +876,9 @@ class RelayClient:
         max_retries: int = 4,
         backoff: float = 0.5,
         session: requests.Session | None = None,
+        *,
+        retry_refused: bool = False,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ):
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -813,6 +888,8 @@ class RelayClient:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self.retry_refused = retry_refused
+        self.on_retry = on_retry
         self._own_session = session is None
         self.session = session if session is not None else requests.Session()
         self._sleep: Callable[[float], None] = time.sleep
@@ -1268,6 +1345,12 @@ class RelayClient:
         """
         url = self.base_url + path
         attempt = 0
+
+        def wait(delay: float, reason: str, connection: bool = False) -> None:
+            if self.on_retry is not None:
+                self.on_retry(RetryNotice(verb, url, attempt, self.max_retries, delay, reason, connection))
+            self._sleep(delay)
+
         while True:
             attempt += 1
             retries_left = attempt <= self.max_retries
@@ -1284,27 +1367,30 @@ class RelayClient:
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 # ConnectionError covers refused, reset and dropped-before-answer
                 # (RemoteDisconnected); requests' pool discards that connection, so the
-                # retry opens a fresh one.
-                if not retries_left:
+                # retry opens a fresh one. A refused connect reached nothing: no retry.
+                reason = transport_reason(exc)
+                if not retries_left or (reason == "connection refused" and not self.retry_refused):
                     raise RelayConnectionError(
-                        f"{verb} {url} failed after {attempt} attempt(s): {exc}", attempts=attempt
+                        f"{verb} {url} failed after {attempt} attempt(s): {exc}", reason=reason, attempts=attempt
                     ) from exc
-                self._sleep(self._delay(attempt - 1))
+                wait(self._delay(attempt - 1), reason, connection=True)
                 continue
             if resp.status_code == 429:
-                wait = _retry_after(resp)
-                if not retries_left or (wait is not None and wait > self.max_retry_wait):
+                asked = _retry_after(resp)
+                if not retries_left or (asked is not None and asked > self.max_retry_wait):
                     return resp, attempt
                 # Retry-After is whole seconds rounded up, so sleeping it is enough; the jitter
                 # keeps clients that were refused together from returning together.
-                self._sleep(
-                    (wait if wait is not None else self._delay(attempt - 1)) + random.uniform(0, self.backoff / 4)
+                wait(
+                    (asked if asked is not None else self._delay(attempt - 1)) + random.uniform(0, self.backoff / 4),
+                    "rate limited (HTTP 429)",
                 )
                 continue
             if resp.status_code >= 500 or (retry_also is not None and retry_also(resp)):
                 if not retries_left:
                     return resp, attempt
-                self._sleep(self._delay(attempt - 1))
+                reason = f"HTTP {resp.status_code}" if resp.status_code >= 500 else "service unavailable"
+                wait(self._delay(attempt - 1), reason)
                 continue
             return resp, attempt
 

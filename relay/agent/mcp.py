@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -192,6 +193,8 @@ _HINTS: dict[str, str] = {
     "or leave it out",
     "invalid_intent_payload": "give proposed_action with intent 'propose_action', and only then",
     "teammate_blocked": "the recipient has blocked you; do not retry, tell the user",
+    "recipient_disabled": "the other agent is disabled; the thread takes no messages until the relay's "
+    "operator re-enables it; tell the user",
     "invalid_params": "fix the named argument and call again",
     "payload_too_large": "send less: shorten the text, split it over several replies or drop large artifacts",
     "identity_not_found": "no such agent is visible to you",
@@ -262,6 +265,134 @@ def validation_line(exc: ValidationError) -> str:
         f"invalid_params: {'; '.join(problems) or 'invalid arguments'} "
         "(hint: the tool's input schema says what each argument takes; fix it and call again)"
     )
+
+
+# =========================================================================== strict argument types
+
+# The JSON type names of the input schemas, as an error names them.
+_A_TYPE = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+    "null": "null",
+    "array": "an array",
+    "object": "an object",
+    "float": "a float",
+}
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type of a decoded argument; a number with a decimal point (``2.0``) is a float."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _must_be(where: str, wanted: list[str], value: Any) -> str:
+    kind = _json_kind(value)
+    return f"{where}: must be {' or '.join(_A_TYPE.get(t, t) for t in wanted)}, not {_A_TYPE.get(kind, kind)}"
+
+
+def _is_type(value: Any, json_type: str) -> bool:
+    kind = _json_kind(value)
+    return kind in ("integer", "float") if json_type == "number" else kind == json_type
+
+
+def _resolve(schema: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """``{"$ref": "#/$defs/Name"}`` -> the definition (pydantic's refs are all local)."""
+    seen = 0
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and seen < 32:
+        schema = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
+        seen += 1
+    return schema if isinstance(schema, dict) else {}
+
+
+def _types_of(schema: dict[str, Any], defs: dict[str, Any]) -> list[str]:
+    """The JSON types a schema admits, alternatives flattened; [] when it does not say."""
+    schema = _resolve(schema, defs)
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if branches:
+        types: list[str] = []
+        for branch in branches:
+            sub = _types_of(branch, defs)
+            if not sub:
+                return []
+            types += [t for t in sub if t not in types]
+        return types
+    declared = schema.get("type")
+    return [declared] if isinstance(declared, str) else list(declared or [])
+
+
+def _type_errors(value: Any, schema: Any, where: str, defs: dict[str, Any]) -> list[str]:
+    """Where ``value`` is not of the JSON type ``schema`` gives, as ``"path: must be X, not Y"`` lines.
+
+    Only types are checked here (exactly: ``true`` is no integer, ``"2"`` no integer, ``2.0``
+    no integer, ``1`` no boolean); bounds, enums and required members are left to pydantic.
+    """
+    schema = _resolve(schema, defs)
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if branches:
+        discriminator = schema.get("discriminator")
+        if isinstance(discriminator, dict) and isinstance(value, dict):
+            tag = value.get(discriminator.get("propertyName"))
+            target = discriminator.get("mapping", {}).get(tag) if isinstance(tag, str) else None
+            # An unknown tag is pydantic's to name; a known one picks the branch to check.
+            return _type_errors(value, {"$ref": target}, where, defs) if target else []
+        results = [_type_errors(value, branch, where, defs) for branch in branches]
+        if any(not errors for errors in results):
+            return []
+        # The alternative of the value's own type says what is wrong inside it.
+        for branch, errors in zip(branches, results):
+            if any(_is_type(value, t) for t in _types_of(branch, defs)):
+                return errors
+        return [_must_be(where, _types_of(schema, defs), value)]
+    declared = schema.get("type")
+    wanted = [declared] if isinstance(declared, str) else list(declared or [])
+    if wanted and not any(_is_type(value, t) for t in wanted):
+        return [_must_be(where, wanted, value)]
+    errors: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = properties.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += _type_errors(item, sub, f"{where}.{key}" if where else str(key), defs)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += _type_errors(item, schema["items"], f"{where}.{index}", defs)
+    return errors
+
+
+def argument_type_errors(arguments: dict[str, Any], input_schema: dict[str, Any]) -> list[str]:
+    """Every argument whose JSON type is not the one the tool's input schema gives, one line each."""
+    return _type_errors(arguments, input_schema, "", input_schema.get("$defs") or {})
+
+
+class _VerbatimArguments(FuncMetadata):
+    """The SDK's argument handling without its JSON-in-a-string rescue.
+
+    ``FuncMetadata.pre_parse_json`` decodes a string argument as JSON when the parameter is
+    not plainly ``str``: ``"[1]"`` became a list and ``"null"`` a None even where the schema
+    takes a string (``idempotency_key``, ``session_id``). Arguments are checked against the
+    schema's JSON types first, so each one is taken exactly as sent.
+    """
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        return dict(data)
 
 
 # =========================================================================== results
@@ -336,20 +467,44 @@ def _dump(items: list[Any] | None) -> list[dict] | None:
 
 
 class _RelayMCPServer(MCPServer):
-    """MCPServer whose argument-validation failures come back as one line, like relay errors."""
+    """MCPServer whose arguments are strict and whose validation failures come back as one line, like relay errors."""
+
+    def add_tool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        super().add_tool(fn, *args, **kwargs)
+        manager = getattr(self, "_tool_manager", None)
+        tool = manager.get_tool(kwargs.get("name") or fn.__name__) if manager is not None else None
+        if tool is not None and type(tool.fn_metadata) is FuncMetadata:
+            meta = tool.fn_metadata
+            tool.fn_metadata = _VerbatimArguments(
+                **{field: getattr(meta, field) for field in FuncMetadata.model_fields}
+            )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-        # Pydantic would drop an unknown (say, misspelled) argument, and the work it carried
-        # with it; refuse it by name instead.
-        known = {tool.name: set((tool.input_schema or {}).get("properties", {})) for tool in await self.list_tools()}
-        unknown = sorted(set(arguments or {}) - known[name]) if name in known else []
-        if unknown:
-            return _fail(
-                _one_line(
-                    f"invalid_params: unknown argument(s) {', '.join(unknown)} (hint: {name} takes "
-                    f"{', '.join(sorted(known[name]))})"
+        arguments = arguments or {}
+        schemas = {tool.name: tool.input_schema or {} for tool in await self.list_tools()}
+        schema = schemas.get(name)
+        if schema is not None:
+            # Pydantic would drop an unknown (say, misspelled) argument, and the work it carried
+            # with it; refuse it by name instead.
+            known = set(schema.get("properties", {}))
+            unknown = sorted(set(arguments) - known)
+            if unknown:
+                return _fail(
+                    _one_line(
+                        f"invalid_params: unknown argument(s) {', '.join(unknown)} (hint: {name} takes "
+                        f"{', '.join(sorted(known))})"
+                    )
                 )
-            )
+            # ... and it would coerce a wrong type (true or "2" for an integer, "yes" for a
+            # boolean): every argument must have the JSON type the schema gives, as at /a2a.
+            wrong = argument_type_errors(arguments, schema)
+            if wrong:
+                return _fail(
+                    _one_line(
+                        f"invalid_params: {'; '.join(wrong)} "
+                        "(hint: the tool's input schema says what each argument takes; fix it and call again)"
+                    )
+                )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -374,7 +529,13 @@ class _PerThreadClient:
         if client is None:
             t = self._template
             client = self._local.client = RelayClient(
-                t.base_url, t.api_key, timeout=t.timeout, max_retries=t.max_retries, backoff=t.backoff
+                t.base_url,
+                t.api_key,
+                timeout=t.timeout,
+                max_retries=t.max_retries,
+                backoff=t.backoff,
+                retry_refused=t.retry_refused,
+                on_retry=t.on_retry,
             )
         return client
 
