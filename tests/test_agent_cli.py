@@ -1,6 +1,6 @@
-"""relay-agent (relay/agent_cli.py) as a real subprocess against a live relay.
+"""relay-agent (relay/agent/cli.py) as a real subprocess against a live relay.
 
-Issue #9, part 2: an agent's CLI on the public API only. Every test runs the command
+An agent's CLI on the public API only. Every test runs the command
 the way an agent would (``python -m relay.agent.cli`` or the installed ``relay-agent``
 script) with ``RELAY_URL``/``RELAY_API_KEY`` in its environment and nothing of the
 server's (no DATABASE_URL, no REDIS_URL); each call is bounded by a timeout.

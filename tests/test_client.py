@@ -1,6 +1,6 @@
 """relay.agent.client against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
 
-Issue #9, part 1: typed results for every seed-000 method, one exception class per
+Typed results for every seed-000 method, one exception class per
 error symbol, retries that never duplicate a handoff (429 with Retry-After, a
 connection dropped after the relay committed), the seed-004 feed and its catch-up
 loop, and Standard Webhooks verification. Nothing is mocked: faults are made with a

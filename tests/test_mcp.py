@@ -1,6 +1,6 @@
 """relay-mcp against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
 
-Issue #9, part 3. The server is the installed ``relay-mcp`` console script, run as a
+The server is the installed ``relay-mcp`` console script, run as a
 subprocess, and it is driven only with the official MCP Python SDK's own client
 (``ClientSession`` over ``stdio_client`` and ``streamable_http_client``): no
 hand-written JSON-RPC. Every wait is bounded (``anyio.fail_after``); nothing asserts
