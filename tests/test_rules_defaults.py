@@ -1,0 +1,70 @@
+"""Production defaults: every documented setting and request default, exactly.
+
+``relay.config.load_settings()`` given only the two server URLs must yield the defaults
+of DESIGN.md / docs (the test fixtures override many of them, so nothing else checks
+them); the feed's ``limit`` and ``tasks/list``'s ``page.limit`` default to 50.
+"""
+
+from __future__ import annotations
+
+import pytest
+from marshmallow import ValidationError
+
+from relay.config import load_settings
+from relay.ids import parse_ulid
+from relay.schemas.handoffs import ListPage, TasksListParams
+from relay.schemas.rest import FeedQuery
+from relay.services import threads
+from relay.services.agents import get_agent
+from tests.conftest import bearer
+
+
+def test_production_defaults_from_only_the_server_urls():
+    s = load_settings({"DATABASE_URL": "postgresql://u@db.example:5432/relay", "REDIS_URL": "redis://cache:6379/0"})
+    assert s.database_url == "postgresql+psycopg2://u@db.example:5432/relay"
+    assert s.redis_url == "redis://cache:6379/0"
+    assert s.idempotency_ttl_seconds == 86400
+    assert s.rate_limit == "60/minute"
+    assert s.rest_rate_limit == "600/minute"
+    assert s.auth_failure_limit == "60/minute"
+    assert s.webhook_schedule == (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
+    assert s.webhook_timeout == 10
+    assert s.webhook_disable_after == 432000
+    assert s.max_body_bytes == 1048576
+    assert s.feed_budget_bytes == 524288
+    assert s.search_config == "english"
+    assert s.log_level == "INFO"
+    assert s.env == "development"
+    # The production-safe switches are off unless an operator turns them on.
+    assert (s.webhook_allow_private, s.webhook_allow_http) == (False, False)
+
+
+def test_request_defaults_feed_limit_50_of_100_and_tasks_list_limit_50_of_200():
+    assert FeedQuery().load({})["limit"] == 50
+    assert FeedQuery().load({"limit": "100"})["limit"] == 100
+    with pytest.raises(ValidationError) as exc:
+        FeedQuery().load({"limit": "101"})
+    assert "limit" in exc.value.messages
+
+    assert ListPage().load({})["limit"] == 50
+    assert TasksListParams().load({})["page"]["limit"] == 50
+    assert ListPage().load({"limit": 200})["limit"] == 200
+    with pytest.raises(ValidationError) as exc:
+        ListPage().load({"limit": 201})
+    assert "limit" in exc.value.messages
+
+
+def test_feed_of_60_messages_returns_50_by_default(app, client, alice, bob):
+    a_handle, a_key = alice
+    b_handle, _b_key = bob
+    text = {"message": {"parts": [{"type": "text", "text": "note"}]}}
+    with app.app_context():
+        sender = get_agent(a_handle)
+        task_id = threads.send_message(sender, {**text, "recipient": b_handle})["task_id"]
+        for _ in range(59):
+            threads.send_message(sender, {**text, "task_id": parse_ulid(task_id)})
+    resp = client.get(f"/api/v1/identities/{a_handle}/a2a/messages", headers=bearer(a_key))
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    page = resp.get_json()
+    assert len(page["items"]) == 50
+    assert page["next_cursor"] is not None

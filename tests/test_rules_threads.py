@@ -1,0 +1,96 @@
+"""Rules of the thread service that a one-line change could break with the suite green.
+
+- A transition that loses the compare-and-set answers ``state_changed`` (-32010), not
+  ``invalid_transition`` (case C5): both racers are held until each has read the thread
+  (pending, version 1), so the loser is always a compare-and-set loser.
+- A read position never moves backwards (the ``greatest()`` of the mark-read upsert).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from relay.ids import parse_ulid
+from relay.services import threads, unit_of_work
+from tests.conftest import bearer, rpc, sql
+
+
+def _call(client, key, method, params):
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
+    )
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    return resp.get_json()
+
+
+def _send(client, key, params):
+    return rpc(client, key, "message/send", {**params, "message": {"parts": [{"type": "text", "text": "hi"}]}})
+
+
+def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, bob, monkeypatch):
+    _a, a_key = alice
+    b_handle, b_key = bob
+    original_now = threads._now
+    for round_ in range(3):
+        task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
+        # transition() reads the thread, checks its state, then asks _now() just before its
+        # compare-and-set UPDATE: holding both callers there means both read pending v1.
+        both_read = threading.Barrier(2, timeout=20)
+
+        def held_now(session, _barrier=both_read):
+            _barrier.wait()
+            return original_now(session)
+
+        monkeypatch.setattr(threads, "_now", held_now)
+        calls = {
+            "cancel": lambda c: _call(c, a_key, "tasks/cancel", {"task_id": task_id}),
+            "accept": lambda c: _call(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"}),
+        }
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {name: pool.submit(call, app.test_client()) for name, call in calls.items()}
+            answers = {name: f.result(timeout=60) for name, f in futures.items()}
+        monkeypatch.setattr(threads, "_now", original_now)
+
+        winners = [name for name, a in answers.items() if "result" in a]
+        assert len(winners) == 1, answers
+        [loser] = [name for name in answers if name not in winners]
+        error = answers[loser]["error"]
+        assert (error["code"], error["data"]["symbol"]) == (-32010, "state_changed"), (round_, answers)
+        assert error["data"]["details"] == {"transition": loser}, error
+        expected = "cancelled" if winners == ["cancel"] else "accepted"
+        fresh = rpc(client, b_key, "tasks/get", {"task_id": task_id})
+        assert (fresh["status"]["state"], fresh["version"]) == (expected, 2), fresh
+
+
+def _position(app, task_id, handle):
+    rows = sql(
+        app,
+        "SELECT rp.last_read_sequence_no FROM read_positions rp JOIN agents a ON a.id = rp.agent_id"
+        " WHERE rp.thread_id = :t AND a.handle = :h",
+        t=str(parse_ulid(task_id)),
+        h=handle,
+    )
+    return [r[0] for r in rows]
+
+
+def test_read_position_never_moves_backwards(app, client, alice, bob):
+    _a, a_key = alice
+    b_handle, b_key = bob
+    task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
+    _send(client, a_key, {"task_id": task_id})
+    _send(client, a_key, {"task_id": task_id})
+    assert [m["sequence_no"] for m in rpc(client, b_key, "tasks/get", {"task_id": task_id})["messages"]] == [1, 2, 3]
+    assert _position(app, task_id, b_handle) == [3]
+
+    # A stale reader (it loaded the thread at sequence 1 and commits after the read at 3)
+    # marks through the same upsert as tasks/get.
+    with app.app_context():
+        from relay.services.agents import get_agent
+
+        reader = get_agent(b_handle)
+        with unit_of_work() as session:
+            threads._mark_read(session, parse_ulid(task_id), reader.id, 1, threads._now(session))
+    assert _position(app, task_id, b_handle) == [3]
+    inbox = rpc(client, b_key, "tasks/list", {})["items"]
+    assert [(i["task_id"], i["unread_messages"]) for i in inbox] == [(task_id, 0)]
