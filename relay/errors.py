@@ -6,9 +6,17 @@ statuses from DESIGN.md ("JSON-RPC endpoint", "REST").
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
+
+# Bounds on what one invalid_params error shows, so a bad body of a few hundred KB (a list
+# of 349,000 bad items, 90,000 unknown members) is answered in a few KB, not tens of MB.
+MAX_FIELD_ERRORS = 20  # field paths listed; the rest are only counted (``omitted``)
+MAX_FIELD_NAME = 120  # characters of one path: an unknown member's name is the caller's text
+MAX_REASONS = 5  # reasons kept for one path
+MAX_MESSAGE = 2000  # characters of an error's message
 
 # symbol -> (JSON-RPC code, HTTP status for REST)
 ERRORS: dict[str, tuple[int, int]] = {
@@ -46,13 +54,25 @@ ERRORS: dict[str, tuple[int, int]] = {
 class RelayError(Exception):
     """A domain error with a stable ``symbol``; transports map it to their own shape."""
 
-    def __init__(self, symbol: str, message: str, details: Any = None):
+    def __init__(self, symbol: str, message: str, details: Any = None, omitted: int = 0):
+        """``omitted``: field errors of an invalid_params error left out of ``details``.
+
+        An invalid_params error's field errors are capped here, wherever it was raised:
+        at most MAX_FIELD_ERRORS paths (of MAX_FIELD_NAME characters) stay in ``details``
+        and the rest are counted in ``omitted``; the message is cut to MAX_MESSAGE.
+        """
         if symbol not in ERRORS:
             raise ValueError(f"unknown error symbol {symbol!r}")
+        if symbol == "invalid_params" and isinstance(details, dict) and _needs_cap(details):
+            details, more = cap_field_errors(details)
+            omitted += more
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 1] + "…"
         super().__init__(message)
         self.symbol = symbol
         self.message = message
         self.details = details
+        self.omitted = omitted
 
     @property
     def code(self) -> int:
@@ -63,6 +83,59 @@ class RelayError(Exception):
     def http_status(self) -> int:
         """The HTTP status used by the REST transport."""
         return ERRORS[self.symbol][1]
+
+
+def _needs_cap(details: dict) -> bool:
+    return len(details) > MAX_FIELD_ERRORS or any(
+        not isinstance(k, str) or len(k) > MAX_FIELD_NAME or (isinstance(v, list) and len(v) > MAX_REASONS)
+        for k, v in details.items()
+    )
+
+
+def short_path(path: Any) -> str:
+    """A field path of at most MAX_FIELD_NAME characters (cut with "…")."""
+    text = str(path)
+    return text if len(text) <= MAX_FIELD_NAME else text[: MAX_FIELD_NAME - 1] + "…"
+
+
+def cap_field_errors(
+    errors: Mapping[str, Any] | Iterable[tuple[str, Any]], limit: int = MAX_FIELD_ERRORS
+) -> tuple[dict[str, Any], int]:
+    """Return the first ``limit`` field errors (paths shortened) and the count of the others.
+
+    ``errors`` is ``{path: [reasons]}`` or ``(path, reasons)`` pairs; reasons of one path
+    (two long paths may shorten alike) are merged up to MAX_REASONS. The count is of
+    errors not shown: further paths, and reasons past MAX_REASONS.
+    """
+    kept: dict[str, Any] = {}
+    omitted = 0
+    for path, reasons in errors.items() if isinstance(errors, Mapping) else errors:
+        key = short_path(path)
+        if not isinstance(reasons, (list, tuple)):
+            reasons = [reasons]
+        if key in kept:  # two paths shortened alike
+            room = max(MAX_REASONS - len(kept[key]), 0)
+            kept[key] = [*kept[key], *reasons[:room]]
+            omitted += max(len(reasons) - room, 0)
+        elif len(kept) < limit:
+            kept[key] = list(reasons[:MAX_REASONS])
+            omitted += max(len(reasons) - MAX_REASONS, 0)
+        else:
+            omitted += 1
+    return kept, omitted
+
+
+def invalid_fields(errors: Mapping[str, Any] | Iterable[tuple[str, Any]], omitted: int = 0) -> RelayError:
+    """An ``invalid_params`` error listing the first MAX_FIELD_ERRORS field errors, counting the rest.
+
+    The message reads ``invalid params: a.0: reason; b: reason; and 5 more``.
+    """
+    kept, more = cap_field_errors(errors)
+    omitted += more
+    summary = "; ".join(f"{path}: {' '.join(str(r) for r in reasons)}" for path, reasons in kept.items())
+    if omitted:
+        summary += f"; and {omitted} more"
+    return RelayError("invalid_params", f"invalid params: {summary}", kept, omitted=omitted)
 
 
 def invalid(field: str, reason: str) -> RelayError:

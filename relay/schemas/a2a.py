@@ -31,9 +31,9 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates_schema
 
-from relay.errors import RelayError
+from relay.errors import RelayError, invalid_fields
 from relay.ids import parse_ulid
-from relay.schemas.common import AwareDateTime, Cursor, StrictBool, load_or_invalid
+from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictBool, load_or_invalid
 from relay.schemas.handoffs import (
     ARTIFACT_SCHEMAS,
     MAX_ARTIFACTS,
@@ -50,6 +50,8 @@ RELAY_STATES = {v: k for k, v in STATES.items()}
 OTHER_STATES = ("TASK_STATE_FAILED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_REJECTED", "TASK_STATE_AUTH_REQUIRED")
 MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
+MAX_A2A_PARTS = MAX_PARTS + MAX_ARTIFACTS  # text parts plus data/url parts (artifacts)
+MAX_LIST = 64  # extensions, referenceTaskIds, acceptedOutputModes: the relay reads none of them
 KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; seed keys may not use it
 
 
@@ -106,16 +108,10 @@ class MessageIn(_A2A):
             ("ROLE_USER", "ROLE_UNSPECIFIED"), error="must be ROLE_USER: the caller's messages are the user side"
         ),
     )
-    parts = fields.List(
-        fields.Nested(Part),
-        required=True,
-        validate=validate.Length(
-            min=1, max=MAX_PARTS + MAX_ARTIFACTS, error=f"must hold 1-{MAX_PARTS + MAX_ARTIFACTS} parts"
-        ),
-    )
+    parts = BoundedList(fields.Nested(Part), required=True, min_items=1, max_items=MAX_A2A_PARTS, noun="parts")
     metadata = fields.Dict(load_default=dict)
-    extensions = fields.List(fields.String())
-    referenceTaskIds = fields.List(fields.String())
+    extensions = BoundedList(fields.String(), max_items=MAX_LIST, noun="extensions")
+    referenceTaskIds = BoundedList(fields.String(), max_items=MAX_LIST, noun="task ids")
 
 
 # Sent as HTTP header values, so visible ASCII and spaces only: a CR/LF or a non-Latin-1
@@ -155,7 +151,7 @@ class CreatePushConfigRequest(PushConfigIn):
 
 
 class SendConfiguration(_A2A):
-    acceptedOutputModes = fields.List(fields.String())
+    acceptedOutputModes = BoundedList(fields.String(), max_items=MAX_LIST, noun="media types")
     taskPushNotificationConfig = fields.Nested(PushConfigIn, load_default=None)
     historyLength = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=0))
     returnImmediately = StrictBool()
@@ -279,9 +275,7 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
     if not texts and not errors:
         errors["message.parts"] = ["must hold at least one text part (data and url parts carry artifacts)"]
     if errors:
-        raise RelayError(
-            "invalid_params", "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()), errors
-        )
+        raise invalid_fields(errors)
     return texts, artifacts, paths
 
 
@@ -333,9 +327,7 @@ def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
         )
     if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
         return exc
-    details = {a2a_path(k, parts_map): v for k, v in exc.details.items()}
-    message = "invalid params: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in details.items())
-    return RelayError("invalid_params", message, details)
+    return invalid_fields(((a2a_path(k, parts_map), v) for k, v in exc.details.items()), omitted=exc.omitted)
 
 
 def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:

@@ -7,7 +7,7 @@ import json
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from relay.models import INTENTS, RESERVED_KEY_PREFIX, THREAD_STATES
-from relay.schemas.common import AwareDateTime, Cursor, Ulid
+from relay.schemas.common import AwareDateTime, BoundedList, BoundedUrl, Cursor, StrictSchema, Ulid
 
 # Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
 MAX_PARTS = 20
@@ -20,6 +20,8 @@ MAX_URL = 2048
 MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
 MAX_LINE = 100_000_000
+MAX_TARGET_FILES = 200
+MAX_STATUS_FILTER = 20  # states in one tasks/list filter (there are 4; repeats are harmless)
 TRANSITIONS = ("accept", "complete", "cancel")
 
 
@@ -50,11 +52,7 @@ class MessageIn(Schema):
         unknown = EXCLUDE
 
     role = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
-    parts = fields.List(
-        fields.Nested(TextPart),
-        required=True,
-        validate=validate.Length(min=1, max=MAX_PARTS, error=f"must hold 1-{MAX_PARTS} parts"),
-    )
+    parts = BoundedList(fields.Nested(TextPart), required=True, min_items=1, max_items=MAX_PARTS, noun="parts")
 
     @validates_schema
     def _has_text(self, data, **kwargs):
@@ -123,12 +121,7 @@ class Link(Schema):
         unknown = INCLUDE
 
     type = fields.String(required=True)
-    url = fields.Url(
-        required=True,
-        schemes={"http", "https"},
-        require_tld=False,
-        validate=validate.Length(max=MAX_URL, error=f"must be at most {MAX_URL} characters"),
-    )
+    url = BoundedUrl(required=True, schemes={"http", "https"}, require_tld=False, max_length=MAX_URL)
     title = _text(MAX_SHORT, required=False)
 
 
@@ -177,17 +170,17 @@ class Metadata(fields.Dict):
         return value
 
 
-class ProposedAction(Schema):
+class ProposedAction(StrictSchema):
     class Meta:
         unknown = RAISE
 
     description = _text(MAX_SHORT)
-    target_files = fields.List(_text(MAX_PATH), required=True, validate=validate.Length(min=1, max=200))
+    target_files = BoundedList(_text(MAX_PATH), required=True, min_items=1, max_items=MAX_TARGET_FILES, noun="files")
     rationale = _text(MAX_SHORT)
     suggested_diff = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_DIFF))
 
 
-class MessageSendParams(Schema):
+class MessageSendParams(StrictSchema):
     """``message/send`` params (seed 000): create when ``task_id`` is null, else append."""
 
     class Meta:
@@ -202,16 +195,12 @@ class MessageSendParams(Schema):
     )
     context_id = Ulid(load_default=None, allow_none=True)
     message = fields.Nested(MessageIn, required=True)
-    artifacts = fields.List(
-        Artifact(),
-        load_default=list,
-        validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"),
-    )
+    artifacts = BoundedList(Artifact(), load_default=list, max_items=MAX_ARTIFACTS, noun="artifacts")
     proposed_action = fields.Nested(ProposedAction, load_default=None, allow_none=True)
     metadata = Metadata(load_default=dict)
 
 
-class TaskRef(Schema):
+class TaskRef(StrictSchema):
     """``{task_id}``: params of tasks/get and tasks/cancel."""
 
     class Meta:
@@ -220,7 +209,7 @@ class TaskRef(Schema):
     task_id = Ulid(required=True)
 
 
-class TasksUpdateParams(Schema):
+class TasksUpdateParams(StrictSchema):
     """``tasks/update`` params: a transition of seed 000's state machine."""
 
     class Meta:
@@ -234,20 +223,22 @@ class TasksUpdateParams(Schema):
     result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
 
 
-class ListFilter(Schema):
+class ListFilter(StrictSchema):
     class Meta:
         unknown = RAISE
 
     role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
-    status = fields.List(
+    status = BoundedList(
         fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
         load_default=None,
         allow_none=True,
+        max_items=MAX_STATUS_FILTER,
+        noun="states",
     )
     since = AwareDateTime(load_default=None, allow_none=True)
 
 
-class ListPage(Schema):
+class ListPage(StrictSchema):
     class Meta:
         unknown = RAISE
 
@@ -255,7 +246,7 @@ class ListPage(Schema):
     cursor = Cursor(load_default=None, allow_none=True)
 
 
-class TasksListParams(Schema):
+class TasksListParams(StrictSchema):
     """``tasks/list`` params: inbox (``recipient``) or sent (``sender``), keyset paging."""
 
     class Meta:

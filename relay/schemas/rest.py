@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import re
 
-from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate, validates_schema
+from marshmallow import RAISE, ValidationError, fields, pre_load, validate, validates_schema
 
 from relay.models import THREAD_STATES
-from relay.schemas.common import AwareDateTime, Cursor, StrictBool, Ulid
-from relay.schemas.handoffs import MAX_ARTIFACTS, MAX_SHORT, TRANSITIONS, Artifact, MessageIn, Metadata
+from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictBool, StrictSchema, Ulid
+from relay.schemas.handoffs import (
+    MAX_ARTIFACTS,
+    MAX_SHORT,
+    MAX_STATUS_FILTER,
+    TRANSITIONS,
+    Artifact,
+    MessageIn,
+    Metadata,
+)
 
 # "2026-07-21T18:00:00 02:00": a '+' offset that arrived unencoded in a query string.
 _PLUS_AS_SPACE = re.compile(r"^\d{4}-\d{2}-\d{2}T[\d:.]+ \d{2}:?\d{2}$")
@@ -23,7 +31,7 @@ class QueryTime(AwareDateTime):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
-class FeedQuery(Schema):
+class FeedQuery(StrictSchema):
     """Query parameters of ``GET /identities/{handle}/a2a/messages`` (seed 004)."""
 
     class Meta:
@@ -41,15 +49,17 @@ class FeedQuery(Schema):
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=100, error="must be 1-100"))
 
 
-class TaskListQuery(Schema):
+class TaskListQuery(StrictSchema):
     """Query parameters of ``GET /identities/{handle}/a2a/tasks`` (same rules as tasks/list)."""
 
     class Meta:
         unknown = RAISE
 
     role = fields.String(load_default="recipient", validate=validate.OneOf(("recipient", "sender")))
-    status = fields.List(
-        fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}"))
+    status = BoundedList(
+        fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
+        max_items=MAX_STATUS_FILTER,
+        noun="states",
     )
     since = QueryTime()
     cursor = Cursor()
@@ -63,22 +73,18 @@ class TaskListQuery(Schema):
         return data
 
 
-class ReplyBody(Schema):
+class ReplyBody(StrictSchema):
     """Body of ``POST .../tasks/{task_id}/messages``: an append (reply)."""
 
     class Meta:
         unknown = RAISE
 
     message = fields.Nested(MessageIn, required=True)
-    artifacts = fields.List(
-        Artifact(),
-        load_default=list,
-        validate=validate.Length(max=MAX_ARTIFACTS, error=f"must hold at most {MAX_ARTIFACTS} artifacts"),
-    )
+    artifacts = BoundedList(Artifact(), load_default=list, max_items=MAX_ARTIFACTS, noun="artifacts")
     metadata = Metadata(load_default=dict)
 
 
-class TransitionBody(Schema):
+class TransitionBody(StrictSchema):
     """Body of ``POST .../tasks/{task_id}/transitions``."""
 
     class Meta:
@@ -89,7 +95,7 @@ class TransitionBody(Schema):
     result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
 
 
-class KeyCreateBody(Schema):
+class KeyCreateBody(StrictSchema):
     """Body of ``POST .../keys``."""
 
     class Meta:
@@ -99,35 +105,42 @@ class KeyCreateBody(Schema):
 
 
 WEBHOOK_EVENTS = ("message.created", "task.updated")
+MAX_EVENTS = 20  # events in one webhook's list (there are 2; repeats are harmless)
 # For the OpenAPI document only: the service checks the scheme (and the target) itself.
 WEBHOOK_URL_DOC = {"format": "uri", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"}
 
 
-class WebhookCreateBody(Schema):
+class WebhookCreateBody(StrictSchema):
     """Body of ``POST .../webhooks``."""
 
     class Meta:
         unknown = RAISE
 
     url = fields.String(required=True, validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
-    events = fields.List(
+    events = BoundedList(
         fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
         load_default=None,
-        validate=validate.Length(min=1, error="must name at least one event"),
+        min_items=1,
+        max_items=MAX_EVENTS,
+        noun="events",
+        error="must name at least one event",
     )
     description = fields.String(load_default="", validate=validate.Length(max=500))
 
 
-class WebhookUpdateBody(Schema):
+class WebhookUpdateBody(StrictSchema):
     """Body of ``PATCH .../webhooks/{id}``: any of url, events, description, enabled."""
 
     class Meta:
         unknown = RAISE
 
     url = fields.String(validate=validate.Length(min=1, max=2048), metadata=WEBHOOK_URL_DOC)
-    events = fields.List(
+    events = BoundedList(
         fields.String(validate=validate.OneOf(WEBHOOK_EVENTS, error=f"must be one of {', '.join(WEBHOOK_EVENTS)}")),
-        validate=validate.Length(min=1, error="must name at least one event"),
+        min_items=1,
+        max_items=MAX_EVENTS,
+        noun="events",
+        error="must name at least one event",
     )
     description = fields.String(validate=validate.Length(max=500))
     enabled = StrictBool()
@@ -138,7 +151,7 @@ class WebhookUpdateBody(Schema):
             raise ValidationError({"body": ["must change at least one of url, events, description, enabled"]})
 
 
-class DeliveriesQuery(Schema):
+class DeliveriesQuery(StrictSchema):
     """Query of ``GET .../webhooks/{id}/deliveries``."""
 
     class Meta:

@@ -62,10 +62,16 @@ class Dialect:
 
 
 def error_data(exc: RelayError) -> dict:
-    """The seed's ``error.data`` for a relay error: its symbol, then field errors or details."""
+    """The seed's ``error.data`` for a relay error: its symbol, then field errors or details.
+
+    Field errors are capped (relay/errors.py): ``errors`` holds the first MAX_FIELD_ERRORS
+    and ``errors_omitted``, present only when some were left out, counts the rest.
+    """
     data: dict[str, Any] = {"symbol": exc.symbol}
     if exc.symbol == "invalid_params" and exc.details is not None:
         data["errors"] = exc.details
+        if getattr(exc, "omitted", 0):
+            data["errors_omitted"] = exc.omitted
     elif exc.details is not None:
         data["details"] = exc.details
     return data

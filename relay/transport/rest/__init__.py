@@ -16,9 +16,18 @@ from relay.transport.requests import BodyTooLarge, read_body
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
 
 
-def error_response(status: int, code: str, message: str, details=None, headers: dict | None = None):
-    """Return the REST error envelope with ``status``."""
-    resp = jsonify({"error": {"code": code, "message": message, "details": details}})
+def error_response(
+    status: int, code: str, message: str, details=None, headers: dict | None = None, details_omitted: int = 0
+):
+    """Return the REST error envelope with ``status``.
+
+    ``details_omitted``: field errors left out of ``details`` (relay/errors.py caps them);
+    the envelope names it only when some were.
+    """
+    error: dict[str, Any] = {"code": code, "message": message, "details": details}
+    if details_omitted:
+        error["details_omitted"] = details_omitted
+    resp = jsonify({"error": error})
     resp.status_code = status
     if status == 401:
         resp.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
@@ -32,7 +41,14 @@ def _relay_error(exc: RelayError):
     headers = None
     if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
         headers = {"Retry-After": str(exc.details["retry_after"])}
-    return error_response(exc.http_status, exc.symbol, exc.message, exc.details, headers=headers)
+    return error_response(
+        exc.http_status,
+        exc.symbol,
+        exc.message,
+        exc.details,
+        headers=headers,
+        details_omitted=getattr(exc, "omitted", 0),
+    )
 
 
 def rest_rate_limited(limit):
