@@ -1,9 +1,12 @@
 """A live relay for end-to-end tests: the Procfile's ``web`` and ``worker`` lines as subprocesses.
 
 The stack serves the test session's database (``base_env``) on a free loopback port.
-Its worker consumes the default queue of a Redis database of its own, which the
-in-process test app never uses, and no beat runs, so a live stack never touches events
-written by the in-process tests. Use it module-scoped:
+Its worker consumes the default queue of a Redis database of its own (claimed with
+:func:`claimed_redis_db`), which the in-process test app never uses, and no beat runs,
+so a live stack never touches events written by the in-process tests. A stack started
+with ``worker=False`` while another stack on the same database runs a worker shares
+that stack's broker, so the running worker takes its after-commit tasks. Use it
+module-scoped:
 
     @pytest.fixture(scope="module")
     def relay_url(base_env):
@@ -16,14 +19,17 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import redis
 import requests
 from honcho.environ import parse_procfile
 
@@ -90,36 +96,122 @@ class LiveStack:
             proc.wait(timeout=10)
 
 
-def _private_redis_db(url: str) -> str:
-    # A Redis database of its own (8-15) per stack: its worker then never takes another
-    # stack's tasks (the default queue is per database), even with two test sessions on
-    # one Redis server.
+CLAIM_KEY = "relay-tests:db-claim"
+CLAIM_TTL = 120  # seconds; renewed every CLAIM_TTL / 4 while held, so a killed run's claim lapses soon
+CLAIM_DBS = range(8, 16)
+# Compare-and-renew and compare-and-delete: only the holder's token touches the claim.
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def _db_url(url: str, number: int) -> str:
     base, _, tail = url.rpartition("/")
-    db = 8 + secrets.randbelow(8)
-    return f"{base}/{db}" if tail.isdigit() else f"{url.rstrip('/')}/{db}"
+    return f"{base}/{number}" if tail.isdigit() else f"{url.rstrip('/')}/{number}"
+
+
+def _drop_all_but_claim(client: redis.Redis) -> None:
+    for key in client.scan_iter(count=500):
+        if key != CLAIM_KEY.encode():
+            client.delete(key)
+
+
+def _keep_claimed(url: str, token: str, stop: threading.Event) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        while not stop.wait(CLAIM_TTL / 4):
+            try:
+                if not client.eval(_RENEW, 1, CLAIM_KEY, token, CLAIM_TTL):
+                    return  # lost (the server restarted?): nothing more to renew
+            except redis.RedisError:
+                pass  # try again next round; the TTL leaves three more
+    finally:
+        client.close()
+
+
+@contextmanager
+def claimed_redis_db(url: str, dbs: Iterable[int] = CLAIM_DBS) -> Iterator[str]:
+    """Claim a Redis database number on ``url``'s server for the caller alone; yield its URL.
+
+    The claim is a ``SET NX`` of :data:`CLAIM_KEY` in each of ``dbs`` in turn; the first
+    db that takes it is ours. It carries a TTL, renewed while held, so a run killed
+    before its release frees the db within :data:`CLAIM_TTL` seconds. A broker db shared
+    by two stacks would let one worker take the other's tasks, so with every db claimed
+    this raises rather than share one. Whatever is left in the db (a killed run's queues
+    and bindings) is dropped once it is ours; everything the caller wrote is dropped on
+    release, then the claim.
+    """
+    token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    taken: dict[int, str] = {}
+    for number in dbs:
+        client = redis.Redis.from_url(_db_url(url, number))
+        try:
+            if client.set(CLAIM_KEY, token, nx=True, ex=CLAIM_TTL):
+                _drop_all_but_claim(client)
+                break
+            taken[number] = (client.get(CLAIM_KEY) or b"(released meanwhile)").decode(errors="replace")
+        except redis.ResponseError:  # fewer databases configured on this server
+            taken[number] = "not configured"
+        finally:
+            client.close()
+    else:
+        raise RuntimeError(f"no Redis db free to claim on {url}; {CLAIM_KEY} held by: {taken}")
+    claimed = _db_url(url, number)
+    stop = threading.Event()
+    renewer = threading.Thread(target=_keep_claimed, args=(claimed, token, stop), daemon=True)
+    renewer.start()
+    try:
+        yield claimed
+    finally:
+        stop.set()
+        renewer.join(timeout=10)
+        client = redis.Redis.from_url(claimed)
+        try:
+            if client.get(CLAIM_KEY) == token.encode():
+                _drop_all_but_claim(client)
+                client.eval(_RELEASE, 1, CLAIM_KEY, token)
+        finally:
+            client.close()
+
+
+# Running stacks with a worker, by database URL: a worker-less stack shares its broker.
+_WORKERS: dict[str, list[str]] = {}
 
 
 @contextmanager
 def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator[str]:
-    """Run gunicorn (and a Celery worker) on ``base_env``'s servers; yield the base URL."""
-    env = {
-        **base_env,
-        "HOST": "127.0.0.1",
-        "PORT": str(free_port()),
-        "WEB_CONCURRENCY": "2",
-        "CELERY_CONCURRENCY": "2",
-        "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
-        "REDIS_URL": _private_redis_db(base_env["REDIS_URL"]),
-        **extra,
-    }
-    with tempfile.TemporaryDirectory(prefix="relay-live-") as logdir:
+    """Run gunicorn (and a Celery worker) on ``base_env``'s servers; yield the base URL.
+
+    With ``worker=False`` the stack's after-commit tasks go to the broker of the newest
+    running stack (on the same database) that has a worker, so they are still done;
+    without one it claims a broker db of its own, where nothing takes them.
+    """
+    database = base_env["DATABASE_URL"]
+    running = _WORKERS.get(database, [])
+    with ExitStack() as cleanup:
+        if "REDIS_URL" in extra:
+            broker = extra["REDIS_URL"]
+        elif not worker and running:
+            broker = running[-1]
+        else:
+            broker = cleanup.enter_context(claimed_redis_db(base_env["REDIS_URL"]))
+        env = {
+            **base_env,
+            "HOST": "127.0.0.1",
+            "PORT": str(free_port()),
+            "WEB_CONCURRENCY": "2",
+            "CELERY_CONCURRENCY": "2",
+            "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
+            **extra,
+            "REDIS_URL": broker,
+        }
+        logdir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="relay-live-"))
         env.setdefault("RELAY_HOME", logdir)
         stack = LiveStack(env, Path(logdir))
-        try:
-            stack.start("web")
-            if worker:
-                stack.start("worker")
-            stack.wait_healthy()
-            yield stack.base
-        finally:
-            stack.stop_all()
+        cleanup.callback(stack.stop_all)
+        stack.start("web")
+        if worker:
+            stack.start("worker")
+            _WORKERS.setdefault(database, []).append(broker)
+            cleanup.callback(_WORKERS[database].remove, broker)
+        stack.wait_healthy()
+        yield stack.base

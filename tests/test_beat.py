@@ -256,7 +256,7 @@ def test_metrics_report_the_age_of_each_sweep_that_ran(client, celery_app):
 
 def test_an_unreachable_redis_neither_fails_a_sweep_nor_the_reading(app, monkeypatch, caplog):
     dead = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5, socket_timeout=0.5)
-    monkeypatch.setitem(app.extensions, "relay_sweep_redis", dead)
+    monkeypatch.setitem(app.extensions, "relay_redis", dead)
     with app.app_context():
         maintenance.record_sweep("sweep_outbox")
         assert maintenance.beat_status() is None

@@ -11,15 +11,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_quick_bench_runs_and_writes_every_figure(server_urls):
+def test_quick_bench_runs_and_writes_every_figure(server_urls, tmp_path):
     env = {
         **os.environ,
         "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
         "REDIS_URL": server_urls[1],
     }
-    before = set((ROOT / "bench" / "results").glob("*-quick.json"))
+    results_dir = tmp_path / "results"  # empty and ours: never the repo's bench/results
+    results_dir.mkdir()
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--quick"],
+        [sys.executable, "-m", "bench", "run", "--quick", "--results", str(results_dir)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -27,8 +28,12 @@ def test_quick_bench_runs_and_writes_every_figure(server_urls):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    written = set((ROOT / "bench" / "results").glob("*-quick.json")) - before or before
-    results = json.loads(max(written, key=lambda p: p.stat().st_mtime).read_text())
+    written = sorted(results_dir.iterdir())
+    assert len(written) == 1 and written[0].name.endswith("-quick.json"), (
+        f"the run wrote {written}:\n{out.stdout[-2000:]}"
+    )
+    assert f"results written to {written[0]}" in out.stdout, out.stdout[-2000:]
+    results = json.loads(written[0].read_text())
     assert set(results["ceilings"]) == {"ceiling_insert", "ceiling_select"}
     for name, fig in results["paths"].items():
         assert fig["requests"] > 0, name

@@ -235,6 +235,7 @@ def test_429_waits_retry_after_and_sends_once(base_env, make_agent, app, relay_u
         before = len(session.log)
         sent = alice.send("bob@acme", "once, please")
         alice.close()
+        session.close()  # an open keep-alive connection would hold the stack's shutdown
 
     attempts = session.log[before:]
     statuses = [a["status"] for a in attempts]

