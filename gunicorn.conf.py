@@ -2,15 +2,24 @@
 
 import os
 
-bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+
+def _int(name: str, default: str) -> int:
+    raw = os.environ.get(name) or default
+    if not raw.isdigit() or int(raw) < 1:
+        # One line naming the variable, not a traceback; gunicorn stops.
+        raise SystemExit(f"relay: configuration error: {name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+bind = f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT', '8000')}"
+workers = _int("WEB_CONCURRENCY", "2")
 # gevent with header, body and idle deadlines: a slow client holds a greenlet, not a
 # process (relay/transport/server.py; RELAY_HEADER_TIMEOUT, RELAY_BODY_TIMEOUT,
 # RELAY_CLIENT_IDLE_TIMEOUT).
 worker_class = "relay.transport.server.RelayWorker"
-worker_connections = int(os.environ.get("WEB_CONNECTIONS", "1000"))
-timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
-graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "20"))
+worker_connections = _int("WEB_CONNECTIONS", "1000")
+timeout = _int("GUNICORN_TIMEOUT", "30")
+graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", "20")
 keepalive = 5
 # Behind Heroku's router (or any proxy) set FORWARDED_ALLOW_IPS='*' so X-Forwarded-* is trusted.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")

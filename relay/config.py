@@ -17,6 +17,9 @@ DEFAULTS: dict[str, str] = {
     "RELAY_RATE_LIMIT": "60/minute",
     "RELAY_REST_RATE_LIMIT": "600/minute",
     "RELAY_AUTH_FAILURE_LIMIT": "60/minute",
+    "RELAY_HEADER_TIMEOUT": "10",
+    "RELAY_BODY_TIMEOUT": "30",
+    "RELAY_CLIENT_IDLE_TIMEOUT": "30",
     "RELAY_MAX_BODY_BYTES": str(1024 * 1024),
     "RELAY_FEED_BUDGET_BYTES": str(512 * 1024),
     "RELAY_SEARCH_CONFIG": "english",
@@ -78,6 +81,18 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
     return value
 
 
+def seconds(env: Mapping[str, str], name: str) -> float:
+    """A positive number of seconds from ``env[name]`` (default from DEFAULTS); ConfigError naming it."""
+    raw = env.get(name, "") or DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
 def _rate(env: Mapping[str, str], name: str) -> str:
     from limits import parse_many
 
@@ -112,6 +127,9 @@ class Settings:
     metrics_token: str = ""
     public_url: str = ""
     auth_failure_limit: str = "60/minute"
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    client_idle_timeout: float = 30.0
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
 
     def flask_config(self) -> dict:
@@ -165,6 +183,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         rate_limit=_rate(env, "RELAY_RATE_LIMIT"),
         rest_rate_limit=_rate(env, "RELAY_REST_RATE_LIMIT"),
         auth_failure_limit=_rate(env, "RELAY_AUTH_FAILURE_LIMIT"),
+        header_timeout=seconds(env, "RELAY_HEADER_TIMEOUT"),
+        body_timeout=seconds(env, "RELAY_BODY_TIMEOUT"),
+        client_idle_timeout=seconds(env, "RELAY_CLIENT_IDLE_TIMEOUT"),
         forwarded_allow_ips=tuple(
             ip.strip() for ip in env.get("FORWARDED_ALLOW_IPS", "127.0.0.1").split(",") if ip.strip()
         ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import redis
+from flask import current_app
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -21,3 +23,12 @@ class Base(DeclarativeBase):
 
 # Services return rows after committing; keep their loaded attributes usable.
 db = SQLAlchemy(model_class=Base, session_options={"expire_on_commit": False})
+
+
+def redis_client() -> redis.Redis:
+    """The current app's Redis client for the relay's own keys (short timeouts: a request must not hang on it)."""
+    client = current_app.extensions.get("relay_redis")
+    if client is None:
+        client = redis.Redis.from_url(current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1)
+        current_app.extensions["relay_redis"] = client
+    return client

@@ -126,3 +126,23 @@ def test_the_budget_follows_the_address_a_trusted_proxy_forwarded(strict_app):
         assert client.post("/a2a", json=RPC, headers=h).status_code == 401
     assert client.post("/a2a", json=RPC, headers={**unknown, "X-Forwarded-For": "203.0.113.5"}).status_code == 429
     assert client.post("/a2a", json=RPC, headers={**unknown, "X-Forwarded-For": "203.0.113.6"}).status_code == 401
+
+
+def test_a_key_that_worked_lately_is_served_from_a_throttled_address(strict_app):
+    from relay.services.agents import create_agent
+
+    with strict_app.app_context():
+        _, issued = create_agent(f"nat{secrets.token_hex(3)}@acme", "Nat", "")
+    client = strict_app.test_client()
+    addr = {"REMOTE_ADDR": "127.0.253.4"}  # one address for many agents: a NAT, or relay up
+    assert client.post("/a2a", json=RPC, headers=bearer(issued.api_key), environ_base=addr).status_code == 200
+    unknown = {"Authorization": "Bearer ah_live_" + "e" * 32}
+    for _ in range(5):
+        client.post("/a2a", json=RPC, headers=unknown, environ_base=addr)
+    assert client.post("/a2a", json=RPC, headers=unknown, environ_base=addr).status_code == 429
+    # The neighbour whose key worked a moment ago is not locked out by the other's failures.
+    assert client.post("/a2a", json=RPC, headers=bearer(issued.api_key), environ_base=addr).status_code == 200
+    # A key never seen working waits out the budget like any other.
+    with strict_app.app_context():
+        _, fresh = create_agent(f"new{secrets.token_hex(3)}@acme", "New", "")
+    assert client.post("/a2a", json=RPC, headers=bearer(fresh.api_key), environ_base=addr).status_code == 429

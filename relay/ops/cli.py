@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -265,6 +266,16 @@ def up(port: int) -> None:
     env = dict(os.environ)
     home = embedded.relay_home(env)
     home.mkdir(parents=True, exist_ok=True)
+    # One relay up per RELAY_HOME: a second one would share the embedded servers' data
+    # and, stopping, shut down the first one's Redis and remove its relay.env.
+    lock = open(home / "relay-up.lock", "a+")  # noqa: SIM115  (held until this process exits)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _fail(
+            f"relay up is already running with its data in {home}; stop it first, "
+            "or set RELAY_HOME to another folder (and --port to another port)"
+        )
     pg = redis_client = None
     code = 1
     try:

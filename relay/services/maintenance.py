@@ -6,9 +6,9 @@ import logging
 from datetime import UTC, datetime
 
 import redis
-from flask import current_app
 from sqlalchemy import delete, func
 
+from relay.extensions import redis_client
 from relay.ids import iso
 from relay.models import IdempotencyRecord
 from relay.services import unit_of_work
@@ -31,15 +31,6 @@ def purge_expired_idempotency_records() -> int:
     return result.rowcount or 0
 
 
-def _redis() -> redis.Redis:
-    """This app's client for the sweep records (short timeouts: a health check must not hang)."""
-    client = current_app.extensions.get("relay_sweep_redis")
-    if client is None:
-        client = redis.Redis.from_url(current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1)
-        current_app.extensions["relay_sweep_redis"] = client
-    return client
-
-
 def _seconds(redis_time: tuple[int, int]) -> float:
     return redis_time[0] + redis_time[1] / 1_000_000
 
@@ -53,7 +44,7 @@ def record_sweep(name: str) -> None:
     if name not in SWEEPS:
         raise ValueError(f"unknown sweep {name!r}")
     try:
-        client = _redis()
+        client = redis_client()
         client.set(SWEEP_KEY_PREFIX + name, repr(_seconds(client.time())))
     except redis.RedisError as exc:
         log.warning("could not record the %s sweep in Redis (%s)", name, type(exc).__name__)
@@ -68,7 +59,7 @@ def beat_status() -> dict | None:
     shows as an ``age_seconds`` growing past the sweep intervals (3 s, 10 s, 1 h).
     """
     try:
-        with _redis().pipeline(transaction=False) as pipe:
+        with redis_client().pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.mget([SWEEP_KEY_PREFIX + name for name in SWEEPS])
             now_raw, stamps = pipe.execute()

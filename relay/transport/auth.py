@@ -9,15 +9,18 @@ strategy); past it a request is refused with ``rate_limited`` before any databas
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
 
+import redis
 from flask import current_app, g, request
 from limits import parse
 from sqlalchemy.exc import OperationalError
 
 from relay.errors import RelayError, is_connection_error
+from relay.extensions import redis_client
 from relay.models import Agent
 from relay.services import agents as agent_service
 
@@ -39,13 +42,15 @@ def try_current_agent() -> Agent | None:
     cached = g.get("_relay_agent", _UNSET)
     if cached is not _UNSET:
         return cached
+    token = bearer_token()
     over = _over_failure_budget()
-    if over is not None:
+    if over is not None and not _known_valid(token):
         g._relay_agent, g._relay_agent_handle, g._relay_auth_error = None, None, over
         return None
     try:
-        agent = agent_service.authenticate(bearer_token())
+        agent = agent_service.authenticate(token)
         g._relay_auth_error = None
+        _remember_valid(token)
     except RelayError as exc:
         agent = None
         if exc.symbol == "unauthenticated":
@@ -141,6 +146,44 @@ def _over_failure_budget() -> RelayError | None:
         f"too many failed authentications from this address; retry in {retry} s",
         {"retry_after": retry},
     )
+
+
+# Keys that authenticated lately, by SHA-256 digest in Redis: an address over its failure
+# budget (a NAT, a proxy, every agent of `relay up` on 127.0.0.1) still serves them, so one
+# client retrying a revoked key cannot lock its neighbours out. A key never seen before
+# waits out the budget like any other. Recorded at most once a minute per key and process.
+_VALID_FOR_SECONDS = 600
+_recorded: dict[str, float] = {}
+
+
+def _valid_key_name(token: str) -> str:
+    prefix = current_app.config.get("RATELIMIT_KEY_PREFIX", "")
+    return f"relay:{prefix}:authok:{hashlib.sha256(token.encode()).hexdigest()}"
+
+
+def _remember_valid(token: str | None) -> None:
+    if not token:
+        return
+    name = _valid_key_name(token)
+    now = time.monotonic()
+    if now - _recorded.get(name, float("-inf")) < 60:
+        return
+    if len(_recorded) > 10_000:
+        _recorded.clear()
+    try:
+        redis_client().set(name, 1, ex=_VALID_FOR_SECONDS)
+        _recorded[name] = now
+    except redis.RedisError:
+        pass
+
+
+def _known_valid(token: str | None) -> bool:
+    if not token:
+        return False
+    try:
+        return bool(redis_client().exists(_valid_key_name(token)))
+    except redis.RedisError:
+        return False
 
 
 def _spend_failure() -> None:

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 import gevent
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
+from relay.config import ConfigError, seconds
 
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
+
+def _seconds(name: str) -> float:
     try:
-        value = float(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"relay: configuration error: {name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise SystemExit(f"relay: configuration error: {name} must be positive, got {raw!r}")
-    return value
+        return seconds(os.environ, name)
+    except ConfigError as exc:
+        sys.stderr.write(f"relay: configuration error: {exc}\n")
+        # gunicorn stops the whole server (not just this worker) on exit code 3.
+        raise SystemExit(3) from None
 
 
 class _DeadlineSocket:
@@ -70,9 +71,9 @@ class RelayWorker(GeventWorker):
         patch_psycopg()
 
     def init_process(self) -> None:
-        self.header_timeout = _seconds("RELAY_HEADER_TIMEOUT", 10)
-        self.body_timeout = _seconds("RELAY_BODY_TIMEOUT", 30)
-        self.idle_timeout = _seconds("RELAY_CLIENT_IDLE_TIMEOUT", 30)
+        self.header_timeout = _seconds("RELAY_HEADER_TIMEOUT")
+        self.body_timeout = _seconds("RELAY_BODY_TIMEOUT")
+        self.idle_timeout = _seconds("RELAY_CLIENT_IDLE_TIMEOUT")
         super().init_process()
 
     def timeout_ctx(self):

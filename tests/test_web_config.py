@@ -1,0 +1,78 @@
+"""The web tier's own settings: a bad value stops start-up with one line naming it.
+
+Before, ``RELAY_HEADER_TIMEOUT=abc`` made every gunicorn worker exit at boot and the
+arbiter start another, for ever (189 boots in 18 s under ``relay up``), and
+``WEB_CONNECTIONS=zero`` printed a traceback from ``gunicorn.conf.py``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay.ops.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def _gunicorn(base_env: dict, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "gunicorn"), "app:app", "--config", str(ROOT / "gunicorn.conf.py")],
+        env={**base_env, "HOST": "127.0.0.1", "PORT": str(free_port()), "WEB_CONCURRENCY": "1", **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("name", ["RELAY_HEADER_TIMEOUT", "RELAY_BODY_TIMEOUT", "RELAY_CLIENT_IDLE_TIMEOUT"])
+@pytest.mark.parametrize("raw", ["abc", "-5", "0"])
+def test_a_bad_timeout_stops_the_web_server_with_one_line(base_env, name, raw):
+    done = _gunicorn(base_env, **{name: raw})
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if "configuration error" in line]
+    assert lines and all(name in line for line in lines), done.stderr[-2000:]
+    assert len(lines) <= 2, f"the worker was booted again and again:\n{done.stderr[-2000:]}"
+    assert "Traceback" not in done.stderr
+
+
+# WEB_CONCURRENCY is read by gunicorn itself before any config file runs (its own default).
+@pytest.mark.parametrize("name", ["WEB_CONNECTIONS", "PORT", "GUNICORN_TIMEOUT"])
+def test_a_bad_integer_in_gunicorn_conf_is_one_line_not_a_traceback(base_env, name):
+    done = _gunicorn(base_env, **{name: "zero"})
+    assert done.returncode != 0
+    assert f"{name} must be a positive integer" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_config_check_refuses_a_bad_timeout(base_env):
+    done = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "config", "check"],
+        env={**base_env, "RELAY_BODY_TIMEOUT": "soon"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "RELAY_BODY_TIMEOUT" in done.stderr
+
+
+def test_a_second_relay_up_on_one_relay_home_is_refused(base_env, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    with open(home / "relay-up.lock", "a+") as held:  # as a running relay up holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = subprocess.run(
+            [str(BIN / "relay"), "up", "--port", str(free_port())],
+            env={**base_env, "RELAY_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1
+    assert "already running" in done.stderr and str(home) in done.stderr
