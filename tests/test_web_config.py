@@ -8,6 +8,8 @@ arbiter start another, for ever (189 boots in 18 s under ``relay up``), and
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,12 +69,21 @@ def test_a_second_relay_up_on_one_relay_home_is_refused(base_env, tmp_path):
     home.mkdir()
     with open(home / "relay-up.lock", "a+") as held:  # as a running relay up holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        done = subprocess.run(
+        # Its own process group, ended whatever happens: without the lock it would start a
+        # whole stack on the session's Redis, whose worker would take other tests' tasks.
+        proc = subprocess.Popen(
             [str(BIN / "relay"), "up", "--port", str(free_port())],
-            env={**base_env, "RELAY_HOME": str(home)},
-            capture_output=True,
+            env={**base_env, "RELAY_HOME": str(home), "REDIS_URL": "redis://127.0.0.1:1/0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=30,
+            start_new_session=True,
         )
-    assert done.returncode == 1
-    assert "already running" in done.stderr and str(home) in done.stderr
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 1
+    assert "already running" in stderr and str(home) in stderr
