@@ -215,3 +215,15 @@ def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator
             cleanup.callback(_WORKERS[database].remove, broker)
         stack.wait_healthy()
         yield stack.base
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc``'s process group (started with ``start_new_session``), SIGKILL after 20 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

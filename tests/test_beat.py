@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from honcho.environ import parse_procfile
 
 from relay.services import maintenance
 from tests.conftest import rpc, sql
+from tests.live import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = {
@@ -49,17 +49,6 @@ def _task(celery_app, name):
 
 
 # --------------------------------------------------------------------------- 1: beat starts
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: float = 60.0) -> None:
@@ -109,7 +98,7 @@ def test_the_procfile_beat_starts_whatever_relay_home_is(base_env, tmp_path, hom
         assert proc.poll() is None, f"beat exited ({proc.returncode}):\n{log.read_text()}"
         assert "Traceback" not in log.read_text(), log.read_text()
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 # --------------------------------------------------------------------------- 2: quiet when idle

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from honcho.environ import parse_procfile
 
 from relay.ops.embedded import free_port
 from tests.conftest import connect, fresh_database
+from tests.live import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
@@ -60,17 +60,6 @@ def _start(command: str, env: dict, log: Path | None = None) -> subprocess.Popen
         stdout=out,
         stderr=subprocess.DEVNULL,
     )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen) -> None:
@@ -176,4 +165,4 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         )
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_group(proc)
