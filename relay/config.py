@@ -28,6 +28,13 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_TIMEOUT": "10",
     "RELAY_WEBHOOK_SCHEDULE": "0,5,300,1800,7200,18000,36000,36000",
     "RELAY_WEBHOOK_DISABLE_AFTER": str(5 * 24 * 3600),
+    "RELAY_WEBHOOK_ENDPOINT_CONCURRENCY": "4",
+    "RELAY_WEBHOOK_ORG_CONCURRENCY": "16",
+    "RELAY_WEBHOOK_MAX_IN_FLIGHT": "64",
+    "RELAY_WEBHOOK_CIRCUIT_FAILURES": "5",
+    "RELAY_WEBHOOK_CIRCUIT_OPEN": "30",
+    "RELAY_WEBHOOK_SLOW_MS": "2000",
+    "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
 }
 
 
@@ -123,6 +130,13 @@ class Settings:
     webhook_disable_after: int = 5 * 24 * 3600
     webhook_allow_private: bool = False
     webhook_allow_http: bool = False
+    webhook_endpoint_concurrency: int = 4
+    webhook_org_concurrency: int = 16
+    webhook_max_in_flight: int = 64
+    webhook_circuit_failures: int = 5
+    webhook_circuit_open: int = 30
+    webhook_slow_ms: int = 2000
+    webhook_max_payload_bytes: int = 256 * 1024
     log_level: str = "INFO"
     metrics_token: str = ""
     public_url: str = ""
@@ -198,6 +212,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_disable_after=_int(env, "RELAY_WEBHOOK_DISABLE_AFTER", 1),
         webhook_allow_private=_flag(env, "RELAY_WEBHOOK_ALLOW_PRIVATE"),
         webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
+        webhook_endpoint_concurrency=_int(env, "RELAY_WEBHOOK_ENDPOINT_CONCURRENCY", 1),
+        webhook_org_concurrency=_int(env, "RELAY_WEBHOOK_ORG_CONCURRENCY", 1),
+        webhook_max_in_flight=_int(env, "RELAY_WEBHOOK_MAX_IN_FLIGHT", 1),
+        webhook_circuit_failures=_int(env, "RELAY_WEBHOOK_CIRCUIT_FAILURES", 1),
+        webhook_circuit_open=_int(env, "RELAY_WEBHOOK_CIRCUIT_OPEN", 1),
+        webhook_slow_ms=_int(env, "RELAY_WEBHOOK_SLOW_MS", 1),
+        webhook_max_payload_bytes=_int(env, "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES", 4096),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),

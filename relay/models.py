@@ -258,6 +258,16 @@ class WebhookEndpoint(db.Model):
     disabled_at: Mapped[datetime | None] = mapped_column(TZ)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    # Health, written by the delivery pipeline (relay/services/delivery.py): failures in a
+    # row, the circuit breaker (how often it opened in a row, until when, why) and the
+    # last attempt's outcome.
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    circuit_opens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    circuit_open_until: Mapped[datetime | None] = mapped_column(TZ)
+    circuit_reason: Mapped[str | None] = mapped_column(Text)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(TZ)
+    last_duration_ms: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
 
     __mapper_args__ = {"eager_defaults": True}
 
@@ -271,6 +281,18 @@ class WebhookDelivery(db.Model):
         CheckConstraint("status in ('pending','succeeded','failed')", name="status_valid"),
         Index("ix_webhook_deliveries_due", "next_attempt_at", postgresql_where=text("status = 'pending'")),
         Index("ix_webhook_deliveries_endpoint", "endpoint_id", text("created_at DESC"), text("id DESC")),
+        Index(
+            "ix_webhook_deliveries_leased",
+            "endpoint_id",
+            "leased_until",
+            postgresql_where=text("leased_until IS NOT NULL"),
+        ),
+        Index(
+            "ix_webhook_deliveries_endpoint_due",
+            "endpoint_id",
+            "next_attempt_at",
+            postgresql_where=text("status = 'pending'"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -279,6 +301,8 @@ class WebhookDelivery(db.Model):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime | None] = mapped_column(TZ)
+    # Set while an attempt is in flight (claimed, not yet recorded); counted by the caps.
+    leased_until: Mapped[datetime | None] = mapped_column(TZ)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     completed_at: Mapped[datetime | None] = mapped_column(TZ)

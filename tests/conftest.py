@@ -214,6 +214,11 @@ TABLES = (
 @pytest.fixture(autouse=True)
 def _clean_tables(database_url):
     yield
+    # A webhook pump started in this process (by an in-process worker or a sweep run
+    # inline) must not outlive its test: it would send the next test's webhooks.
+    from workers.delivery import stop_pumps
+
+    stop_pumps(timeout=5.0)
     url = make_url(database_url)
     conn = _connect_admin(url)
     conn.autocommit = True

@@ -31,6 +31,7 @@ class Recorded:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     received_at: float = field(compare=False)
+    peer: tuple = field(default=(), compare=False)  # the client's (address, port): one per connection
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -48,8 +49,12 @@ def _response(spec: Any) -> dict[str, Any]:
 class Receiver:
     """A loopback HTTP server with per-path programmed answers; a context manager."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", keepalive: bool = False):
+        """``keepalive``: speak HTTP/1.1 and keep connections open between requests."""
         self._host = host
+        self._keepalive = keepalive
+        self._in_flight: dict[str, int] = {}
+        self._most_in_flight: dict[str, int] = {}
         self._lock = threading.Condition()
         self._requests: list[Recorded] = []
         self._programs: dict[str, list[dict[str, Any]]] = {}
@@ -63,9 +68,15 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.0"
+            protocol_version = "HTTP/1.1" if receiver._keepalive else "HTTP/1.0"
 
             def _handle(self):
+                try:
+                    self._answer()
+                finally:
+                    receiver._ended(self.path)
+
+            def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 path = self.path
@@ -76,6 +87,7 @@ class Receiver:
                         headers={k.lower(): v for k, v in self.headers.items()},
                         body=body,
                         received_at=time.monotonic(),
+                        peer=tuple(self.client_address),
                     )
                 )
                 if reply["gate"] is not None:
@@ -137,12 +149,30 @@ class Receiver:
     def _record_and_pick(self, req: Recorded) -> dict[str, Any]:
         with self._lock:
             self._requests.append(req)
+            now = self._in_flight[req.path] = self._in_flight.get(req.path, 0) + 1
+            self._most_in_flight[req.path] = max(now, self._most_in_flight.get(req.path, 0))
             queue = self._programs.get(req.path)
             reply = queue.pop(0) if queue else self._defaults.get(req.path, _response(200))
             self._lock.notify_all()
             return reply
 
+    def _ended(self, path: str) -> None:
+        with self._lock:
+            if self._in_flight.get(path):
+                self._in_flight[path] -= 1
+            self._lock.notify_all()
+
     # --- inspection ------------------------------------------------------------------
+
+    def most_in_flight(self, path: str) -> int:
+        """The most requests to ``path`` the receiver was answering at one time."""
+        with self._lock:
+            return self._most_in_flight.get(path, 0)
+
+    def in_flight(self, path: str) -> int:
+        """Requests to ``path`` being answered now."""
+        with self._lock:
+            return self._in_flight.get(path, 0)
 
     def requests(self, path: str | None = None) -> list[Recorded]:
         with self._lock:

@@ -6,12 +6,15 @@ import logging
 import uuid
 
 from celery import shared_task
+from flask import current_app
 
-from relay.services import dispatch, maintenance, search, webhooks
+from relay.services import delivery, maintenance, search, webhooks
+from workers.delivery import pump_for
 
 # One INFO line per sweep that did something, none for an idle one (celery's own
 # per-sweep lines are filtered out: workers.quiet_sweep_logs).
 log = logging.getLogger("relay.beat")
+PUMP_WAIT_SECONDS = 30
 
 
 @shared_task(name="workers.tasks.purge_idempotency_records")
@@ -31,11 +34,22 @@ def index_message(message_id: str) -> bool:
 
 
 @shared_task(name="workers.tasks.message_committed", acks_late=True)
-def message_committed(message_id: str, event_id: str) -> int:
-    """After a message commits: fan its event out to webhooks first (latency), then index it."""
-    created = _fan_out(event_id)
-    search.index_message(uuid.UUID(message_id))
-    return created
+def message_committed(message_id: str, event_id: str) -> None:
+    """After a message commits: hand it to this process's webhook pump (fan-out first, then indexing).
+
+    The pump batches the work of many tasks (workers/delivery.py); if the process dies
+    before it is done, the outbox and index sweeps find it in PostgreSQL.
+    """
+    done = pump_for(current_app).committed(uuid.UUID(message_id), [uuid.UUID(event_id)])
+    _wait(done)
+
+
+def _wait(done) -> None:
+    if not done.wait(PUMP_WAIT_SECONDS):
+        # The pump is stuck (the database is down): acknowledge anyway; the sweeps redo it.
+        logging.getLogger("relay.webhooks.pump").warning(
+            "the webhook pump did not finish a task's work in %d s", PUMP_WAIT_SECONDS
+        )
 
 
 @shared_task(name="workers.tasks.index_pending_messages")
@@ -54,48 +68,32 @@ def index_pending_messages() -> int:
 
 
 @shared_task(name="workers.tasks.fan_out_event", acks_late=True)
-def fan_out_event(event_id: str) -> int:
-    """Create the deliveries of one outbox event and send each."""
-    return _fan_out(event_id)
-
-
-def _fan_out(event_id: str) -> int:
-    created = webhooks.fan_out(uuid.UUID(event_id))
-    if len(created) == 1:
-        # The common case, one endpoint: attempt it here and save a broker round trip
-        # (a slow receiver can only delay its own event; retries go through the queue).
-        webhooks.deliver(created[0])
-        return 1
-    for delivery_id in created:
-        dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
-    return len(created)
+def fan_out_event(event_id: str) -> None:
+    """Hand one outbox event (a state change, a test event) to this process's webhook pump."""
+    _wait(pump_for(current_app).committed(None, [uuid.UUID(event_id)]))
 
 
 @shared_task(name="workers.tasks.deliver_webhook", acks_late=True)
-def deliver_webhook(delivery_id: str) -> str | None:
-    """Make one attempt of a delivery (a no-op unless it is due and unclaimed)."""
-    return webhooks.deliver(uuid.UUID(delivery_id))
+def deliver_webhook(delivery_id: str) -> None:
+    """Have this process's pump look for due deliveries now (kept for tasks already queued)."""
+    pump_for(current_app).poll()
 
 
 @shared_task(name="workers.tasks.sweep_outbox")
 def sweep_outbox() -> dict:
-    """Fan out events never fanned out and send deliveries whose attempt is due.
+    """Fan out events never fanned out, and have the pump send deliveries whose attempt is due.
 
     This is what makes the outbox lossless: a broker outage or a killed worker delays a
     webhook until the next sweep, never loses it.
     """
     events = webhooks.pending_events()
-    fanned = 0
-    for event_id in events:
-        for delivery_id in webhooks.fan_out(event_id):
-            dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
-            fanned += 1
+    fanned = len(delivery.fan_out_many(events))
     due = webhooks.due_deliveries()
-    for delivery_id in due:
-        dispatch.enqueue("workers.tasks.deliver_webhook", str(delivery_id))
+    if fanned or due:
+        pump_for(current_app).poll()
     if events or due:
         log.info(
-            "outbox sweep: %d events fanned out into %d deliveries, %d due deliveries enqueued",
+            "outbox sweep: %d events fanned out into %d deliveries, %d due deliveries",
             len(events),
             fanned,
             len(due),

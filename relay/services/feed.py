@@ -123,8 +123,14 @@ def _feed_row(r) -> dict[str, Any]:
 
 def message_feed_row(message_id: uuid.UUID) -> dict[str, Any] | None:
     """The feed row of one message (what a ``message.created`` webhook carries), or None if gone."""
-    row = db.session.execute(_row_select(Message.id == message_id)).first()
-    return _feed_row(row) if row is not None else None
+    return message_feed_rows([message_id]).get(message_id)
+
+
+def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+    """The feed rows of several messages by id, in one query; gone ones are missing."""
+    if not message_ids:
+        return {}
+    return {row.id: _feed_row(row) for row in db.session.execute(_row_select(Message.id.in_(message_ids)))}
 
 
 def list_messages(

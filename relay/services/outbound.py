@@ -11,7 +11,9 @@ import base64
 import ipaddress
 import secrets
 import socket
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,7 +28,15 @@ MAX_RESPONSE_BYTES = 64 * 1024
 
 
 class TargetRefused(ValueError):
-    """The URL may not be called; the message says why."""
+    """The URL may not be called; the message says why.
+
+    ``kind`` is ``dns`` when the host does not resolve, ``refused`` when the URL or an
+    address it resolves to is not allowed.
+    """
+
+    def __init__(self, message: str, kind: str = "refused"):
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,7 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise TargetRefused(f"host {host!r} does not resolve") from None
+        raise TargetRefused(f"host {host!r} does not resolve", "dns") from None
     addresses = []
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
@@ -167,7 +177,7 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
             )
         addresses.append(str(ip))
     if not addresses:
-        raise TargetRefused(f"host {host!r} does not resolve")
+        raise TargetRefused(f"host {host!r} does not resolve", "dns")
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
@@ -176,56 +186,165 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
 
 @dataclass(frozen=True)
 class Outcome:
+    """One attempt's result: ``status`` (None when no response), ``error`` (None on a response),
+    ``retry_after`` (seconds, from the header), ``duration_ms`` (real, from start to end)."""
+
     status: int | None
     error: str | None
     retry_after: int | None
     duration_ms: int
 
 
-def post(target: Target, body: bytes, headers: dict[str, str], timeout: float) -> Outcome:
-    """POST ``body`` to the checked address of ``target``; never follow a redirect."""
-    default_port = 443 if target.scheme == "https" else 80
-    host_header = target.host if target.port == default_port else f"{target.host}:{target.port}"
-    if ":" in target.host and not target.host.startswith("["):
-        host_header = f"[{target.host}]" if target.port == default_port else f"[{target.host}]:{target.port}"
-    all_headers = {"Host": host_header, "User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
-    kwargs = {}
-    if target.scheme == "https":
-        pool_cls = urllib3.HTTPSConnectionPool
-        kwargs = {"server_hostname": target.host, "assert_hostname": target.host, "cert_reqs": "CERT_REQUIRED"}
-    else:
-        pool_cls = urllib3.HTTPConnectionPool
-    started = time.monotonic()
-    pool = pool_cls(
-        target.address, target.port, timeout=urllib3.Timeout(total=timeout), retries=False, maxsize=1, **kwargs
-    )
-    try:
-        response = pool.urlopen(
-            "POST",
-            target.path,
-            body=body,
-            headers=all_headers,
-            redirect=False,
-            retries=False,
-            preload_content=False,
-            assert_same_host=False,
-        )
+class TargetCache:
+    """Checked targets by URL, kept ``ttl`` seconds (getaddrinfo gives no TTL, so a short fixed one).
+
+    Every resolution, first or renewed, goes through :func:`resolve` and its address checks:
+    a name that starts pointing at a private address is refused at its next renewal.
+    Thread-safe; at most ``size`` URLs (the oldest go first).
+    """
+
+    def __init__(self, ttl: float = 30.0, size: int = 4096):
+        self.ttl, self.size = ttl, size
+        self._entries: OrderedDict[tuple, tuple[float, Target]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def resolve(self, url: str, *, allow_private: bool, allow_http: bool) -> Target:
+        """The checked target of ``url`` (cached); raise TargetRefused like :func:`resolve`."""
+        key = (url, allow_private, allow_http)
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] > now:
+                return entry[1]
+        target = resolve(url, allow_private=allow_private, allow_http=allow_http)
+        with self._lock:
+            self._entries[key] = (now + self.ttl, target)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return target
+
+
+class Sender:
+    """POSTs webhooks over kept-alive connections, one pool per (scheme, checked address, port, host).
+
+    The pool connects to the address that was checked, never to the name (no second DNS
+    lookup between check and connect); TLS still verifies the certificate for the name.
+    ``per_pool`` connections at most per pool (the endpoint concurrency cap); at most
+    ``pools`` pools are kept, the least recently used closed first. Thread-safe.
+    """
+
+    def __init__(self, per_pool: int = 4, pools: int = 512):
+        self.per_pool, self.max_pools = per_pool, pools
+        self._pools: OrderedDict[tuple, urllib3.HTTPConnectionPool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _pool(self, target: Target, timeout: float) -> urllib3.HTTPConnectionPool:
+        key = (target.scheme, target.address, target.port, target.host)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is not None:
+                self._pools.move_to_end(key)
+                return pool
+            kwargs = {}
+            if target.scheme == "https":
+                pool_cls = urllib3.HTTPSConnectionPool
+                kwargs = {"server_hostname": target.host, "assert_hostname": target.host, "cert_reqs": "CERT_REQUIRED"}
+            else:
+                pool_cls = urllib3.HTTPConnectionPool
+            pool = pool_cls(
+                target.address,
+                target.port,
+                timeout=urllib3.Timeout(total=timeout),
+                retries=False,
+                maxsize=self.per_pool,
+                block=False,
+                **kwargs,
+            )
+            self._pools[key] = pool
+            while len(self._pools) > self.max_pools:
+                _key, old = self._pools.popitem(last=False)
+                old.close()
+            return pool
+
+    def close(self) -> None:
+        """Close every kept connection."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), OrderedDict()
+        for pool in pools:
+            pool.close()
+
+    def post(self, target: Target, body: bytes, headers: dict[str, str], timeout: float) -> Outcome:
+        """POST ``body`` to the checked address of ``target``; never follow a redirect.
+
+        Errors are named for what they are: ``connection refused``, ``TLS failure``,
+        ``timeout after N s (connecting | waiting for the response)``, ``connection
+        closed``; a response of any status is an Outcome with that status.
+        """
+        default_port = 443 if target.scheme == "https" else 80
+        host = f"[{target.host}]" if ":" in target.host and not target.host.startswith("[") else target.host
+        host_header = host if target.port == default_port else f"{host}:{target.port}"
+        all_headers = {"Host": host_header, "User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
+        started = time.monotonic()
         try:
-            response.read(MAX_RESPONSE_BYTES)
-        finally:
-            response.release_conn()
-        retry_after = None
-        raw = response.headers.get("Retry-After")
-        if raw and raw.strip().isdigit():
-            retry_after = int(raw.strip())
-        return Outcome(response.status, None, retry_after, int((time.monotonic() - started) * 1000))
-    except urllib3.exceptions.HTTPError as exc:
-        reason = type(exc).__name__
-        if isinstance(exc, (urllib3.exceptions.TimeoutError,)):
-            reason = f"timeout after {timeout} s"
-        return Outcome(None, reason, None, int((time.monotonic() - started) * 1000))
+            response = self._pool(target, timeout).urlopen(
+                "POST",
+                target.path,
+                body=body,
+                headers=all_headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                assert_same_host=False,
+                timeout=urllib3.Timeout(total=timeout),
+            )
+            try:
+                # Read (a bounded part of) the answer so the connection can be reused.
+                response.read(MAX_RESPONSE_BYTES)
+            finally:
+                response.release_conn()
+            retry_after = None
+            raw = response.headers.get("Retry-After")
+            if raw and raw.strip().isdigit():
+                retry_after = int(raw.strip())
+            return Outcome(response.status, None, retry_after, _ms(started))
+        except urllib3.exceptions.HTTPError as exc:
+            return Outcome(None, describe_error(exc, timeout), None, _ms(started))
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def describe_error(exc: Exception, timeout: float) -> str:
+    """What went wrong with an attempt that got no response, in words (case: refused was logged as a timeout)."""
+    # NewConnectionError subclasses ConnectTimeoutError (urllib3 2.x): test it first.
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ConnectionRefusedError) or "refused" in str(exc).lower():
+            return "connection refused"
+        if isinstance(cause, TimeoutError | socket.timeout):
+            return f"timeout after {timeout:g} s (connecting)"
+        return f"connection failed: {cause or exc}"
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        return f"timeout after {timeout:g} s (connecting)"
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return f"timeout after {timeout:g} s (waiting for the response)"
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return f"TLS failure: {exc.__cause__ or exc}"
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        cause = exc.args[1] if len(exc.args) > 1 else exc
+        return f"connection closed: {cause}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def post(target: Target, body: bytes, headers: dict[str, str], timeout: float) -> Outcome:
+    """POST once over a new connection (see :meth:`Sender.post`)."""
+    sender = Sender(per_pool=1, pools=1)
+    try:
+        return sender.post(target, body, headers, timeout)
     finally:
-        pool.close()
+        sender.close()
 
 
 def new_secret() -> str:

@@ -158,20 +158,33 @@ def index_pending(batch: int = 500) -> int:
             .scalars()
             .all()
         )
-        if not ids:
-            return 0
-        try:
-            with session.begin_nested():
-                return _write_vectors(session, Message.id.in_(ids))
-        except DBAPIError as exc:
-            if is_connection_error(exc):
-                raise
-            code, first_line = error_cause(exc)
-            log.warning(
-                "index batch of %d failed (%s: %s); indexing row by row",
-                len(ids),
-                code,
-                first_line,
-                extra={"pgcode": code},
-            )
-        return sum(_index_row(session, message_id) for message_id in ids)
+        return _index_batch(session, ids)
+
+
+def index_messages(message_ids: list[uuid.UUID]) -> int:
+    """Write the vectors of these just-committed messages in one statement; return how many.
+
+    Rows marked failed are skipped; a failing batch is redone row by row (see index_pending).
+    """
+    with unit_of_work() as session:
+        return _index_batch(session, list(message_ids))
+
+
+def _index_batch(session: Session, ids: list[uuid.UUID]) -> int:
+    if not ids:
+        return 0
+    try:
+        with session.begin_nested():
+            return _write_vectors(session, Message.id.in_(ids), Message.index_error.is_(None))
+    except DBAPIError as exc:
+        if is_connection_error(exc):
+            raise
+        code, first_line = error_cause(exc)
+        log.warning(
+            "index batch of %d failed (%s: %s); indexing row by row",
+            len(ids),
+            code,
+            first_line,
+            extra={"pgcode": code},
+        )
+    return sum(_index_row(session, message_id) for message_id in ids)

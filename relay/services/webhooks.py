@@ -9,7 +9,6 @@ Webhooks headers with ``webhook-id`` = the event's id on every endpoint and atte
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -17,33 +16,25 @@ from functools import partial
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import and_, func, or_, select, tuple_, update
-from sqlalchemy.dialects.postgresql import insert
-from standardwebhooks import Webhook
+from sqlalchemy import func, select, tuple_, update
 
 from relay import crypto
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import encode_cursor, format_ulid, iso, new_ulid
-from relay.models import Agent, Event, Thread, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from relay.services import after_commit, dispatch, outbound, push, unit_of_work
+from relay.ids import encode_cursor, iso, new_ulid
+from relay.models import Agent, Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from relay.services import after_commit, delivery, dispatch, outbound, unit_of_work
+from relay.services.delivery import TEST_EVENT, event_id_text
 from relay.services.outbound import EVENT_TYPES, check_url, new_secret
 
 log = logging.getLogger("relay.webhooks")
 
-TEST_EVENT = "webhook.test"
-HELD = "held: the agent is disabled; sent when it is re-enabled"
 ROTATION_OVERLAP = timedelta(hours=24)
 MAX_ENDPOINTS_PER_AGENT = 20
 
 
 def _settings():
     return current_app.config["RELAY"]
-
-
-def event_id_text(event_id: uuid.UUID) -> str:
-    """The ``webhook-id`` of an event: the same for every endpoint and every attempt."""
-    return "evt_" + format_ulid(event_id)
 
 
 def endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
@@ -57,6 +48,7 @@ def endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
         "disabled_reason": endpoint.disabled_reason,
         "disabled_at": iso(endpoint.disabled_at),
         "failing_since": iso(endpoint.failing_since),
+        "health": delivery.health(endpoint, _settings().webhook_slow_ms),
         "created_at": iso(endpoint.created_at),
         "updated_at": iso(endpoint.updated_at),
     }
@@ -135,7 +127,10 @@ def update_endpoint(agent: Agent, endpoint_id: str, changes: dict[str, Any]) -> 
         if "enabled" in changes:
             endpoint.enabled = changes["enabled"]
             if changes["enabled"]:
+                # The owner says try again: a fresh start, circuit closed.
                 endpoint.disabled_reason = endpoint.disabled_at = endpoint.failing_since = None
+                endpoint.consecutive_failures, endpoint.circuit_opens = 0, 0
+                endpoint.circuit_open_until = endpoint.circuit_reason = None
             else:
                 endpoint.disabled_reason = "disabled by its owner"
                 endpoint.disabled_at = func.now()
@@ -237,7 +232,7 @@ def list_deliveries(
     }
 
 
-# --- fan-out and delivery (run by the Celery workers) ---------------------------------
+# --- fan-out and delivery (run by the Celery workers; the pipeline is relay/services/delivery.py) ---
 
 
 def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
@@ -245,51 +240,7 @@ def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
 
     Idempotent: an event already fanned out (or being fanned out by another worker) is skipped.
     """
-    with unit_of_work() as session:
-        event = session.scalar(
-            select(Event).where(Event.id == event_id, Event.fanned_out_at.is_(None)).with_for_update(skip_locked=True)
-        )
-        if event is None:
-            return []
-        endpoints = select(WebhookEndpoint.id).where(
-            WebhookEndpoint.agent_id == event.agent_id, WebhookEndpoint.enabled.is_(True)
-        )
-        if event.type == TEST_EVENT:
-            endpoints = endpoints.where(WebhookEndpoint.id == uuid.UUID(event.payload["endpoint_id"]))
-        else:
-            # An A2A push config hears its one task; a webhook every task of its agent.
-            endpoints = endpoints.where(
-                WebhookEndpoint.events.contains([event.type]),
-                or_(
-                    WebhookEndpoint.kind == "webhook",
-                    and_(WebhookEndpoint.kind == "a2a_push", WebhookEndpoint.thread_id == event.thread_id),
-                ),
-            )
-        ids = list(session.scalars(endpoints))
-        created: list[uuid.UUID] = []
-        if ids:
-            created = list(
-                session.scalars(
-                    insert(WebhookDelivery)
-                    .values(
-                        [
-                            {
-                                "id": uuid.uuid4(),
-                                "event_id": event.id,
-                                "endpoint_id": eid,
-                                "status": "pending",
-                                "attempt_count": 0,
-                                "next_attempt_at": func.now(),
-                            }
-                            for eid in ids
-                        ]
-                    )
-                    .on_conflict_do_nothing(constraint="uq_webhook_deliveries_event_endpoint")
-                    .returning(WebhookDelivery.id)
-                )
-            )
-        event.fanned_out_at = func.now()
-    return created
+    return [d for d, _endpoint in delivery.fan_out_many([event_id])]
 
 
 def pending_events(limit: int = 200, older_than_seconds: float = 2.0) -> list[uuid.UUID]:
@@ -316,175 +267,27 @@ def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
     )
 
 
-def build_payload(event: Event) -> dict[str, Any]:
-    """``{"type", "timestamp", "data"}``; data re-read now (DESIGN.md, "Payload")."""
-    from relay.services.feed import message_feed_row
-    from relay.services.threads import thread_summary
-
-    data: dict[str, Any]
-    if event.type == "message.created":
-        data = message_feed_row(event.message_id) or {"id": str(event.message_id), "deleted": True}
-    elif event.type == "task.updated":
-        thread = db.session.get(Thread, event.thread_id)
-        data = {
-            **(thread_summary(thread) if thread else {"task_id": format_ulid(event.thread_id)}),
-            "transition": event.payload.get("transition"),
-            "from_state": event.payload.get("from"),
-            "to_state": event.payload.get("to"),
-        }
-    else:
-        data = {"endpoint_id": event.payload.get("endpoint_id"), "message": "test event from the handoff relay"}
-    return {"type": event.type, "timestamp": iso(event.created_at), "data": data}
-
-
-def _signature(endpoint: WebhookEndpoint, msg_id: str, when: datetime, body: str) -> str:
-    signatures = [Webhook(crypto.decrypt(endpoint.secret_encrypted)).sign(msg_id, when, body)]
-    if (
-        endpoint.previous_secret_encrypted
-        and endpoint.previous_secret_expires_at
-        and endpoint.previous_secret_expires_at > datetime.now(UTC)
-    ):
-        signatures.append(Webhook(crypto.decrypt(endpoint.previous_secret_encrypted)).sign(msg_id, when, body))
-    return " ".join(signatures)
-
-
-def _claim(delivery_id: uuid.UUID) -> tuple[WebhookDelivery, WebhookEndpoint, Event] | None:
-    """Lease a due delivery so no other worker sends it meanwhile; None if not ours to send."""
-    s = _settings()
-    lease = timedelta(seconds=s.webhook_timeout + 30)
-    with unit_of_work() as session:
-        row = session.execute(
-            select(WebhookDelivery, WebhookEndpoint, Event, Agent.disabled_at)
-            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
-            .join(Event, Event.id == WebhookDelivery.event_id)
-            .join(Agent, Agent.id == WebhookEndpoint.agent_id)
-            .where(
-                WebhookDelivery.id == delivery_id,
-                WebhookDelivery.status == "pending",
-                WebhookDelivery.next_attempt_at <= func.now(),
-            )
-            .with_for_update(of=WebhookDelivery, skip_locked=True)
-        ).first()
-        if row is None:
-            return None
-        delivery, endpoint, event, agent_disabled_at = row
-        if agent_disabled_at is not None:
-            # A disabled agent's key may have leaked: send nothing, lose nothing. The delivery
-            # stays pending with no due time; enable_agent makes it due again.
-            delivery.next_attempt_at = None
-            delivery.last_error = HELD
-            return None
-        if not endpoint.enabled:
-            delivery.status, delivery.completed_at = "failed", func.now()
-            delivery.last_error = f"endpoint disabled: {endpoint.disabled_reason or 'disabled'}"
-            delivery.next_attempt_at = None
-            return None
-        # If this worker dies mid-send, the lease runs out and the sweep sends again.
-        delivery.next_attempt_at = func.now() + lease
-    return delivery, endpoint, event
-
-
 def deliver(delivery_id: uuid.UUID) -> str | None:
-    """Make one attempt of a due delivery; return its status afterwards, None if not attempted.
+    """Make one attempt of a due delivery now, in this thread; return its status afterwards.
 
-    Returns the delay (seconds) of the next attempt through the delivery row's
-    ``next_attempt_at``; the caller schedules it.
+    None if it was not attempted: not due, leased by someone else, its endpoint at its
+    concurrency cap or its circuit open, its endpoint disabled (the delivery is failed)
+    or its agent disabled (held). The next attempt, if any, is the row's
+    ``next_attempt_at``; the worker's pump sends it when it is due.
     """
-    claimed = _claim(delivery_id)
-    if claimed is None:
+    endpoint_id = db.session.scalar(select(WebhookDelivery.endpoint_id).where(WebhookDelivery.id == delivery_id))
+    db.session.rollback()
+    if endpoint_id is None:
         return None
-    delivery, endpoint, event = claimed
-    s = _settings()
-    with unit_of_work():
-        payload = push.build_payload(event) if endpoint.kind == "a2a_push" else build_payload(event)
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    msg_id = event_id_text(event.id)
-    now = datetime.now(UTC)
-    attempted_at = now
+    prepared = delivery.prepare(delivery.claim([endpoint_id], 1, only=[delivery_id]))
+    if not prepared:
+        return None
+    sender = outbound.Sender(per_pool=1, pools=1)
     try:
-        target = outbound.resolve(endpoint.url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
-        headers = {
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": _signature(endpoint, msg_id, now, body),
-        }
-        if endpoint.kind == "a2a_push":
-            headers.update(push.headers(endpoint))
-        outcome = outbound.post(target, body.encode("utf-8"), headers, timeout=s.webhook_timeout)
-    except outbound.TargetRefused as exc:
-        outcome = outbound.Outcome(None, f"refused: {exc}", None, 0)
-    except ValueError as exc:  # undecryptable secret
-        outcome = outbound.Outcome(None, str(exc), None, 0)
-    return _record(delivery.id, endpoint.id, attempted_at, outcome)
-
-
-def _record(
-    delivery_id: uuid.UUID, endpoint_id: uuid.UUID, attempted_at: datetime, outcome: outbound.Outcome
-) -> str | None:
-    s = _settings()
-    schedule = s.webhook_schedule
-    with unit_of_work() as session:
-        delivery = session.get(WebhookDelivery, delivery_id, with_for_update=True)
-        endpoint = session.get(WebhookEndpoint, endpoint_id, with_for_update=True)
-        if delivery is None or endpoint is None:
-            return None  # the endpoint (and its delivery log) was deleted during the attempt
-        session.add(
-            WebhookAttempt(
-                delivery_id=delivery_id,
-                attempted_at=attempted_at,
-                status_code=outcome.status,
-                error=outcome.error,
-                duration_ms=outcome.duration_ms,
-            )
-        )
-        delivery.attempt_count += 1
-        ok = outcome.status is not None and 200 <= outcome.status < 300
-        if ok:
-            delivery.status, delivery.completed_at, delivery.next_attempt_at = "succeeded", func.now(), None
-            delivery.last_error = None
-            endpoint.failing_since = None
-        elif outcome.status == 410:
-            delivery.status, delivery.completed_at, delivery.next_attempt_at = "failed", func.now(), None
-            delivery.last_error = "410 Gone: endpoint disabled"
-            endpoint.enabled, endpoint.disabled_at = False, func.now()
-            endpoint.disabled_reason = "the receiver answered 410 Gone"
-        else:
-            delivery.last_error = outcome.error or f"HTTP {outcome.status}"
-            if endpoint.failing_since is None:
-                endpoint.failing_since = attempted_at
-            if delivery.attempt_count >= len(schedule):
-                delivery.status, delivery.completed_at, delivery.next_attempt_at = "failed", func.now(), None
-            else:
-                delay = max(schedule[delivery.attempt_count], outcome.retry_after or 0)
-                delivery.next_attempt_at = func.now() + timedelta(seconds=min(delay, 7 * 24 * 3600))
-            failing_for = (datetime.now(UTC) - endpoint.failing_since).total_seconds()
-            if endpoint.enabled and failing_for >= s.webhook_disable_after:
-                endpoint.enabled, endpoint.disabled_at = False, func.now()
-                endpoint.disabled_reason = (
-                    f"every delivery failed for {int(failing_for)} s (last: {delivery.last_error})"
-                )
-        log.info(
-            "webhook attempt",
-            extra={
-                "delivery_id": str(delivery_id),
-                "status": outcome.status,
-                "error": outcome.error,
-                "duration_ms": outcome.duration_ms,
-            },
-        )
-        session.flush()
-        session.refresh(delivery)
-        status, next_at = delivery.status, delivery.next_attempt_at
-    if status == "pending" and next_at is not None:
-        delay = max(0.0, (next_at - datetime.now(UTC)).total_seconds())
-        after_delay_retry(delivery_id, delay)
-    return status
-
-
-def after_delay_retry(delivery_id: uuid.UUID, delay: float) -> None:
-    """Schedule the next attempt soon when it is near; far ones are left to the beat sweep."""
-    if delay <= 600:
-        dispatch.enqueue_later("workers.tasks.deliver_webhook", delay, str(delivery_id))
+        result = delivery.attempt(prepared[0], sender, outbound.TargetCache(ttl=0), _settings())
+    finally:
+        sender.close()
+    return delivery.record([result]).get(delivery_id)
 
 
 def release_held(session, agent_id: uuid.UUID) -> list[uuid.UUID]:

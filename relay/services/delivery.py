@@ -1,0 +1,573 @@
+"""The webhook delivery pipeline, in batches: fan out, claim under caps, prepare, attempt, record.
+
+DESIGN.md, "Events, webhooks" and "Surfaces beyond the seeds" (per-endpoint concurrency
+cap and circuit breaker; a slow or dead endpoint delays only itself). The worker's pump
+(``workers/delivery.py``) drives these steps for many deliveries at once; ``webhooks.deliver``
+drives them for one.
+
+Rules kept here:
+
+- One delivery per (event, endpoint); ``webhook-id`` is the event's id on every attempt.
+- A claim leases the delivery (``leased_until`` and ``next_attempt_at`` = now + timeout
+  + 30 s): nobody else sends it meanwhile; if the worker dies, the lease runs out and
+  the delivery is due again (at least once, never lost).
+- Caps, counted over the leases of every process (claims are serialised by one advisory
+  lock, so two workers cannot both see a free slot): at most
+  ``RELAY_WEBHOOK_ENDPOINT_CONCURRENCY`` attempts in flight per endpoint and
+  ``RELAY_WEBHOOK_ORG_CONCURRENCY`` per org (the org of the endpoint's agent). A delivery
+  beyond a cap stays due and is claimed when one of its endpoint's attempts ends: an
+  endpoint queues only behind itself.
+- Circuit breaker: after ``RELAY_WEBHOOK_CIRCUIT_FAILURES`` failed attempts in a row the
+  endpoint is paused for ``RELAY_WEBHOOK_CIRCUIT_OPEN`` s, doubling each time it opens
+  again (at most an hour). Its deliveries stay pending and due; when the pause ends one
+  attempt goes out as a probe, and a success closes the circuit.
+- Success is any 2xx; 410 disables the endpoint; other failures retry on
+  ``RELAY_WEBHOOK_SCHEDULE`` (or later, if the receiver sent ``Retry-After``); an
+  endpoint failing for ``RELAY_WEBHOOK_DISABLE_AFTER`` s is disabled with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import select, text
+from standardwebhooks import Webhook
+
+from relay import crypto
+from relay.extensions import db
+from relay.ids import format_ulid, iso
+from relay.models import Agent, Event, Thread, WebhookEndpoint
+from relay.services import outbound, push, unit_of_work
+
+log = logging.getLogger("relay.webhooks")
+
+TEST_EVENT = "webhook.test"
+HELD = "held: the agent is disabled; sent when it is re-enabled"
+# Claims from every worker process take this lock in turn, so the caps hold across them.
+_CLAIM_LOCK = 0x72656C6179  # "relay"
+MAX_CIRCUIT_OPEN = 3600
+MAX_RETRY_DELAY = 7 * 24 * 3600
+
+
+def _settings():
+    return current_app.config["RELAY"]
+
+
+def event_id_text(event_id: uuid.UUID) -> str:
+    """The ``webhook-id`` of an event: the same for every endpoint and every attempt."""
+    return "evt_" + format_ulid(event_id)
+
+
+# --- fan-out ------------------------------------------------------------------------------
+
+_FAN_OUT = text(
+    """
+    WITH ev AS (
+        SELECT id, type, agent_id, thread_id, payload FROM events
+        WHERE id = ANY(CAST(:ids AS uuid[])) AND fanned_out_at IS NULL
+        FOR UPDATE SKIP LOCKED
+    ), marked AS (
+        UPDATE events SET fanned_out_at = now() FROM ev WHERE events.id = ev.id
+    )
+    INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
+    SELECT gen_random_uuid(), ev.id, e.id, 'pending', 0, now(), now()
+    FROM ev JOIN webhook_endpoints e ON e.agent_id = ev.agent_id AND e.enabled
+    WHERE CASE WHEN ev.type = :test THEN e.id = CAST(ev.payload->>'endpoint_id' AS uuid)
+          -- An A2A push config hears its one task; a webhook every task of its agent.
+          ELSE e.events @> jsonb_build_array(ev.type)
+               AND (e.kind = 'webhook' OR (e.kind = 'a2a_push' AND e.thread_id = ev.thread_id)) END
+    ORDER BY ev.id, e.id
+    ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
+    RETURNING id, endpoint_id
+    """
+)
+
+
+def fan_out_many(event_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Create one delivery per matching enabled endpoint for each event, in one statement.
+
+    Returns ``[(delivery_id, endpoint_id)]`` of the new deliveries. Idempotent: an event
+    already fanned out, or being fanned out by another worker (locked), is skipped.
+    """
+    if not event_ids:
+        return []
+    with unit_of_work() as session:
+        rows = session.execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
+    return [(r.id, r.endpoint_id) for r in rows]
+
+
+# --- claim --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A leased delivery: ids and the attempt count before this attempt."""
+
+    delivery_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    event_id: uuid.UUID
+    attempt_count: int
+
+
+_CAPACITY = text(
+    """
+    WITH leased AS (
+        SELECT endpoint_id, count(*) AS n FROM webhook_deliveries
+        WHERE leased_until IS NOT NULL AND leased_until > now() AND status = 'pending'
+        GROUP BY endpoint_id
+    ), org_busy AS (
+        SELECT a.org, sum(l.n) AS n FROM leased l
+        JOIN webhook_endpoints e ON e.id = l.endpoint_id JOIN agents a ON a.id = e.agent_id
+        GROUP BY a.org
+    )
+    SELECT e.id, e.enabled, e.disabled_reason, a.org, a.disabled_at IS NOT NULL AS held,
+           coalesce(e.circuit_open_until > now(), false) AS open,
+           e.circuit_open_until IS NOT NULL AS probing,
+           coalesce(l.n, 0) AS busy, coalesce(o.n, 0) AS org_busy
+    FROM webhook_endpoints e JOIN agents a ON a.id = e.agent_id
+    LEFT JOIN leased l ON l.endpoint_id = e.id LEFT JOIN org_busy o ON o.org = a.org
+    WHERE e.id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+_DUE = "status = 'pending' AND next_attempt_at <= now()"
+
+_FAIL_DISABLED = text(
+    f"""
+    UPDATE webhook_deliveries d
+    SET status = 'failed', completed_at = now(), next_attempt_at = NULL, leased_until = NULL,
+        last_error = 'endpoint disabled: ' || coalesce(e.disabled_reason, 'disabled')
+    FROM webhook_endpoints e
+    WHERE e.id = d.endpoint_id AND d.endpoint_id = ANY(CAST(:ids AS uuid[])) AND d.{_DUE}
+    """
+)
+
+# A disabled agent's key may have leaked: send nothing, lose nothing. The delivery stays
+# pending with no due time; enable_agent makes it due again (webhooks.release_held).
+_HOLD = text(
+    f"""
+    UPDATE webhook_deliveries SET next_attempt_at = NULL, leased_until = NULL, last_error = :held
+    WHERE endpoint_id = ANY(CAST(:ids AS uuid[])) AND {_DUE}
+    """
+)
+
+_CLAIM = """
+    UPDATE webhook_deliveries d SET leased_until = now() + :lease, next_attempt_at = now() + :lease
+    FROM (
+        SELECT x.id FROM unnest(CAST(:eids AS uuid[]), CAST(:limits AS int[])) AS l(eid, n)
+        CROSS JOIN LATERAL (
+            SELECT id FROM webhook_deliveries
+            WHERE endpoint_id = l.eid AND {due} {only}
+            ORDER BY next_attempt_at, id LIMIT l.n
+            FOR UPDATE SKIP LOCKED
+        ) x
+    ) pick
+    WHERE d.id = pick.id
+    RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count
+"""
+_CLAIM_ANY = text(_CLAIM.format(due=_DUE, only=""))
+_CLAIM_ONLY = text(_CLAIM.format(due=_DUE, only="AND id = ANY(CAST(:only AS uuid[]))"))
+
+
+def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> list[Claimed]:
+    """Lease up to ``budget`` due deliveries of these endpoints, oldest due first per endpoint, within the caps.
+
+    Deliveries of a disabled endpoint are failed, of a disabled agent held; an endpoint
+    whose circuit is open gets none, one whose pause has ended gets one (the probe).
+    ``only`` restricts the claim to those delivery ids. Returns what was leased.
+    """
+    ids = [str(i) for i in endpoint_ids]
+    if not ids or budget <= 0:
+        return []
+    s = _settings()
+    with unit_of_work() as session:
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CLAIM_LOCK})
+        rows = session.execute(_CAPACITY, {"ids": ids}).all()
+        disabled, held, limits = [], [], {}
+        org_free: dict[str, int] = {}
+        for r in rows:
+            if not r.enabled:
+                disabled.append(str(r.id))
+                continue
+            if r.held:
+                held.append(str(r.id))
+                continue
+            if r.open:
+                continue
+            free = (1 if r.probing else s.webhook_endpoint_concurrency) - r.busy
+            org = org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
+            take = min(free, org, budget)
+            if take > 0:
+                limits[str(r.id)] = take
+                org_free[r.org] -= take
+                budget -= take
+        if disabled:
+            session.execute(_FAIL_DISABLED, {"ids": disabled})
+        if held:
+            session.execute(_HOLD, {"ids": held, "held": HELD})
+        if not limits:
+            return []
+        params: dict[str, Any] = {
+            "eids": list(limits),
+            "limits": list(limits.values()),
+            "lease": timedelta(seconds=s.webhook_timeout + 30),
+        }
+        if only is not None:
+            params["only"] = [str(i) for i in only]
+        rows = session.execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
+    return [Claimed(r.id, r.endpoint_id, r.event_id, r.attempt_count) for r in rows]
+
+
+def endpoints_with_due(limit: int = 1000) -> list[uuid.UUID]:
+    """Endpoints that have a due delivery (retries, expired leases, work beyond a cap)."""
+    return list(
+        db.session.scalars(
+            text(
+                f"SELECT DISTINCT d.endpoint_id FROM webhook_deliveries d JOIN webhook_endpoints e "
+                f"ON e.id = d.endpoint_id WHERE d.{_DUE} "
+                "AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now()) LIMIT :n"
+            ),
+            {"n": limit},
+        )
+    )
+
+
+# --- prepare ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An attempt ready to send: where, what, signed; or ``error`` if it cannot be sent at all."""
+
+    claimed: Claimed
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    error: str | None = None
+
+
+def _feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
+    from relay.services.feed import message_feed_rows
+
+    return message_feed_rows(message_ids)
+
+
+def _task_rows(thread_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
+    from relay.services.threads import thread_summary
+
+    if not thread_ids:
+        return {}
+    return {t.id: thread_summary(t) for t in db.session.scalars(select(Thread).where(Thread.id.in_(thread_ids)))}
+
+
+def _webhook_data(event: Event, feed: dict, tasks: dict) -> dict[str, Any]:
+    if event.type == "message.created":
+        return feed.get(event.message_id) or {"id": str(event.message_id), "deleted": True}
+    if event.type == "task.updated":
+        return {
+            **tasks.get(event.thread_id, {"task_id": format_ulid(event.thread_id)}),
+            "transition": event.payload.get("transition"),
+            "from_state": event.payload.get("from"),
+            "to_state": event.payload.get("to"),
+        }
+    return {"endpoint_id": event.payload.get("endpoint_id"), "message": "test event from the handoff relay"}
+
+
+def _dumps(payload: dict) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _bounded(event: Event, data: dict[str, Any], recipient: str, limit: int) -> bytes:
+    """The webhook body; past ``limit`` bytes a message's content is left out for a feed reference.
+
+    docs/decisions.md, "Webhook body size": the feed row carries a message's text twice
+    (``body`` and ``parts``), so a 950 kB message would make a 1.9 MB webhook, past the
+    1 MiB many receivers (and this relay) accept.
+    """
+    payload = {"type": event.type, "timestamp": iso(event.created_at), "data": data}
+    body = _dumps(payload)
+    if len(body) <= limit or event.type != "message.created" or "task_id" not in data:
+        return body
+    slim = {k: v for k, v in data.items() if k not in ("body", "parts", "artifacts")}
+    slim["content_omitted"] = {
+        "reason": f"the webhook would be {len(body)} bytes, more than {limit}",
+        "fetch": f"/api/v1/identities/{recipient}/a2a/messages?task_id={data['task_id']}&since={data['created_at']}",
+    }
+    return _dumps({**payload, "data": slim})
+
+
+def _signature(endpoint: WebhookEndpoint, secrets: dict, msg_id: str, when: datetime, body: str) -> str:
+    def sign(encrypted: str) -> str:
+        if encrypted not in secrets:
+            secrets[encrypted] = Webhook(crypto.decrypt(encrypted))
+        return secrets[encrypted].sign(msg_id, when, body)
+
+    signatures = [sign(endpoint.secret_encrypted)]
+    if (
+        endpoint.previous_secret_encrypted
+        and endpoint.previous_secret_expires_at
+        and endpoint.previous_secret_expires_at > datetime.now(UTC)
+    ):
+        signatures.append(sign(endpoint.previous_secret_encrypted))
+    return " ".join(signatures)
+
+
+def prepare(claims: list[Claimed]) -> list[Prepared]:
+    """Build, bound and sign the payloads of claimed deliveries, re-reading their rows now (a few queries for all)."""
+    if not claims:
+        return []
+    s = _settings()
+    with unit_of_work() as session:
+        events = {e.id: e for e in session.scalars(select(Event).where(Event.id.in_({c.event_id for c in claims})))}
+        endpoints = {
+            e.id: e
+            for e in session.scalars(
+                select(WebhookEndpoint).where(WebhookEndpoint.id.in_({c.endpoint_id for c in claims}))
+            )
+        }
+        owners = dict(
+            session.execute(
+                select(Agent.id, Agent.handle).where(Agent.id.in_({e.agent_id for e in endpoints.values()}))
+            ).all()
+        )
+        hooks = [
+            events[c.event_id] for c in claims if c.event_id in events and endpoints[c.endpoint_id].kind != push.KIND
+        ]
+        feed = _feed_rows([e.message_id for e in hooks if e.type == "message.created" and e.message_id])
+        tasks = _task_rows([e.thread_id for e in hooks if e.type == "task.updated" and e.thread_id])
+        secrets: dict[str, Webhook] = {}
+        out = []
+        now = datetime.now(UTC)
+        for c in claims:
+            endpoint, event = endpoints.get(c.endpoint_id), events.get(c.event_id)
+            if endpoint is None or event is None:
+                continue  # deleted since the claim: nothing to send, nothing to record
+            msg_id = event_id_text(event.id)
+            try:
+                if endpoint.kind == push.KIND:
+                    body = _dumps(push.build_payload(event))
+                else:
+                    body = _bounded(
+                        event,
+                        _webhook_data(event, feed, tasks),
+                        owners.get(endpoint.agent_id, ""),
+                        s.webhook_max_payload_bytes,
+                    )
+                headers = {
+                    "webhook-id": msg_id,
+                    "webhook-timestamp": str(int(now.timestamp())),
+                    "webhook-signature": _signature(endpoint, secrets, msg_id, now, body.decode("utf-8")),
+                }
+                if endpoint.kind == push.KIND:
+                    headers.update(push.headers(endpoint))
+            except ValueError as exc:  # an undecryptable secret or token
+                out.append(Prepared(c, endpoint.url, b"", {}, error=str(exc)))
+                continue
+            out.append(Prepared(c, endpoint.url, body, headers))
+    return out
+
+
+# --- attempt ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """One attempt's outcome, to record."""
+
+    claimed: Claimed
+    attempted_at: datetime
+    outcome: outbound.Outcome
+
+
+def attempt(prepared: Prepared, sender: outbound.Sender, targets: outbound.TargetCache, settings) -> Result:
+    """Resolve, check and POST one prepared delivery (no database); thread-safe."""
+    attempted_at = datetime.now(UTC)
+    if prepared.error is not None:
+        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, prepared.error, None, 0))
+    started = datetime.now(UTC)
+    try:
+        target = targets.resolve(
+            prepared.url, allow_private=settings.webhook_allow_private, allow_http=settings.webhook_allow_http
+        )
+    except outbound.TargetRefused as exc:
+        ms = int((datetime.now(UTC) - started).total_seconds() * 1000)
+        reason = f"DNS failure: {exc}" if exc.kind == "dns" else f"refused: {exc}"
+        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, reason, None, ms))
+    outcome = sender.post(target, prepared.body, prepared.headers, timeout=settings.webhook_timeout)
+    return Result(prepared.claimed, attempted_at, outcome)
+
+
+# --- record -------------------------------------------------------------------------------
+
+_INSERT_ATTEMPTS = text(
+    """
+    INSERT INTO webhook_attempts (delivery_id, attempted_at, status_code, error, duration_ms)
+    SELECT v.delivery_id, v.attempted_at, v.status_code, v.error, v.duration_ms
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+         AS v(delivery_id uuid, attempted_at timestamptz, status_code int, error text, duration_ms int)
+    WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = v.delivery_id)
+    """
+)
+_UPDATE_DELIVERIES = text(
+    """
+    UPDATE webhook_deliveries d SET
+        status = v.status,
+        attempt_count = d.attempt_count + 1,
+        next_attempt_at = CASE WHEN v.delay IS NULL THEN NULL ELSE now() + make_interval(secs => v.delay) END,
+        completed_at = CASE WHEN v.status = 'pending' THEN NULL ELSE now() END,
+        last_error = v.error,
+        leased_until = NULL
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id uuid, status text, delay float8, error text)
+    WHERE d.id = v.id AND d.status = 'pending'
+    RETURNING d.id
+    """
+)
+
+
+def _ok(outcome: outbound.Outcome) -> bool:
+    return outcome.status is not None and 200 <= outcome.status < 300
+
+
+def _verdict(result: Result, schedule: tuple[int, ...]) -> dict[str, Any]:
+    """The delivery's row after this attempt: status, delay of the next one, error."""
+    o = result.outcome
+    if _ok(o):
+        return {"status": "succeeded", "delay": None, "error": None}
+    if o.status == 410:
+        return {"status": "failed", "delay": None, "error": "410 Gone: endpoint disabled"}
+    error = o.error or f"HTTP {o.status}"
+    done = result.claimed.attempt_count + 1
+    if done >= len(schedule):
+        return {"status": "failed", "delay": None, "error": error}
+    return {
+        "status": "pending",
+        "delay": float(min(max(schedule[done], o.retry_after or 0), MAX_RETRY_DELAY)),
+        "error": error,
+    }
+
+
+def _apply_health(endpoint: WebhookEndpoint, results: list[Result], s, now: datetime) -> None:
+    """Move an endpoint's health through its attempts, in the order they ended."""
+    for r in results:
+        o = r.outcome
+        endpoint.last_attempt_at, endpoint.last_duration_ms = r.attempted_at, o.duration_ms
+        if _ok(o):
+            endpoint.consecutive_failures, endpoint.circuit_opens = 0, 0
+            endpoint.circuit_open_until = endpoint.circuit_reason = None
+            endpoint.failing_since = endpoint.last_error = None
+            continue
+        if o.status == 410:
+            endpoint.enabled, endpoint.disabled_at = False, now
+            endpoint.disabled_reason = "the receiver answered 410 Gone"
+            endpoint.last_error = "410 Gone"
+            continue
+        error = o.error or f"HTTP {o.status}"
+        endpoint.last_error = error
+        endpoint.consecutive_failures += 1
+        if endpoint.failing_since is None:
+            endpoint.failing_since = r.attempted_at
+        pausing = endpoint.circuit_open_until is not None and endpoint.circuit_open_until > now
+        if endpoint.consecutive_failures >= s.webhook_circuit_failures and not pausing:
+            endpoint.circuit_opens += 1
+            pause = min(s.webhook_circuit_open * 2 ** (endpoint.circuit_opens - 1), MAX_CIRCUIT_OPEN)
+            endpoint.circuit_open_until = now + timedelta(seconds=pause)
+            endpoint.circuit_reason = (
+                f"{endpoint.consecutive_failures} failed attempts in a row (last: {error}); "
+                f"attempts paused for {pause} s"
+            )
+            log.warning(
+                "webhook circuit opened",
+                extra={"endpoint_id": str(endpoint.id), "pause_s": pause, "error": error},
+            )
+        failing_for = (now - endpoint.failing_since).total_seconds()
+        if endpoint.enabled and failing_for >= s.webhook_disable_after:
+            endpoint.enabled, endpoint.disabled_at = False, now
+            endpoint.disabled_reason = f"every delivery failed for {int(failing_for)} s (last: {error})"
+    endpoint.updated_at = now
+
+
+def record(results: list[Result]) -> dict[uuid.UUID, str]:
+    """Write attempts, delivery rows and endpoint health for many results, in one transaction.
+
+    Returns each delivery's status afterwards (``succeeded``, ``failed`` or ``pending``);
+    deliveries deleted meanwhile (their endpoint was deleted) are left out.
+    """
+    if not results:
+        return {}
+    s = _settings()
+    now = datetime.now(UTC)
+    by_endpoint: dict[uuid.UUID, list[Result]] = defaultdict(list)
+    for r in sorted(results, key=lambda r: r.attempted_at):
+        by_endpoint[r.claimed.endpoint_id].append(r)
+    verdicts = {r.claimed.delivery_id: _verdict(r, s.webhook_schedule) for r in results}
+    with unit_of_work() as session:
+        # Lock the endpoints in id order: two recorders never wait on each other in a cycle.
+        endpoints = session.scalars(
+            select(WebhookEndpoint)
+            .where(WebhookEndpoint.id.in_(by_endpoint))
+            .order_by(WebhookEndpoint.id)
+            .with_for_update()
+        ).all()
+        for endpoint in endpoints:
+            _apply_health(endpoint, by_endpoint[endpoint.id], s, now)
+        session.flush()
+        attempts = [
+            {
+                "delivery_id": str(r.claimed.delivery_id),
+                "attempted_at": r.attempted_at.isoformat(),
+                "status_code": r.outcome.status,
+                "error": r.outcome.error,
+                "duration_ms": r.outcome.duration_ms,
+            }
+            for r in results
+        ]
+        session.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
+        rows = [{"id": str(d), **v} for d, v in verdicts.items()]
+        updated = session.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+    for r in results:
+        log.info(
+            "webhook attempt",
+            extra={
+                "delivery_id": str(r.claimed.delivery_id),
+                "endpoint_id": str(r.claimed.endpoint_id),
+                "status": r.outcome.status,
+                "error": r.outcome.error,
+                "duration_ms": r.outcome.duration_ms,
+            },
+        )
+    return {d: verdicts[d]["status"] for d in updated}
+
+
+def health(endpoint: WebhookEndpoint, slow_ms: int) -> dict[str, Any]:
+    """An endpoint's state for its record: ``healthy``, ``slowed`` or ``open`` (circuit), with the reason."""
+    now = datetime.now(UTC)
+    if endpoint.circuit_open_until is not None:
+        state = "open"
+        if endpoint.circuit_open_until > now:
+            reason = endpoint.circuit_reason
+        else:
+            reason = f"{endpoint.circuit_reason}; the pause is over, the next attempt is a probe"
+    elif endpoint.consecutive_failures:
+        state = "slowed"
+        reason = f"{endpoint.consecutive_failures} failed attempts in a row (last: {endpoint.last_error})"
+    elif endpoint.last_duration_ms is not None and endpoint.last_duration_ms >= slow_ms:
+        state = "slowed"
+        reason = f"the last attempt took {endpoint.last_duration_ms} ms (slow is {slow_ms} ms or more)"
+    else:
+        state, reason = "healthy", None
+    return {
+        "state": state,
+        "reason": reason,
+        "consecutive_failures": endpoint.consecutive_failures or 0,
+        "circuit_open_until": iso(endpoint.circuit_open_until),
+        "last_attempt_at": iso(endpoint.last_attempt_at),
+        "last_duration_ms": endpoint.last_duration_ms,
+        "last_error": endpoint.last_error,
+    }

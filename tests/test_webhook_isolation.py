@@ -1,0 +1,312 @@
+"""Webhook isolation: concurrency caps, circuit breaker, connection reuse, honest errors, body size.
+
+DESIGN.md ("Surfaces beyond the seeds", webhooks) and relay/services/delivery.py. Real
+receivers on loopback (tests/receiver.py), real PostgreSQL and Redis, and either the real
+in-process Celery worker (``celery_worker``) or, for an app with other settings, that
+app's real webhook pump (workers/delivery.py) fed the committed events directly, as its
+Celery task would. No timed assertions: order and counts are read at the receivers,
+while a receiver holds its answers behind a gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+
+import pytest
+
+from tests.conftest import bearer, extra_app, sql, wait_until
+from tests.receiver import Receiver
+from tests.test_webhooks import _msg, append, create_hook, create_thread, deliveries, get_hook, rpc
+
+ALICE, BOB, CAROL = "alice@acme", "bob@acme", "carol@beta"
+
+
+@pytest.fixture
+def agents(make_agent):
+    return {h: make_agent(h)[1] for h in (ALICE, BOB, CAROL)}
+
+
+@pytest.fixture
+def rx():
+    with Receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def gate():
+    """A gate the receiver's answers wait behind; opened at the end whatever happens."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _pending_events(app) -> list[uuid.UUID]:
+    return [uuid.UUID(r[0]) for r in sql(app, "SELECT id::text FROM events WHERE fanned_out_at IS NULL")]
+
+
+def _pump(app):
+    """Hand ``app``'s committed events to its pump (what its Celery task does) and wait for the fan-out."""
+    from workers.delivery import pump_for
+
+    with app.app_context():
+        done = pump_for(app).committed(None, _pending_events(app))
+    assert done.wait(10), "the pump did not fan the events out within 10 s"
+
+
+def _leased(app) -> int:
+    return sql(app, "SELECT count(*) FROM webhook_deliveries WHERE leased_until > now()")[0][0]
+
+
+# --------------------------------------------------------------------------- caps
+
+
+def test_an_endpoint_never_has_more_attempts_in_flight_than_its_cap(app, client, agents, rx, gate, celery_worker):
+    rx.program("/slow", [], default={"status": 200, "gate": gate})
+    hook = create_hook(client, BOB, agents[BOB], rx.url("/slow"), events=["message.created"])
+    task_id = create_thread(client, agents[ALICE], BOB, "message 0")["task_id"]
+    for i in range(1, 10):
+        append(client, agents[ALICE], task_id, f"message {i}")
+    rx.wait_for(4, path="/slow")
+    # Every delivery is fanned out and due, and the pump has polled since (each second):
+    # had the cap not held, the other six would be at the receiver by now.
+    wait_until(lambda: sql(app, "SELECT count(*) FROM events WHERE fanned_out_at IS NULL")[0][0] == 0)
+    wait_until(lambda: _leased(app) == 4, what="four leased deliveries")
+    polled = sql(app, "SELECT now()")[0][0]
+    wait_until(lambda: sql(app, "SELECT now() > CAST(:t AS timestamptz) + interval '1.5 s'", t=polled)[0][0])
+    assert rx.count("/slow") == 4 and rx.in_flight("/slow") == 4
+    gate.set()
+    wait_until(
+        lambda: (
+            all(d["status"] == "succeeded" for d in deliveries(client, BOB, agents[BOB], hook["id"]))
+            and len(deliveries(client, BOB, agents[BOB], hook["id"])) == 10
+        ),
+        what="ten succeeded deliveries",
+    )
+    assert rx.most_in_flight("/slow") == 4
+    assert rx.count("/slow") == 10
+
+
+def test_an_org_never_has_more_attempts_in_flight_than_its_cap(base_env, celery_app, redis_url, make_agent, gate):
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ORG_CONCURRENCY="3") as other, Receiver() as rx:
+        client = other.test_client()
+        keys = {h: make_agent(h)[1] for h in ("ann@acme", "ben@acme", "cid@acme", "dee@beta")}
+        rx.program("/acme", [], default={"status": 200, "gate": gate})
+        for handle in ("ben@acme", "cid@acme"):  # two endpoints of one org (cap 4 each), one receiver
+            create_hook(client, handle, keys[handle], rx.url("/acme"), events=["message.created"])
+        rx.program("/dee", [], default=200)
+        create_hook(client, "dee@beta", keys["dee@beta"], rx.url("/dee"), events=["message.created"])
+        for handle in ("ben@acme", "cid@acme"):
+            for i in range(4):
+                create_thread(client, keys["ann@acme"], handle, f"to {handle} {i}")
+        _pump(other)
+        rx.wait_for(3, path="/acme")
+        # Another org is not held back by acme's full cap.
+        create_thread(client, keys["ann@acme"], "dee@beta", "to dee")
+        _pump(other)
+        rx.wait_for(1, path="/dee")
+        assert rx.count("/acme") == 3 and rx.in_flight("/acme") == 3
+        gate.set()
+        rx.wait_for(8, path="/acme", timeout=30)
+        wait_until(lambda: sql(other, "SELECT count(*) FROM webhook_attempts")[0][0] == 9, what="nine attempts")
+        assert rx.most_in_flight("/acme") == 3
+
+
+def test_a_slow_endpoint_does_not_hold_back_another_endpoints_deliveries(client, agents, rx, gate, celery_worker):
+    rx.program("/slow", [], default={"status": 200, "gate": gate})
+    rx.program("/fast", [], default=200)
+    create_hook(client, BOB, agents[BOB], rx.url("/slow"), events=["message.created"])
+    create_hook(client, CAROL, agents[CAROL], rx.url("/fast"), events=["message.created"])
+    slow_task = create_thread(client, agents[ALICE], BOB, "slow 0")["task_id"]
+    for i in range(1, 20):  # bob's backlog first: 20 deliveries behind a closed gate
+        append(client, agents[ALICE], slow_task, f"slow {i}")
+    fast_task = create_thread(client, agents[ALICE], CAROL, "fast 0")["task_id"]
+    for i in range(1, 5):
+        append(client, agents[ALICE], fast_task, f"fast {i}")
+    rx.wait_for(5, path="/fast", timeout=15)  # all of carol's, while bob's receiver holds everything
+    assert not gate.is_set() and rx.count("/slow") == 4
+    gate.set()
+    rx.wait_for(20, path="/slow", timeout=30)
+
+
+# --------------------------------------------------------------------------- circuit breaker
+
+
+def test_the_circuit_opens_after_failures_in_a_row_and_a_probe_success_closes_it(
+    base_env, celery_app, redis_url, make_agent
+):
+    env = {
+        "RELAY_WEBHOOK_CIRCUIT_FAILURES": "3",
+        "RELAY_WEBHOOK_CIRCUIT_OPEN": "3",
+        "RELAY_WEBHOOK_SCHEDULE": "0,0,0,0,0,0",
+    }
+    with extra_app(base_env, celery_app, redis_url, **env) as other, Receiver() as rx:
+        client = other.test_client()
+        keys = {h: make_agent(h)[1] for h in (ALICE, BOB)}
+        rx.program("/flaky", [500, 500, 500], default=200)
+        hook = create_hook(client, BOB, keys[BOB], rx.url("/flaky"), events=["message.created"])
+        assert get_hook(client, BOB, keys[BOB], hook["id"])["health"]["state"] == "healthy"
+        task_id = create_thread(client, keys[ALICE], BOB, "first")["task_id"]
+        _pump(other)
+        health = wait_until(
+            lambda: (h := get_hook(client, BOB, keys[BOB], hook["id"])["health"])["state"] == "open" and h,
+            what="an open circuit",
+        )
+        assert health["consecutive_failures"] == 3 and "3 failed attempts in a row (last: HTTP 500)" in health["reason"]
+        # While it is open, nothing goes out, and new deliveries wait (pending, not lost).
+        append(client, keys[ALICE], task_id, "second")
+        _pump(other)
+        still = sql(other, "SELECT circuit_open_until > now() FROM webhook_endpoints")[0][0]
+        assert rx.count("/flaky") == 3 or not still
+        if still:
+            assert sql(other, "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")[0][0] == 2
+        # The pause ends, one probe succeeds, the circuit closes and the backlog goes out.
+        rx.wait_for(5, path="/flaky", timeout=20)
+        items = wait_until(
+            lambda: (
+                (d := deliveries(client, BOB, keys[BOB], hook["id"]))
+                and all(x["status"] == "succeeded" for x in d)
+                and len(d) == 2
+                and d
+            ),
+            what="both deliveries succeeded",
+        )
+        assert sorted(x["attempt_count"] for x in items) == [1, 4]
+        health = get_hook(client, BOB, keys[BOB], hook["id"])["health"]
+        assert health == {**health, "state": "healthy", "reason": None, "consecutive_failures": 0}
+        assert health["circuit_open_until"] is None
+
+
+def test_an_endpoint_answering_slowly_is_shown_slowed(base_env, celery_app, redis_url, make_agent):
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_SLOW_MS="300") as other, Receiver() as rx:
+        client = other.test_client()
+        keys = {h: make_agent(h)[1] for h in (ALICE, BOB)}
+        rx.program("/sluggish", [], default={"status": 200, "delay": 0.5})
+        hook = create_hook(client, BOB, keys[BOB], rx.url("/sluggish"), events=["message.created"])
+        create_thread(client, keys[ALICE], BOB, "hello")
+        _pump(other)
+        health = wait_until(
+            lambda: (h := get_hook(client, BOB, keys[BOB], hook["id"])["health"])["last_attempt_at"] and h,
+            what="an attempt recorded",
+        )
+        assert health["state"] == "slowed" and health["last_duration_ms"] >= 500
+        assert "the last attempt took" in health["reason"] and "300 ms" in health["reason"]
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def test_deliveries_to_one_endpoint_reuse_one_connection(client, agents, celery_worker):
+    with Receiver(keepalive=True) as rx:
+        hook = create_hook(client, BOB, agents[BOB], rx.url("/keep"), events=["message.created"])
+        task_id = create_thread(client, agents[ALICE], BOB, "message 0")["task_id"]
+        rx.wait_for(1, path="/keep")
+        for i in range(1, 5):  # one at a time: each after the previous one arrived
+            append(client, agents[ALICE], task_id, f"message {i}")
+            rx.wait_for(i + 1, path="/keep")
+        wait_until(
+            lambda: [d["status"] for d in deliveries(client, BOB, agents[BOB], hook["id"])] == ["succeeded"] * 5,
+            what="five succeeded deliveries",
+        )
+        assert len({r.peer for r in rx.requests("/keep")}) == 1
+
+
+# --------------------------------------------------------------------------- honest errors
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def black_hole():
+    """A listening socket that never answers (the kernel completes the handshake)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield f"http://127.0.0.1:{s.getsockname()[1]}/hole"
+    s.close()
+
+
+def _one_attempt(app, handle, key, url):
+    """Point a fresh endpoint at ``url``, send it a test event and make one attempt now; return (delivery, attempt)."""
+    from relay.ids import parse_ulid
+    from relay.services import webhooks
+
+    client = app.test_client()
+    hook = create_hook(client, handle, key, "http://127.0.0.1:9/placeholder")
+    sql(app, "UPDATE webhook_endpoints SET url = :u WHERE id = CAST(:i AS uuid)", u=url, i=hook["id"])
+    resp = client.post(f"/api/v1/identities/{handle}/webhooks/{hook['id']}/test", headers=bearer(key))
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    with app.app_context():
+        [delivery_id] = webhooks.fan_out(parse_ulid(resp.get_json()["event_id"].removeprefix("evt_")))
+        webhooks.deliver(delivery_id)
+    [item] = deliveries(client, handle, key, hook["id"])
+    [attempt] = item["attempts"]
+    return item, attempt
+
+
+def test_each_error_kind_is_recorded_as_itself(base_env, celery_app, redis_url, make_agent, black_hole, caplog):
+    caplog.set_level(logging.INFO, logger="relay.webhooks")
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_TIMEOUT="1") as other, Receiver() as rx:
+        handle, key = make_agent(BOB)
+        rx.program("/busy", [], default=503)
+        rx.program("/late", [], default={"status": 200, "delay": 1.5})
+        cases = {
+            "refused": (f"http://127.0.0.1:{_closed_port()}/x", "connection refused"),
+            "dns": ("http://no-such-host.invalid/x", "DNS failure: host 'no-such-host.invalid' does not resolve"),
+            "tls": (f"https://127.0.0.1:{rx.port}/busy", "TLS failure: "),
+            "late": (rx.url("/late"), "timeout after 1 s (waiting for the response)"),
+            "black hole": (black_hole, "timeout after 1 s (waiting for the response)"),
+        }
+        for kind, (url, expected) in cases.items():
+            item, attempt = _one_attempt(other, handle, key, url)
+            assert attempt["status_code"] is None, kind
+            assert attempt["error"].startswith(expected), (kind, attempt["error"])
+            assert item["last_error"] == attempt["error"], kind
+            if kind in ("late", "black hole"):
+                assert attempt["duration_ms"] >= 1000, (kind, attempt)
+            else:
+                assert attempt["duration_ms"] < 1000, (kind, attempt)
+        item, attempt = _one_attempt(other, handle, key, rx.url("/busy"))
+        assert attempt["status_code"] == 503 and attempt["error"] is None and item["last_error"] == "HTTP 503"
+    logged = [r for r in caplog.records if r.getMessage() == "webhook attempt"]
+    assert [getattr(r, "error", None) for r in logged][:2] == [
+        "connection refused",
+        "DNS failure: host 'no-such-host.invalid' does not resolve",
+    ]
+    assert all(isinstance(getattr(r, "duration_ms", None), int) for r in logged)
+
+
+# --------------------------------------------------------------------------- body size
+
+
+def test_a_webhook_past_the_size_bound_carries_a_feed_reference_instead_of_the_content(
+    base_env, celery_app, redis_url, make_agent
+):
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_MAX_PAYLOAD_BYTES="20000") as other, Receiver() as rx:
+        import json
+
+        client = other.test_client()
+        keys = {h: make_agent(h)[1] for h in (ALICE, BOB)}
+        create_hook(client, BOB, keys[BOB], rx.url("/in"), events=["message.created"])
+        small = create_thread(client, keys[ALICE], BOB, "short and sweet")
+        big_text = "word " * 3000  # 15,000 characters, carried twice (body and parts): past 20,000 bytes
+        rpc(client, keys[ALICE], "message/send", {"task_id": small["task_id"], "message": _msg(big_text)})
+        _pump(other)
+        got = rx.wait_for(2, path="/in")
+        bodies = sorted((json.loads(r.body) for r in got), key=lambda b: b["data"]["sequence_no"])
+        assert bodies[0]["data"]["body"] == "short and sweet" and "content_omitted" not in bodies[0]["data"]
+        assert len(got[0].body) <= 20000 and len(got[1].body) <= 20000
+        slim = bodies[1]["data"]
+        assert "body" not in slim and "parts" not in slim and "more than 20000" in slim["content_omitted"]["reason"]
+        fetched = client.get(slim["content_omitted"]["fetch"], headers=bearer(keys[BOB]))
+        assert fetched.status_code == 200, fetched.get_data(as_text=True)[:300]
+        [row] = [m for m in fetched.get_json()["items"] if m["id"] == slim["id"]]
+        assert row["body"] == big_text
