@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]``, ``scale [--messages N]``, ``dialects``, ``hostile [--duration S]``.
+"""``python -m bench run [--quick]``, ``scale [--messages N]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -43,7 +43,32 @@ def main() -> None:
     hostile_p.add_argument("--duration", type=float, default=30.0, help="seconds a phase (default 30)")
     hostile_p.add_argument("--slow", type=int, default=50, help="slow-head sockets, and as many slow-body ones")
     hostile_p.add_argument("--hostile-agents", type=int, default=2, help="agents sending bad bodies at 60/minute")
+    wh = sub.add_parser(
+        "webhooks", parents=[common], help="webhook delivery under load: commit->received, lost, duplicates, CPU"
+    )
+    wh.add_argument("--rate", type=float, default=100.0, help="messages/s, open loop (default 100)")
+    wh.add_argument("--duration", type=float, default=30.0, help="seconds of sending a phase (default 30)")
+    wh.add_argument("--endpoints", type=int, default=10, help="healthy endpoints, one per recipient agent")
+    wh.add_argument("--slow", type=int, default=8, help="endpoints answering after --slow-delay s (default 8)")
+    wh.add_argument("--slow-delay", type=float, default=8.0, help="seconds a slow endpoint takes (default 8)")
+    wh.add_argument("--slow-share", type=float, default=0.10, help="share of messages to slow endpoints (0.10)")
+    wh.add_argument("--refusing", type=int, default=0, help="endpoints on a port that refuses connections")
+    wh.add_argument("--blackhole", type=int, default=0, help="endpoints that accept and never answer")
+    wh.add_argument(
+        "--bad-share", type=float, default=0.02, help="share of messages to refusing + blackhole endpoints (0.02)"
+    )
+    wh.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for deliveries (120)")
+    wh.add_argument("--senders", type=int, default=4, help="sender threads, at least rate/10 (default 4)")
+    wh.add_argument("--saturation", action="store_true", help="step the rate until p99 > 1 s or senders fall behind")
+    wh.add_argument("--steps", help="saturation rates, comma-separated (default 50,100,150,200,250,300,400,...)")
+    wh.add_argument("--tenant", action="store_true", help="org A's 20 held endpoints beside org B's one endpoint")
+    wh.add_argument("--tenant-rate", type=float, default=20.0, help="org A's messages/s in the tenant drill (20)")
+    wh.add_argument("--tenant-hold", type=float, default=12.0, help="seconds org A's receiver holds a request (12)")
     args = parser.parse_args()
+    if args.command == "webhooks" and not (
+        0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
+    ):
+        parser.error("webhooks: --endpoints must be at least 1 and --slow-share + --bad-share below 1")
     folder = results_dir(args.results)
     folder.mkdir(parents=True, exist_ok=True)
     if args.command == "run":
@@ -66,6 +91,12 @@ def main() -> None:
         results = {**hostile(args.duration, args.slow, args.hostile_agents), "commit": git_commit()}
         print_hostile(results)
         name = f"{results['date'][:10]}-{results['commit']}-hostile.json"
+    elif args.command == "webhooks":
+        from bench.webhooks import print_webhooks, webhooks
+
+        results = webhooks(args)
+        print_webhooks(results)
+        name = f"{results['date'][:10]}-{results['commit']}-webhooks.json"
     else:
         from bench.scale import print_scale, scale
 
