@@ -29,7 +29,7 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_SCHEDULE": "0,5,300,1800,7200,18000,36000,36000",
     "RELAY_WEBHOOK_DISABLE_AFTER": str(5 * 24 * 3600),
     "RELAY_WEBHOOK_ENDPOINT_CONCURRENCY": "4",
-    "RELAY_WEBHOOK_ORG_CONCURRENCY": "16",
+    "RELAY_WEBHOOK_ORG_CONCURRENCY": "32",
     "RELAY_WEBHOOK_MAX_IN_FLIGHT": "64",
     "RELAY_WEBHOOK_CIRCUIT_FAILURES": "5",
     "RELAY_WEBHOOK_CIRCUIT_OPEN": "30",
@@ -131,7 +131,7 @@ class Settings:
     webhook_allow_private: bool = False
     webhook_allow_http: bool = False
     webhook_endpoint_concurrency: int = 4
-    webhook_org_concurrency: int = 16
+    webhook_org_concurrency: int = 32
     webhook_max_in_flight: int = 64
     webhook_circuit_failures: int = 5
     webhook_circuit_open: int = 30
@@ -213,7 +213,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_allow_private=_flag(env, "RELAY_WEBHOOK_ALLOW_PRIVATE"),
         webhook_allow_http=_flag(env, "RELAY_WEBHOOK_ALLOW_HTTP"),
         webhook_endpoint_concurrency=_int(env, "RELAY_WEBHOOK_ENDPOINT_CONCURRENCY", 1),
-        webhook_org_concurrency=_int(env, "RELAY_WEBHOOK_ORG_CONCURRENCY", 1),
+        webhook_org_concurrency=_int(env, "RELAY_WEBHOOK_ORG_CONCURRENCY", 2),
         webhook_max_in_flight=_int(env, "RELAY_WEBHOOK_MAX_IN_FLIGHT", 1),
         webhook_circuit_failures=_int(env, "RELAY_WEBHOOK_CIRCUIT_FAILURES", 1),
         webhook_circuit_open=_int(env, "RELAY_WEBHOOK_CIRCUIT_OPEN", 1),

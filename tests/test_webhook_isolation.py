@@ -89,28 +89,37 @@ def test_an_endpoint_never_has_more_attempts_in_flight_than_its_cap(app, client,
     assert rx.count("/slow") == 10
 
 
-def test_an_org_never_has_more_attempts_in_flight_than_its_cap(base_env, celery_app, redis_url, make_agent, gate):
-    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ORG_CONCURRENCY="3") as other, Receiver() as rx:
+def test_an_orgs_unproven_endpoints_get_half_its_cap_and_never_its_fast_ones_slots(
+    base_env, celery_app, redis_url, make_agent, gate
+):
+    with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_ORG_CONCURRENCY="6") as other, Receiver() as rx:
         client = other.test_client()
-        keys = {h: make_agent(h)[1] for h in ("ann@acme", "ben@acme", "cid@acme", "dee@beta")}
+        keys = {h: make_agent(h)[1] for h in ("ann@acme", "ben@acme", "cid@acme", "dee@acme", "eve@beta")}
+        rx.program("/fast", [], default=200)
+        create_hook(client, "dee@acme", keys["dee@acme"], rx.url("/fast"), events=["message.created"])
+        create_thread(client, keys["ann@acme"], "dee@acme", "proves dee's endpoint fast")
+        _pump(other)
+        rx.wait_for(1, path="/fast")
+        wait_until(lambda: sql(other, "SELECT count(*) FROM webhook_attempts")[0][0] == 1, what="dee's first attempt")
         rx.program("/acme", [], default={"status": 200, "gate": gate})
-        for handle in ("ben@acme", "cid@acme"):  # two endpoints of one org (cap 4 each), one receiver
+        for handle in ("ben@acme", "cid@acme"):  # two new endpoints of the same org (cap 4 each), one receiver
             create_hook(client, handle, keys[handle], rx.url("/acme"), events=["message.created"])
-        rx.program("/dee", [], default=200)
-        create_hook(client, "dee@beta", keys["dee@beta"], rx.url("/dee"), events=["message.created"])
-        for handle in ("ben@acme", "cid@acme"):
             for i in range(4):
                 create_thread(client, keys["ann@acme"], handle, f"to {handle} {i}")
         _pump(other)
-        rx.wait_for(3, path="/acme")
-        # Another org is not held back by acme's full cap.
-        create_thread(client, keys["ann@acme"], "dee@beta", "to dee")
+        rx.wait_for(3, path="/acme")  # half of the org's 6, the part unproven endpoints may hold
+        # Neither the org's proven endpoint nor another org is held back by them.
+        create_thread(client, keys["ann@acme"], "dee@acme", "to dee again")
+        rx.program("/beta", [], default=200)
+        create_hook(client, "eve@beta", keys["eve@beta"], rx.url("/beta"), events=["message.created"])
+        create_thread(client, keys["ann@acme"], "eve@beta", "to eve")
         _pump(other)
-        rx.wait_for(1, path="/dee")
+        rx.wait_for(2, path="/fast")
+        rx.wait_for(1, path="/beta")
         assert rx.count("/acme") == 3 and rx.in_flight("/acme") == 3
         gate.set()
         rx.wait_for(8, path="/acme", timeout=30)
-        wait_until(lambda: sql(other, "SELECT count(*) FROM webhook_attempts")[0][0] == 9, what="nine attempts")
+        wait_until(lambda: sql(other, "SELECT count(*) FROM webhook_attempts")[0][0] == 11, what="eleven attempts")
         assert rx.most_in_flight("/acme") == 3
 
 

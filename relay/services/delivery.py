@@ -14,7 +14,10 @@ Rules kept here:
 - Caps, counted over the leases of every process (claims are serialised by one advisory
   lock, so two workers cannot both see a free slot): at most
   ``RELAY_WEBHOOK_ENDPOINT_CONCURRENCY`` attempts in flight per endpoint and
-  ``RELAY_WEBHOOK_ORG_CONCURRENCY`` per org (the org of the endpoint's agent). A delivery
+  ``RELAY_WEBHOOK_ORG_CONCURRENCY`` per org (the org of the endpoint's agent), of which at
+  most half go to the org's unproven endpoints (never attempted, failing, paused, slow
+  last time, or with an attempt out for ``RELAY_WEBHOOK_SLOW_MS``): an org's slow
+  endpoints cannot take its fast ones' slots, nor one org all of the pump's. A delivery
   beyond a cap stays due and is claimed when one of its endpoint's attempts ends: an
   endpoint queues only behind itself.
 - Circuit breaker: after ``RELAY_WEBHOOK_CIRCUIT_FAILURES`` failed attempts in a row the
@@ -116,24 +119,34 @@ class Claimed:
     attempt_count: int
 
 
+# The caps' inputs: each endpoint's attempts in flight (its leases) and its org's, all of
+# them and those of its "unproven" endpoints: never attempted yet, failing, paused, slow
+# last time, or with an attempt in flight for RELAY_WEBHOOK_SLOW_MS or more.
 _CAPACITY = text(
     """
     WITH leased AS (
-        SELECT endpoint_id, count(*) AS n FROM webhook_deliveries
+        SELECT endpoint_id, count(*) AS n, bool_or(leased_until < now() + CAST(:lingering AS interval)) AS lingering
+        FROM webhook_deliveries
         WHERE leased_until IS NOT NULL AND leased_until > now() AND status = 'pending'
         GROUP BY endpoint_id
+    ), ep AS (
+        SELECT e.id, a.org, coalesce(l.n, 0) AS busy,
+               (e.last_attempt_at IS NULL OR e.consecutive_failures > 0 OR e.circuit_open_until IS NOT NULL
+                OR e.last_duration_ms >= :slow_ms OR coalesce(l.lingering, false)) AS unproven
+        FROM webhook_endpoints e JOIN agents a ON a.id = e.agent_id LEFT JOIN leased l ON l.endpoint_id = e.id
+        WHERE e.id = ANY(CAST(:ids AS uuid[])) OR l.endpoint_id IS NOT NULL
     ), org_busy AS (
-        SELECT a.org, sum(l.n) AS n FROM leased l
-        JOIN webhook_endpoints e ON e.id = l.endpoint_id JOIN agents a ON a.id = e.agent_id
-        GROUP BY a.org
+        SELECT org, sum(busy) AS n, coalesce(sum(busy) FILTER (WHERE unproven), 0) AS unproven_n
+        FROM ep GROUP BY org
     )
-    SELECT e.id, e.enabled, e.disabled_reason, a.org, a.disabled_at IS NOT NULL AS held,
+    SELECT e.id, e.enabled, a.org, a.disabled_at IS NOT NULL AS held,
            coalesce(e.circuit_open_until > now(), false) AS open,
            e.circuit_open_until IS NOT NULL AS probing,
-           coalesce(l.n, 0) AS busy, coalesce(o.n, 0) AS org_busy
+           ep.busy, ep.unproven, o.n AS org_busy, o.unproven_n AS org_unproven
     FROM webhook_endpoints e JOIN agents a ON a.id = e.agent_id
-    LEFT JOIN leased l ON l.endpoint_id = e.id LEFT JOIN org_busy o ON o.org = a.org
+    JOIN ep ON ep.id = e.id JOIN org_busy o ON o.org = ep.org
     WHERE e.id = ANY(CAST(:ids AS uuid[]))
+    ORDER BY ep.busy, e.id  -- when slots are short, endpoints with the least in flight first
     """
 )
 
@@ -189,9 +202,14 @@ def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> lis
     s = _settings()
     with unit_of_work() as session:
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CLAIM_LOCK})
-        rows = session.execute(_CAPACITY, {"ids": ids}).all()
+        lease = timedelta(seconds=s.webhook_timeout + 30)
+        rows = session.execute(
+            _CAPACITY,
+            {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
+        ).all()
         disabled, held, limits = [], [], {}
         org_free: dict[str, int] = {}
+        unproven_free: dict[str, int] = {}
         for r in rows:
             if not r.enabled:
                 disabled.append(str(r.id))
@@ -201,9 +219,13 @@ def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> lis
                 continue
             if r.open:
                 continue
+            org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
+            unproven_free.setdefault(r.org, s.webhook_org_concurrency // 2 - int(r.org_unproven))
             free = (1 if r.probing else s.webhook_endpoint_concurrency) - r.busy
-            org = org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
-            take = min(free, org, budget)
+            take = min(free, org_free[r.org], budget)
+            if r.unproven:
+                take = min(take, unproven_free[r.org])
+                unproven_free[r.org] -= max(take, 0)
             if take > 0:
                 limits[str(r.id)] = take
                 org_free[r.org] -= take
@@ -217,7 +239,7 @@ def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> lis
         params: dict[str, Any] = {
             "eids": list(limits),
             "limits": list(limits.values()),
-            "lease": timedelta(seconds=s.webhook_timeout + 30),
+            "lease": lease,
         }
         if only is not None:
             params["only"] = [str(i) for i in only]
