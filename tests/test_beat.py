@@ -20,7 +20,7 @@ from honcho.environ import parse_procfile
 
 from relay.services import maintenance
 from tests.conftest import rpc, sql
-from tests.live import stop_group
+from tests.live import claimed_redis_db, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = {
@@ -62,8 +62,16 @@ def _wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: floa
         time.sleep(0.1)
 
 
+@pytest.fixture
+def beat_broker(redis_url):
+    """A Redis db of its own for a beat process (tests/live.py): its sweeps go to the default
+    queue there, where no other test's worker (or a parallel run's) takes them."""
+    with claimed_redis_db(redis_url) as url:
+        yield url
+
+
 @pytest.mark.parametrize("home", ["missing", "blocked"])
-def test_the_procfile_beat_starts_whatever_relay_home_is(base_env, tmp_path, home):
+def test_the_procfile_beat_starts_whatever_relay_home_is(base_env, beat_broker, tmp_path, home):
     """``missing``: RELAY_HOME does not exist yet (created); ``blocked``: it cannot be created
     (a file in the way), so the schedule is kept in memory. Either way beat keeps running."""
     if home == "missing":
@@ -74,6 +82,7 @@ def test_the_procfile_beat_starts_whatever_relay_home_is(base_env, tmp_path, hom
     command = parse_procfile((ROOT / "Procfile").read_text()).processes["beat"]
     env = {
         **base_env,
+        "REDIS_URL": beat_broker,
         "RELAY_HOME": str(relay_home),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + base_env.get("PATH", ""),
     }
@@ -189,6 +198,12 @@ def test_celery_drops_its_routine_lines_about_sweeps_but_keeps_errors_and_other_
         LOG_RECEIVED, {"id": "1", "name": "workers.tasks.sweep_outbox", "args": "()", "kwargs": "{}", "eta": None}
     )
     _task(celery_app, "sweep_outbox").apply()
+    assert messages() == []
+    # Nor the two lines per message of the tasks that feed the webhook pump.
+    for name in ("message_committed", "fan_out_event", "deliver_webhook"):
+        logging.getLogger("celery.worker.strategy").info(
+            LOG_RECEIVED, {"id": "2", "name": f"workers.tasks.{name}", "args": "()", "kwargs": "{}", "eta": None}
+        )
     assert messages() == []
     _task(celery_app, "workers.tasks.index_message").apply(args=[str(uuid.uuid4())])
     assert any(re.match(r"Task workers\.tasks\.index_message\[.*\] succeeded", m) for m in messages()), caplog.text

@@ -16,6 +16,11 @@ log = logging.getLogger("relay.beat")
 SWEEP_TASKS = frozenset(
     {"workers.tasks.purge_idempotency_records", "workers.tasks.index_pending_messages", "workers.tasks.sweep_outbox"}
 )
+#: Tasks run once per message or event: the worker's "received"/"succeeded" lines for them
+#: would be two log lines per message saying nothing the pump's "webhook attempt" line does not.
+PER_MESSAGE_TASKS = frozenset(
+    {"workers.tasks.message_committed", "workers.tasks.fan_out_event", "workers.tasks.deliver_webhook"}
+)
 
 
 def celery_init_app(app: Flask) -> Celery:
@@ -117,7 +122,7 @@ def _is_routine_sweep_line(record: logging.LogRecord) -> bool:
         return True  # warnings and errors (a failed send or sweep) always pass
     args = record.args
     if isinstance(args, Mapping):  # the worker's "Task name[id] received" and "... succeeded in"
-        return args.get("name") not in SWEEP_TASKS
+        return args.get("name") not in SWEEP_TASKS | PER_MESSAGE_TASKS
     # beat's "Scheduler: Sending due task <entry> (<task>)", every 3 s
     sending = isinstance(record.msg, str) and record.msg.startswith("Scheduler: Sending due task")
     return not (sending and isinstance(args, tuple) and len(args) == 2 and args[1] in SWEEP_TASKS)

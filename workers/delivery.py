@@ -148,26 +148,15 @@ class Pump:
                     db.session.remove()
 
     def _cycle(self, events, messages, results, poll, wanting, budget) -> None:
-        endpoints = set(wanting)
-        if results:
-            delivery.record(results)
-            # Each ended attempt frees a slot of its endpoint: claim its next due delivery.
-            endpoints |= {r.claimed.endpoint_id for r in results}
-        if events:
-            endpoints |= {endpoint for _d, endpoint in delivery.fan_out_many(events)}
         if poll:
             self._next_poll = time.monotonic() + POLL_SECONDS
-            endpoints |= set(delivery.endpoints_with_due())
-            db.session.rollback()
-        if endpoints and budget > 0:
-            claims = delivery.claim(endpoints, budget)
-            if len(claims) >= budget:
-                with self._cond:  # the budget ran out before the work did
-                    self._endpoints |= endpoints
-            self._send(delivery.prepare(claims))
-        elif endpoints:
-            with self._cond:
-                self._endpoints |= endpoints
+        # One transaction: record what ended (each freed a slot of its endpoint), fan out
+        # the new events, claim within the caps and the budget, read the payloads.
+        prepared, again = delivery.cycle(results, events, wanting, poll, budget)
+        if again:
+            with self._cond:  # the budget ran out before the work did
+                self._endpoints |= again
+        self._send(prepared)
         if messages:
             search.index_messages(messages)
 

@@ -35,7 +35,7 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,7 +46,7 @@ from standardwebhooks import Webhook
 from relay import crypto
 from relay.extensions import db
 from relay.ids import format_ulid, iso
-from relay.models import Agent, Event, Thread, WebhookEndpoint
+from relay.models import Event, Thread, WebhookEndpoint
 from relay.services import outbound, push, unit_of_work
 
 log = logging.getLogger("relay.webhooks")
@@ -99,10 +99,14 @@ def fan_out_many(event_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID]
     Returns ``[(delivery_id, endpoint_id)]`` of the new deliveries. Idempotent: an event
     already fanned out, or being fanned out by another worker (locked), is skipped.
     """
+    with unit_of_work() as session:
+        return _fan_out(session, event_ids)
+
+
+def _fan_out(session, event_ids) -> list[tuple[uuid.UUID, uuid.UUID]]:
     if not event_ids:
         return []
-    with unit_of_work() as session:
-        rows = session.execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
+    rows = session.execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
     return [(r.id, r.endpoint_id) for r in rows]
 
 
@@ -117,6 +121,7 @@ class Claimed:
     endpoint_id: uuid.UUID
     event_id: uuid.UUID
     attempt_count: int
+    row: Any = field(default=None, compare=False, repr=False)  # the event and endpoint columns, from the claim
 
 
 # The caps' inputs: each endpoint's attempts in flight (its leases) and its org's, all of
@@ -181,9 +186,12 @@ _CLAIM = """
             ORDER BY next_attempt_at, id LIMIT l.n
             FOR UPDATE SKIP LOCKED
         ) x
-    ) pick
-    WHERE d.id = pick.id
-    RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count
+    ) pick, events ev, webhook_endpoints e, agents a
+    WHERE d.id = pick.id AND ev.id = d.event_id AND e.id = d.endpoint_id AND a.id = e.agent_id
+    RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count,
+        ev.type, ev.message_id, ev.thread_id, ev.payload, ev.created_at,
+        e.kind, e.url, e.secret_encrypted, e.previous_secret_encrypted, e.previous_secret_expires_at,
+        a.handle AS owner
 """
 _CLAIM_ANY = text(_CLAIM.format(due=_DUE, only=""))
 _CLAIM_ONLY = text(_CLAIM.format(due=_DUE, only="AND id = ANY(CAST(:only AS uuid[]))"))
@@ -196,55 +204,59 @@ def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> lis
     whose circuit is open gets none, one whose pause has ended gets one (the probe).
     ``only`` restricts the claim to those delivery ids. Returns what was leased.
     """
+    with unit_of_work() as session:
+        return _claim(session, endpoint_ids, budget, only)
+
+
+def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
     ids = [str(i) for i in endpoint_ids]
     if not ids or budget <= 0:
         return []
     s = _settings()
-    with unit_of_work() as session:
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CLAIM_LOCK})
-        lease = timedelta(seconds=s.webhook_timeout + 30)
-        rows = session.execute(
-            _CAPACITY,
-            {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
-        ).all()
-        disabled, held, limits = [], [], {}
-        org_free: dict[str, int] = {}
-        unproven_free: dict[str, int] = {}
-        for r in rows:
-            if not r.enabled:
-                disabled.append(str(r.id))
-                continue
-            if r.held:
-                held.append(str(r.id))
-                continue
-            if r.open:
-                continue
-            org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
-            unproven_free.setdefault(r.org, s.webhook_org_concurrency // 2 - int(r.org_unproven))
-            free = (1 if r.probing else s.webhook_endpoint_concurrency) - r.busy
-            take = min(free, org_free[r.org], budget)
-            if r.unproven:
-                take = min(take, unproven_free[r.org])
-                unproven_free[r.org] -= max(take, 0)
-            if take > 0:
-                limits[str(r.id)] = take
-                org_free[r.org] -= take
-                budget -= take
-        if disabled:
-            session.execute(_FAIL_DISABLED, {"ids": disabled})
-        if held:
-            session.execute(_HOLD, {"ids": held, "held": HELD})
-        if not limits:
-            return []
-        params: dict[str, Any] = {
-            "eids": list(limits),
-            "limits": list(limits.values()),
-            "lease": lease,
-        }
-        if only is not None:
-            params["only"] = [str(i) for i in only]
-        rows = session.execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
-    return [Claimed(r.id, r.endpoint_id, r.event_id, r.attempt_count) for r in rows]
+    session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CLAIM_LOCK})
+    lease = timedelta(seconds=s.webhook_timeout + 30)
+    rows = session.execute(
+        _CAPACITY,
+        {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
+    ).all()
+    disabled, held, limits = [], [], {}
+    org_free: dict[str, int] = {}
+    unproven_free: dict[str, int] = {}
+    for r in rows:
+        if not r.enabled:
+            disabled.append(str(r.id))
+            continue
+        if r.held:
+            held.append(str(r.id))
+            continue
+        if r.open:
+            continue
+        org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
+        unproven_free.setdefault(r.org, s.webhook_org_concurrency // 2 - int(r.org_unproven))
+        free = (1 if r.probing else s.webhook_endpoint_concurrency) - r.busy
+        take = min(free, org_free[r.org], budget)
+        if r.unproven:
+            take = min(take, unproven_free[r.org])
+            unproven_free[r.org] -= max(take, 0)
+        if take > 0:
+            limits[str(r.id)] = take
+            org_free[r.org] -= take
+            budget -= take
+    if disabled:
+        session.execute(_FAIL_DISABLED, {"ids": disabled})
+    if held:
+        session.execute(_HOLD, {"ids": held, "held": HELD})
+    if not limits:
+        return []
+    params: dict[str, Any] = {
+        "eids": list(limits),
+        "limits": list(limits.values()),
+        "lease": lease,
+    }
+    if only is not None:
+        params["only"] = [str(i) for i in only]
+    rows = session.execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
+    return [Claimed(r.id, r.endpoint_id, r.event_id, r.attempt_count, r) for r in rows]
 
 
 def endpoints_with_due(limit: int = 1000) -> list[uuid.UUID]:
@@ -342,57 +354,44 @@ def _signature(endpoint: WebhookEndpoint, secrets: dict, msg_id: str, when: date
 
 
 def prepare(claims: list[Claimed]) -> list[Prepared]:
-    """Build, bound and sign the payloads of claimed deliveries, re-reading their rows now (a few queries for all)."""
+    """Build, bound and sign the payloads of claimed deliveries, their data re-read now (one query for all)."""
+    with unit_of_work() as session:
+        return _prepare(session, claims)
+
+
+def _prepare(session, claims: list[Claimed]) -> list[Prepared]:
     if not claims:
         return []
     s = _settings()
-    with unit_of_work() as session:
-        events = {e.id: e for e in session.scalars(select(Event).where(Event.id.in_({c.event_id for c in claims})))}
-        endpoints = {
-            e.id: e
-            for e in session.scalars(
-                select(WebhookEndpoint).where(WebhookEndpoint.id.in_({c.endpoint_id for c in claims}))
-            )
-        }
-        owners = dict(
-            session.execute(
-                select(Agent.id, Agent.handle).where(Agent.id.in_({e.agent_id for e in endpoints.values()}))
-            ).all()
-        )
-        hooks = [
-            events[c.event_id] for c in claims if c.event_id in events and endpoints[c.endpoint_id].kind != push.KIND
-        ]
-        feed = _feed_rows([e.message_id for e in hooks if e.type == "message.created" and e.message_id])
-        tasks = _task_rows([e.thread_id for e in hooks if e.type == "task.updated" and e.thread_id])
-        secrets: dict[str, Webhook] = {}
-        out = []
-        now = datetime.now(UTC)
-        for c in claims:
-            endpoint, event = endpoints.get(c.endpoint_id), events.get(c.event_id)
-            if endpoint is None or event is None:
-                continue  # deleted since the claim: nothing to send, nothing to record
-            msg_id = event_id_text(event.id)
-            try:
-                if endpoint.kind == push.KIND:
-                    body = _dumps(push.build_payload(event))
-                else:
-                    body = _bounded(
-                        event,
-                        _webhook_data(event, feed, tasks),
-                        owners.get(endpoint.agent_id, ""),
-                        s.webhook_max_payload_bytes,
-                    )
-                headers = {
-                    "webhook-id": msg_id,
-                    "webhook-timestamp": str(int(now.timestamp())),
-                    "webhook-signature": _signature(endpoint, secrets, msg_id, now, body.decode("utf-8")),
-                }
-                if endpoint.kind == push.KIND:
-                    headers.update(push.headers(endpoint))
-            except ValueError as exc:  # an undecryptable secret or token
-                out.append(Prepared(c, endpoint.url, b"", {}, error=str(exc)))
-                continue
-            out.append(Prepared(c, endpoint.url, body, headers))
+    hooks = [c.row for c in claims if c.row.kind != push.KIND]
+    feed = _feed_rows([e.message_id for e in hooks if e.type == "message.created" and e.message_id])
+    tasks = _task_rows([e.thread_id for e in hooks if e.type == "task.updated" and e.thread_id])
+    secrets: dict[str, Webhook] = {}
+    out = []
+    now = datetime.now(UTC)
+    for c in claims:
+        row = c.row
+        msg_id = event_id_text(c.event_id)
+        try:
+            if row.kind == push.KIND:
+                event, endpoint = session.get(Event, c.event_id), session.get(WebhookEndpoint, c.endpoint_id)
+                if event is None or endpoint is None:
+                    continue  # deleted since the claim: nothing to send, nothing to record
+                body = _dumps(push.build_payload(event))
+                extra = push.headers(endpoint)
+            else:
+                body = _bounded(row, _webhook_data(row, feed, tasks), row.owner, s.webhook_max_payload_bytes)
+                extra = {}
+            headers = {
+                "webhook-id": msg_id,
+                "webhook-timestamp": str(int(now.timestamp())),
+                "webhook-signature": _signature(row, secrets, msg_id, now, body.decode("utf-8")),
+                **extra,
+            }
+        except ValueError as exc:  # an undecryptable secret or token
+            out.append(Prepared(c, row.url, b"", {}, error=str(exc)))
+            continue
+        out.append(Prepared(c, row.url, body, headers))
     return out
 
 
@@ -523,36 +522,40 @@ def record(results: list[Result]) -> dict[uuid.UUID, str]:
     """
     if not results:
         return {}
-    s = _settings()
-    now = datetime.now(UTC)
-    by_endpoint: dict[uuid.UUID, list[Result]] = defaultdict(list)
-    for r in sorted(results, key=lambda r: r.attempted_at):
-        by_endpoint[r.claimed.endpoint_id].append(r)
-    verdicts = {r.claimed.delivery_id: _verdict(r, s.webhook_schedule) for r in results}
+    by_endpoint, verdicts, s, now = _grouped(results)
     with unit_of_work() as session:
-        # Lock the endpoints in id order: two recorders never wait on each other in a cycle.
-        endpoints = session.scalars(
-            select(WebhookEndpoint)
-            .where(WebhookEndpoint.id.in_(by_endpoint))
-            .order_by(WebhookEndpoint.id)
-            .with_for_update()
-        ).all()
-        for endpoint in endpoints:
-            _apply_health(endpoint, by_endpoint[endpoint.id], s, now)
-        session.flush()
-        attempts = [
-            {
-                "delivery_id": str(r.claimed.delivery_id),
-                "attempted_at": r.attempted_at.isoformat(),
-                "status_code": r.outcome.status,
-                "error": r.outcome.error,
-                "duration_ms": r.outcome.duration_ms,
-            }
-            for r in results
-        ]
-        session.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
-        rows = [{"id": str(d), **v} for d, v in verdicts.items()]
-        updated = session.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+        updated = _record(session, results, by_endpoint, verdicts, s, now)
+    _log_attempts(results)
+    return {d: verdicts[d]["status"] for d in updated}
+
+
+def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
+    # Lock the endpoints in id order: two recorders never wait on each other in a cycle.
+    endpoints = session.scalars(
+        select(WebhookEndpoint)
+        .where(WebhookEndpoint.id.in_(by_endpoint))
+        .order_by(WebhookEndpoint.id)
+        .with_for_update()
+    ).all()
+    for endpoint in endpoints:
+        _apply_health(endpoint, by_endpoint[endpoint.id], s, now)
+    session.flush()
+    attempts = [
+        {
+            "delivery_id": str(r.claimed.delivery_id),
+            "attempted_at": r.attempted_at.isoformat(),
+            "status_code": r.outcome.status,
+            "error": r.outcome.error,
+            "duration_ms": r.outcome.duration_ms,
+        }
+        for r in results
+    ]
+    session.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
+    rows = [{"id": str(d), **v} for d, v in verdicts.items()]
+    return session.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+
+
+def _log_attempts(results: list[Result]) -> None:
     for r in results:
         log.info(
             "webhook attempt",
@@ -564,7 +567,41 @@ def record(results: list[Result]) -> dict[uuid.UUID, str]:
                 "duration_ms": r.outcome.duration_ms,
             },
         )
-    return {d: verdicts[d]["status"] for d in updated}
+
+
+def _grouped(results: list[Result]):
+    s = _settings()
+    by_endpoint: dict[uuid.UUID, list[Result]] = defaultdict(list)
+    for r in sorted(results, key=lambda r: r.attempted_at):
+        by_endpoint[r.claimed.endpoint_id].append(r)
+    verdicts = {r.claimed.delivery_id: _verdict(r, s.webhook_schedule) for r in results}
+    return by_endpoint, verdicts, s, datetime.now(UTC)
+
+
+def cycle(
+    results: list[Result], event_ids: list[uuid.UUID], endpoint_ids: set[uuid.UUID], poll: bool, budget: int
+) -> tuple[list[Prepared], set[uuid.UUID]]:
+    """One round of the pump in one transaction: record ended attempts, fan out events, claim and prepare.
+
+    The endpoints looked at for claims are ``endpoint_ids``, those of the ended attempts
+    (each freed a slot), those of the new deliveries and, if ``poll``, every endpoint with
+    a due delivery. Returns the prepared attempts (at most ``budget``) and, when the
+    budget ran out, the endpoints to look at again.
+    """
+    endpoints = set(endpoint_ids)
+    with unit_of_work() as session:
+        if results:
+            by_endpoint, verdicts, s, now = _grouped(results)
+            _record(session, results, by_endpoint, verdicts, s, now)
+            endpoints |= set(by_endpoint)
+        endpoints |= {endpoint for _d, endpoint in _fan_out(session, event_ids)}
+        if poll:
+            endpoints |= set(endpoints_with_due())
+        claims = _claim(session, endpoints, budget) if endpoints else []
+        prepared = _prepare(session, claims)
+    if results:
+        _log_attempts(results)
+    return prepared, (endpoints if endpoints and len(claims) >= budget else set())
 
 
 def health(endpoint: WebhookEndpoint, slow_ms: int) -> dict[str, Any]:
