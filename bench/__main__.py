@@ -96,7 +96,9 @@ def main() -> None:
 
         results = webhooks(args)
         print_webhooks(results)
-        name = f"{results['date'][:10]}-{results['commit']}-webhooks.json"
+        mode = results.get("mode", "steady")
+        rate = "" if mode == "tenant" else f"-{args.rate:g}"
+        name = f"{results['date'][:10]}-{results['commit']}-webhooks-{mode}{rate}.json"
     else:
         from bench.scale import print_scale, scale
 

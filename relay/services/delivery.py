@@ -37,6 +37,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from flask import current_app
@@ -55,6 +56,7 @@ TEST_EVENT = "webhook.test"
 HELD = "held: the agent is disabled; sent when it is re-enabled"
 # Claims from every worker process take this lock in turn, so the caps hold across them.
 _CLAIM_LOCK = 0x72656C6179  # "relay"
+_ADVISORY = text("SELECT pg_advisory_xact_lock(:k)")
 MAX_CIRCUIT_OPEN = 3600
 MAX_RETRY_DELAY = 7 * 24 * 3600
 
@@ -106,7 +108,7 @@ def fan_out_many(event_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID]
 def _fan_out(session, event_ids) -> list[tuple[uuid.UUID, uuid.UUID]]:
     if not event_ids:
         return []
-    rows = session.execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
+    rows = session.connection().execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
     return [(r.id, r.endpoint_id) for r in rows]
 
 
@@ -213,12 +215,16 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
     if not ids or budget <= 0:
         return []
     s = _settings()
-    session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CLAIM_LOCK})
+    session.connection().execute(_ADVISORY, {"k": _CLAIM_LOCK})
     lease = timedelta(seconds=s.webhook_timeout + 30)
-    rows = session.execute(
-        _CAPACITY,
-        {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
-    ).all()
+    rows = (
+        session.connection()
+        .execute(
+            _CAPACITY,
+            {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
+        )
+        .all()
+    )
     disabled, held, limits = [], [], {}
     org_free: dict[str, int] = {}
     unproven_free: dict[str, int] = {}
@@ -243,9 +249,9 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
             org_free[r.org] -= take
             budget -= take
     if disabled:
-        session.execute(_FAIL_DISABLED, {"ids": disabled})
+        session.connection().execute(_FAIL_DISABLED, {"ids": disabled})
     if held:
-        session.execute(_HOLD, {"ids": held, "held": HELD})
+        session.connection().execute(_HOLD, {"ids": held, "held": HELD})
     if not limits:
         return []
     params: dict[str, Any] = {
@@ -255,22 +261,20 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
     }
     if only is not None:
         params["only"] = [str(i) for i in only]
-    rows = session.execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
+    rows = session.connection().execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
     return [Claimed(r.id, r.endpoint_id, r.event_id, r.attempt_count, r) for r in rows]
+
+
+_WITH_DUE = text(
+    f"SELECT DISTINCT d.endpoint_id FROM webhook_deliveries d JOIN webhook_endpoints e "
+    f"ON e.id = d.endpoint_id WHERE d.{_DUE} "
+    "AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now()) LIMIT :n"
+)
 
 
 def endpoints_with_due(limit: int = 1000) -> list[uuid.UUID]:
     """Endpoints that have a due delivery (retries, expired leases, work beyond a cap)."""
-    return list(
-        db.session.scalars(
-            text(
-                f"SELECT DISTINCT d.endpoint_id FROM webhook_deliveries d JOIN webhook_endpoints e "
-                f"ON e.id = d.endpoint_id WHERE d.{_DUE} "
-                "AND (e.circuit_open_until IS NULL OR e.circuit_open_until <= now()) LIMIT :n"
-            ),
-            {"n": limit},
-        )
-    )
+    return list(db.session.connection().execute(_WITH_DUE, {"n": limit}).scalars())
 
 
 # --- prepare ------------------------------------------------------------------------------
@@ -474,7 +478,7 @@ def _verdict(result: Result, schedule: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
-def _apply_health(endpoint: WebhookEndpoint, results: list[Result], s, now: datetime) -> None:
+def _apply_health(endpoint: SimpleNamespace, results: list[Result], s, now: datetime) -> None:
     """Move an endpoint's health through its attempts, in the order they ended."""
     for r in results:
         o = r.outcome
@@ -511,7 +515,6 @@ def _apply_health(endpoint: WebhookEndpoint, results: list[Result], s, now: date
         if endpoint.enabled and failing_for >= s.webhook_disable_after:
             endpoint.enabled, endpoint.disabled_at = False, now
             endpoint.disabled_reason = f"every delivery failed for {int(failing_for)} s (last: {error})"
-    endpoint.updated_at = now
 
 
 def record(results: list[Result]) -> dict[uuid.UUID, str]:
@@ -529,17 +532,53 @@ def record(results: list[Result]) -> dict[uuid.UUID, str]:
     return {d: verdicts[d]["status"] for d in updated}
 
 
+_LOCK_ENDPOINTS = text(
+    """
+    SELECT id, enabled, failing_since, consecutive_failures, circuit_opens, circuit_open_until, circuit_reason,
+           disabled_reason, disabled_at, last_attempt_at, last_duration_ms, last_error
+    FROM webhook_endpoints WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR UPDATE
+    """
+)
+_HEALTH_COLUMNS = (
+    ("enabled", "bool"),
+    ("failing_since", "timestamptz"),
+    ("consecutive_failures", "int"),
+    ("circuit_opens", "int"),
+    ("circuit_open_until", "timestamptz"),
+    ("circuit_reason", "text"),
+    ("disabled_reason", "text"),
+    ("disabled_at", "timestamptz"),
+    ("last_attempt_at", "timestamptz"),
+    ("last_duration_ms", "int"),
+    ("last_error", "text"),
+)
+_UPDATE_ENDPOINTS = text(
+    "UPDATE webhook_endpoints e SET "
+    + ", ".join(f"{name} = v.{name}" for name, _type in _HEALTH_COLUMNS)
+    + ", updated_at = now() FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id uuid, "
+    + ", ".join(f"{name} {kind}" for name, kind in _HEALTH_COLUMNS)
+    + ") WHERE e.id = v.id"
+)
+
+
+def _json_value(value):
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
+    conn = session.connection()
     # Lock the endpoints in id order: two recorders never wait on each other in a cycle.
-    endpoints = session.scalars(
-        select(WebhookEndpoint)
-        .where(WebhookEndpoint.id.in_(by_endpoint))
-        .order_by(WebhookEndpoint.id)
-        .with_for_update()
-    ).all()
+    endpoints = [
+        SimpleNamespace(**row._mapping) for row in conn.execute(_LOCK_ENDPOINTS, {"ids": [str(i) for i in by_endpoint]})
+    ]
     for endpoint in endpoints:
         _apply_health(endpoint, by_endpoint[endpoint.id], s, now)
-    session.flush()
+    if endpoints:
+        health_rows = [
+            {"id": str(e.id), **{name: _json_value(getattr(e, name)) for name, _t in _HEALTH_COLUMNS}}
+            for e in endpoints
+        ]
+        conn.execute(_UPDATE_ENDPOINTS, {"rows": json.dumps(health_rows)})
     attempts = [
         {
             "delivery_id": str(r.claimed.delivery_id),
@@ -550,9 +589,9 @@ def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
         }
         for r in results
     ]
-    session.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
+    conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
     rows = [{"id": str(d), **v} for d, v in verdicts.items()]
-    return session.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+    return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
 
 
 def _log_attempts(results: list[Result]) -> None:

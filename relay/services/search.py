@@ -35,7 +35,8 @@ import logging
 import uuid
 
 from flask import current_app
-from sqlalchemy import String, and_, cast, func, literal, or_, select, text, update
+from sqlalchemy import String, and_, cast, func, literal, literal_column, or_, select, text, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import REGCONFIG
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -94,6 +95,28 @@ def matches(q: str) -> ColumnElement:
         Message.search_vector.op("@@")(tsq),
         and_(Message.search_vector.is_(None), Message.index_error.is_(None), document_vector().op("@@")(tsq)),
     )
+
+
+_BATCH_STATEMENTS: dict[tuple[str, int], object] = {}
+
+
+def _batch_statement():
+    """The batch indexer's UPDATE as SQL text, compiled once per (search config, bound).
+
+    Building and cache-keying the ORM statement cost more CPU than running it, once per
+    batch of the webhook pump.
+    """
+    key = (current_app.config["RELAY"].search_config, MAX_DOCUMENT_CHARS)
+    stmt = _BATCH_STATEMENTS.get(key)
+    if stmt is None:
+        orm = (
+            update(Message)
+            .where(Message.id == literal_column("ANY(CAST(:ids AS uuid[]))"), Message.index_error.is_(None))
+            .values(search_vector=document_vector(), index_error=None)
+        )
+        sql = str(orm.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+        stmt = _BATCH_STATEMENTS[key] = text(sql)
+    return stmt
 
 
 def _write_vectors(session: Session, *where) -> int:
@@ -172,7 +195,8 @@ def index_messages(message_ids: list[uuid.UUID]) -> int:
         return 0
     try:
         with unit_of_work() as session:
-            return _write_vectors(session, Message.id.in_(ids), Message.index_error.is_(None))
+            result = session.connection().execute(_batch_statement(), {"ids": [str(i) for i in ids]})
+            return result.rowcount or 0
     except DBAPIError as exc:
         if is_connection_error(exc):
             raise
