@@ -140,6 +140,21 @@ def test_a_slow_endpoint_does_not_hold_back_another_endpoints_deliveries(client,
     rx.wait_for(20, path="/slow", timeout=30)
 
 
+def test_a_claim_reserves_only_what_each_endpoint_has_due(app, client, agents, rx):
+    """Eight new endpoints with one delivery each are all claimed in one round, not four slots each."""
+    from relay.services import delivery
+
+    hooks = [
+        create_hook(client, BOB, agents[BOB], rx.url(f"/e{i}"), events=["message.created"])["id"] for i in range(8)
+    ]
+    create_thread(client, agents[ALICE], BOB, "one message, eight endpoints")
+    with app.app_context():
+        created = delivery.fan_out_many(_pending_events(app))
+        assert len(created) == 8
+        claims = delivery.claim({uuid.UUID(h) for h in hooks}, budget=64)
+    assert len(claims) == 8
+
+
 # --------------------------------------------------------------------------- circuit breaker
 
 
@@ -188,6 +203,41 @@ def test_the_circuit_opens_after_failures_in_a_row_and_a_probe_success_closes_it
         assert health["circuit_open_until"] is None
 
 
+def test_a_new_url_starts_with_a_closed_circuit(app, client, agents):
+    hook = create_hook(client, BOB, agents[BOB], "http://127.0.0.1:9/old", events=["message.created"])
+    sql(
+        app,
+        "UPDATE webhook_endpoints SET consecutive_failures = 9, circuit_opens = 3, failing_since = now(), "
+        "circuit_open_until = now() + interval '1 hour', circuit_reason = 'old receiver down' "
+        "WHERE id = CAST(:i AS uuid)",
+        i=hook["id"],
+    )
+    assert get_hook(client, BOB, agents[BOB], hook["id"])["health"]["state"] == "open"
+    resp = client.patch(
+        f"/api/v1/identities/{BOB}/webhooks/{hook['id']}",
+        json={"url": "http://127.0.0.1:9/new"},
+        headers=bearer(agents[BOB]),
+    )
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    record = resp.get_json()
+    assert record["health"]["state"] == "healthy" and record["health"]["consecutive_failures"] == 0
+    assert record["failing_since"] is None
+
+
+def test_an_endpoint_disabled_by_410_shows_disabled(app, client, agents, rx):
+    from relay.ids import parse_ulid
+    from relay.services import webhooks
+
+    rx.program("/gone", [], default=410)
+    hook = create_hook(client, BOB, agents[BOB], rx.url("/gone"))
+    resp = client.post(f"/api/v1/identities/{BOB}/webhooks/{hook['id']}/test", headers=bearer(agents[BOB]))
+    with app.app_context():
+        [delivery_id] = webhooks.fan_out(parse_ulid(resp.get_json()["event_id"].removeprefix("evt_")))
+        assert webhooks.deliver(delivery_id) == "failed"
+    health = get_hook(client, BOB, agents[BOB], hook["id"])["health"]
+    assert health["state"] == "disabled" and "410" in health["reason"]
+
+
 def test_an_endpoint_answering_slowly_is_shown_slowed(base_env, celery_app, redis_url, make_agent):
     with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_SLOW_MS="300") as other, Receiver() as rx:
         client = other.test_client()
@@ -234,6 +284,38 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
+def trickler():
+    """A receiver that answers a status line, then one header byte every 0.2 s, for ever."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.recv(65536)
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                while not stop.wait(0.2):
+                    conn.sendall(b"X")
+            except OSError:
+                pass
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/trickle"
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+@pytest.fixture
 def black_hole():
     """A listening socket that never answers (the kernel completes the handshake)."""
     s = socket.socket()
@@ -261,7 +343,9 @@ def _one_attempt(app, handle, key, url):
     return item, attempt
 
 
-def test_each_error_kind_is_recorded_as_itself(base_env, celery_app, redis_url, make_agent, black_hole, caplog):
+def test_each_error_kind_is_recorded_as_itself(
+    base_env, celery_app, redis_url, make_agent, black_hole, trickler, caplog
+):
     caplog.set_level(logging.INFO, logger="relay.webhooks")
     with extra_app(base_env, celery_app, redis_url, RELAY_WEBHOOK_TIMEOUT="1") as other, Receiver() as rx:
         handle, key = make_agent(BOB)
@@ -273,14 +357,16 @@ def test_each_error_kind_is_recorded_as_itself(base_env, celery_app, redis_url, 
             "tls": (f"https://127.0.0.1:{rx.port}/busy", "TLS failure: "),
             "late": (rx.url("/late"), "timeout after 1 s (waiting for the response)"),
             "black hole": (black_hole, "timeout after 1 s (waiting for the response)"),
+            # Each byte comes within the read timeout; the whole attempt still ends at 1 s.
+            "trickle": (trickler, "timeout after 1 s (the whole attempt)"),
         }
         for kind, (url, expected) in cases.items():
             item, attempt = _one_attempt(other, handle, key, url)
             assert attempt["status_code"] is None, kind
             assert attempt["error"].startswith(expected), (kind, attempt["error"])
             assert item["last_error"] == attempt["error"], kind
-            if kind in ("late", "black hole"):
-                assert attempt["duration_ms"] >= 1000, (kind, attempt)
+            if kind in ("late", "black hole", "trickle"):
+                assert 1000 <= attempt["duration_ms"] < 3000, (kind, attempt)
             else:
                 assert attempt["duration_ms"] < 1000, (kind, attempt)
         item, attempt = _one_attempt(other, handle, key, rx.url("/busy"))

@@ -45,7 +45,9 @@ class Pump:
         s = app.config["RELAY"]
         self.app, self.settings = app, s
         self.max_in_flight = s.webhook_max_in_flight
-        self.sender = outbound.Sender(per_pool=s.webhook_endpoint_concurrency)
+        # Pools are per (address, host): endpoints sharing a host share one, so keep as many
+        # idle connections to it as attempts may be out at once.
+        self.sender = outbound.Sender(per_pool=s.webhook_max_in_flight)
         self.targets = outbound.TargetCache()
         self.pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="relay-webhook")
         self._cond = threading.Condition()

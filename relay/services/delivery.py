@@ -149,7 +149,10 @@ _CAPACITY = text(
     SELECT e.id, e.enabled, a.org, a.disabled_at IS NOT NULL AS held,
            coalesce(e.circuit_open_until > now(), false) AS open,
            e.circuit_open_until IS NOT NULL AS probing,
-           ep.busy, ep.unproven, o.n AS org_busy, o.unproven_n AS org_unproven
+           ep.busy, ep.unproven, o.n AS org_busy, o.unproven_n AS org_unproven,
+           (SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries d
+                WHERE d.endpoint_id = e.id AND d.status = 'pending' AND d.next_attempt_at <= now()
+                LIMIT :cap) due) AS due
     FROM webhook_endpoints e JOIN agents a ON a.id = e.agent_id
     JOIN ep ON ep.id = e.id JOIN org_busy o ON o.org = ep.org
     WHERE e.id = ANY(CAST(:ids AS uuid[]))
@@ -190,7 +193,7 @@ _CLAIM = """
         ) x
     ) pick, events ev, webhook_endpoints e, agents a
     WHERE d.id = pick.id AND ev.id = d.event_id AND e.id = d.endpoint_id AND a.id = e.agent_id
-    RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count,
+    RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count, d.leased_until,
         ev.type, ev.message_id, ev.thread_id, ev.payload, ev.created_at,
         e.kind, e.url, e.secret_encrypted, e.previous_secret_encrypted, e.previous_secret_expires_at,
         a.handle AS owner
@@ -221,7 +224,12 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
         session.connection()
         .execute(
             _CAPACITY,
-            {"ids": ids, "slow_ms": s.webhook_slow_ms, "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms)},
+            {
+                "ids": ids,
+                "slow_ms": s.webhook_slow_ms,
+                "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms),
+                "cap": s.webhook_endpoint_concurrency,
+            },
         )
         .all()
     )
@@ -240,7 +248,8 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
         org_free.setdefault(r.org, s.webhook_org_concurrency - int(r.org_busy))
         unproven_free.setdefault(r.org, s.webhook_org_concurrency // 2 - int(r.org_unproven))
         free = (1 if r.probing else s.webhook_endpoint_concurrency) - r.busy
-        take = min(free, org_free[r.org], budget)
+        # Reserve no more than the endpoint has due: slots it cannot fill are another's.
+        take = min(free, int(r.due), org_free[r.org], budget)
         if r.unproven:
             take = min(take, unproven_free[r.org])
             unproven_free[r.org] -= max(take, 0)
@@ -449,8 +458,10 @@ _UPDATE_DELIVERIES = text(
         completed_at = CASE WHEN v.status = 'pending' THEN NULL ELSE now() END,
         last_error = v.error,
         leased_until = NULL
-    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id uuid, status text, delay float8, error text)
-    WHERE d.id = v.id AND d.status = 'pending'
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id uuid, lease timestamptz, status text, delay float8, error text)
+    -- Only the attempt holding the current lease writes the row: one whose lease ran out
+    -- (and was claimed again) must not overwrite its successor's.
+    WHERE d.id = v.id AND d.status = 'pending' AND (v.lease IS NULL OR d.leased_until = v.lease)
     RETURNING d.id
     """
 )
@@ -561,6 +572,11 @@ _UPDATE_ENDPOINTS = text(
 )
 
 
+def _lease_of(claimed: Claimed) -> str | None:
+    lease = getattr(claimed.row, "leased_until", None) if claimed.row is not None else None
+    return lease.isoformat() if lease is not None else None
+
+
 def _json_value(value):
     return value.isoformat() if isinstance(value, datetime) else value
 
@@ -590,7 +606,8 @@ def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
         for r in results
     ]
     conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
-    rows = [{"id": str(d), **v} for d, v in verdicts.items()]
+    leases = {r.claimed.delivery_id: _lease_of(r.claimed) for r in results}
+    rows = [{"id": str(d), "lease": leases.get(d), **v} for d, v in verdicts.items()]
     return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
 
 
@@ -644,9 +661,11 @@ def cycle(
 
 
 def health(endpoint: WebhookEndpoint, slow_ms: int) -> dict[str, Any]:
-    """An endpoint's state for its record: ``healthy``, ``slowed`` or ``open`` (circuit), with the reason."""
+    """An endpoint's state for its record: ``healthy``, ``slowed``, ``open`` (circuit) or ``disabled``, with the reason."""
     now = datetime.now(UTC)
-    if endpoint.circuit_open_until is not None:
+    if not endpoint.enabled:
+        state, reason = "disabled", endpoint.disabled_reason
+    elif endpoint.circuit_open_until is not None:
         state = "open"
         if endpoint.circuit_open_until > now:
             reason = endpoint.circuit_reason

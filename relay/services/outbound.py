@@ -8,6 +8,7 @@ connect. Redirects are never followed.
 from __future__ import annotations
 
 import base64
+import http.client
 import ipaddress
 import secrets
 import socket
@@ -25,6 +26,7 @@ from relay.errors import invalid
 EVENT_TYPES = ("message.created", "task.updated")
 USER_AGENT = "handoff-relay-webhooks/1.0"
 MAX_RESPONSE_BYTES = 64 * 1024
+DEADLINE_GRACE = 1.0  # seconds past the timeout before the watchdog cuts a trickling receiver
 
 
 class TargetRefused(ValueError):
@@ -225,6 +227,36 @@ class TargetCache:
         return target
 
 
+_attempt = threading.local()
+
+
+class _DeadlineMixin:
+    """Remember, per thread, the connection a request went out on, so a watchdog can cut it."""
+
+    def request(self, *args, **kwargs):
+        box = getattr(_attempt, "box", None)
+        if box is not None:
+            box.append(self)
+        return super().request(*args, **kwargs)
+
+
+class _HTTPConnection(_DeadlineMixin, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineMixin, urllib3.connection.HTTPSConnection):
+    pass
+
+
+def _cut(conn) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class Sender:
     """POSTs webhooks over kept-alive connections, one pool per (scheme, checked address, port, host).
 
@@ -261,6 +293,9 @@ class Sender:
                 block=False,
                 **kwargs,
             )
+            # urllib3's timeout bounds each socket read; a receiver trickling a byte at a
+            # time would keep an attempt alive past it. The watchdog in post() cuts it.
+            pool.ConnectionCls = _HTTPSConnection if target.scheme == "https" else _HTTPConnection
             self._pools[key] = pool
             while len(self._pools) > self.max_pools:
                 _key, old = self._pools.popitem(last=False)
@@ -286,6 +321,19 @@ class Sender:
         host_header = host if target.port == default_port else f"{host}:{target.port}"
         all_headers = {"Host": host_header, "User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
         started = time.monotonic()
+        box: list = []  # the connection this attempt goes out on (see _DeadlineMixin)
+        fired = threading.Event()
+
+        def watchdog() -> None:
+            fired.set()
+            for conn in box:
+                _cut(conn)
+
+        # A grace second past the read timeout, so a plain slow answer is reported as that.
+        timer = threading.Timer(timeout + DEADLINE_GRACE, watchdog)
+        timer.daemon = True
+        _attempt.box = box
+        timer.start()
         try:
             response = self._pool(target, timeout).urlopen(
                 "POST",
@@ -307,9 +355,17 @@ class Sender:
             raw = response.headers.get("Retry-After")
             if raw and raw.strip().isdigit():
                 retry_after = int(raw.strip())
+            if fired.is_set():
+                raise urllib3.exceptions.ReadTimeoutError(None, target.path, "deadline")
             return Outcome(response.status, None, retry_after, _ms(started))
-        except urllib3.exceptions.HTTPError as exc:
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if fired.is_set():
+                # The watchdog cut a receiver that kept the attempt alive past the deadline.
+                return Outcome(None, f"timeout after {timeout:g} s (the whole attempt)", None, _ms(started))
             return Outcome(None, describe_error(exc, timeout), None, _ms(started))
+        finally:
+            timer.cancel()
+            _attempt.box = None
 
 
 def _ms(started: float) -> int:
@@ -332,9 +388,15 @@ def describe_error(exc: Exception, timeout: float) -> str:
         return f"timeout after {timeout:g} s (waiting for the response)"
     if isinstance(exc, urllib3.exceptions.SSLError):
         return f"TLS failure: {exc.__cause__ or exc}"
+    if isinstance(exc, urllib3.exceptions.IncompleteRead | http.client.IncompleteRead):
+        return "connection closed mid-response"
     if isinstance(exc, urllib3.exceptions.ProtocolError):
         cause = exc.args[1] if len(exc.args) > 1 else exc
-        return f"connection closed: {cause}"
+        if isinstance(cause, http.client.BadStatusLine | http.client.LineTooLong):
+            return "malformed response: not an HTTP status line"
+        if isinstance(cause, http.client.IncompleteRead):
+            return "connection closed mid-response"
+        return f"connection closed: {type(cause).__name__}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -124,13 +124,16 @@ def update_endpoint(agent: Agent, endpoint_id: str, changes: dict[str, Any]) -> 
         for name in ("url", "events", "description"):
             if name in changes:
                 setattr(endpoint, name, changes[name])
+        if "url" in changes or changes.get("enabled"):
+            # A new URL is a new receiver, and re-enabling says try again: a fresh start, circuit closed.
+            endpoint.failing_since = None
+            endpoint.consecutive_failures, endpoint.circuit_opens = 0, 0
+            endpoint.circuit_open_until = endpoint.circuit_reason = endpoint.last_error = None
+            endpoint.last_duration_ms = None
         if "enabled" in changes:
             endpoint.enabled = changes["enabled"]
             if changes["enabled"]:
-                # The owner says try again: a fresh start, circuit closed.
-                endpoint.disabled_reason = endpoint.disabled_at = endpoint.failing_since = None
-                endpoint.consecutive_failures, endpoint.circuit_opens = 0, 0
-                endpoint.circuit_open_until = endpoint.circuit_reason = None
+                endpoint.disabled_reason = endpoint.disabled_at = None
             else:
                 endpoint.disabled_reason = "disabled by its owner"
                 endpoint.disabled_at = func.now()
