@@ -24,6 +24,58 @@ from relay.ops.migrate import upgrade
 
 _TMP = Path(tempfile.mkdtemp(prefix="relay-tests-"))
 
+# --------------------------------------------------------------------------- parallel runs (pytest-xdist)
+# Under ``-n N`` (the README's test command) each worker is a session of its own: its own
+# database, Celery queue and rate-limit prefix; live stacks claim a Redis db each
+# (tests/live.py). Each module runs whole on one worker, so a module-scoped live stack
+# starts once; the longest modules go first, so no long one starts last. The drills and
+# the bench smoke test load the machine on purpose and time what they watch: they run one
+# after the other on one worker, never beside each other.
+RUN_TOGETHER = "drills and bench"
+TOGETHER = {"tests/test_drills.py": RUN_TOGETHER, "tests/test_bench_smoke.py": RUN_TOGETHER}
+# By their serial durations, longest first; modules not named keep their order after these.
+LONGEST_FIRST = (
+    "tests/test_drills.py",
+    "tests/test_bench_smoke.py",
+    "tests/test_mcp.py",
+    "tests/test_fuzz.py",
+    "tests/test_agent_cli.py",
+    "tests/test_webhooks.py",
+    "tests/test_cli.py",
+    "tests/test_client.py",
+    "tests/test_webhook_isolation.py",
+    "tests/test_procfile.py",
+    "tests/test_a2a_protocol.py",
+    "tests/test_relay_up.py",
+    "tests/test_a2a_sdk.py",
+)
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
+        rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules (and the drills with the bench) to one worker each, in collection order."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile"):
+        return None  # each, worksteal, loadgroup: as asked
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return TOGETHER.get(module, module)
+
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST, not the count of tests
+    return ByModule(config, log)
+
 
 def _server_urls() -> tuple[str, str]:
     db = os.environ.get("DATABASE_URL")
@@ -143,6 +195,8 @@ def database_url(server_urls):
     try:
         with migrated_database(server_urls[0], "relay_test") as url:
             yield url
+            for conn in _admin_conns.values():  # before the database is dropped under them
+                conn.close()
     finally:
         for client in _TMP_REDIS:
             from relay.ops.embedded import stop_redis
@@ -219,24 +273,77 @@ def _clean_tables(database_url):
     from workers.delivery import stop_pumps
 
     stop_pumps(timeout=5.0)
-    url = make_url(database_url)
-    conn = _connect_admin(url)
-    conn.autocommit = True
-    with conn.cursor() as cur:
+    _empty_tables(database_url)
+
+
+# Up to this many rows in all, the tables are emptied with DELETE (about 1 ms for the few
+# rows a test writes, against 30-100 ms for a TRUNCATE of every table, which makes new
+# files for each table and index); past it with TRUNCATE, so a bulk test's dead rows do
+# not stay behind in the next tests' tables.
+_DELETE_AT_MOST = 2000
+_admin_conns: dict[str, object] = {}
+
+
+def _admin_conn(database_url: str):
+    """An autocommit admin connection to ``database_url``, kept for the session (reopened if closed)."""
+    conn = _admin_conns.get(database_url)
+    if conn is None or conn.closed:
+        conn = _admin_conns[database_url] = _connect_admin(make_url(database_url))
+        conn.autocommit = True
+    return conn
+
+
+def _children_first(cur, names: list[str]) -> list[str]:
+    """``names`` ordered so that each table comes before every table its foreign keys point to."""
+    cur.execute(
+        "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint"
+        " WHERE contype = 'f' AND connamespace = 'public'::regnamespace AND conrelid <> confrelid"
+    )
+    parents: dict[str, set[str]] = {n: set() for n in names}
+    for child, parent in cur.fetchall():
+        child, parent = child.strip('"'), parent.strip('"')
+        if child in parents and parent in parents:
+            parents[child].add(parent)
+    children = {n: {c for c in names if n in parents[c]} for n in names}
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and children[n] <= set(ordered)]
+        if not ready:  # a cycle: DELETE cannot order it; the caller truncates instead
+            return []
+        ordered += ready
+    return ordered
+
+
+def _empty_tables(database_url: str) -> None:
+    """Empty every table of the session's database (its schema and Alembic's version stay)."""
+    with _admin_conn(database_url).cursor() as cur:
         cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")
-        names = [r[0] for r in cur.fetchall()]
-        if names:
-            # A live stack's worker (tests/live.py) may still be writing search vectors or
-            # deliveries; PostgreSQL then picks the TRUNCATE as a deadlock victim. Retry.
-            for attempt in range(10):
-                try:
-                    cur.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE")
-                    break
-                except psycopg2.errors.DeadlockDetected:
-                    if attempt == 9:
-                        raise
-                    time.sleep(0.2)
-    conn.close()
+        names = sorted(r[0] for r in cur.fetchall())
+        if not names:
+            return
+        cur.execute(
+            "SELECT "
+            + " + ".join(
+                f'(SELECT count(*) FROM (SELECT 1 FROM "{n}" LIMIT {_DELETE_AT_MOST + 1}) AS x)' for n in names
+            )
+        )
+        ordered = _children_first(cur, names) if cur.fetchone()[0] <= _DELETE_AT_MOST else []
+        if ordered:
+            statement = "BEGIN; " + " ".join(f'DELETE FROM "{n}";' for n in ordered) + " COMMIT;"
+        else:
+            statement = "TRUNCATE " + ", ".join(f'"{n}"' for n in names) + " CASCADE"
+        # A live stack's worker (tests/live.py) may still be writing search vectors or
+        # deliveries; PostgreSQL then picks the cleanup as a deadlock victim, or (DELETE)
+        # a row the worker added meanwhile still points at a parent. Retry.
+        for attempt in range(10):
+            try:
+                cur.execute(statement)
+                break
+            except (psycopg2.errors.DeadlockDetected, psycopg2.errors.ForeignKeyViolation):
+                cur.execute("ROLLBACK")
+                if attempt == 9:
+                    raise
+                time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -128,33 +128,49 @@ def _keep_claimed(url: str, token: str, stop: threading.Event) -> None:
         client.close()
 
 
-@contextmanager
-def claimed_redis_db(url: str, dbs: Iterable[int] = CLAIM_DBS) -> Iterator[str]:
-    """Claim a Redis database number on ``url``'s server for the caller alone; yield its URL.
+CLAIM_WAIT = 180  # seconds to wait for a db while every one is claimed (parallel workers, other runs)
 
-    The claim is a ``SET NX`` of :data:`CLAIM_KEY` in each of ``dbs`` in turn; the first
-    db that takes it is ours. It carries a TTL, renewed while held, so a run killed
-    before its release frees the db within :data:`CLAIM_TTL` seconds. A broker db shared
-    by two stacks would let one worker take the other's tasks, so with every db claimed
-    this raises rather than share one. Whatever is left in the db (a killed run's queues
-    and bindings) is dropped once it is ours; everything the caller wrote is dropped on
-    release, then the claim.
-    """
-    token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+def _claim_one(url: str, dbs: Iterable[int], token: str) -> tuple[int | None, dict[int, str]]:
+    """One pass over ``dbs``: the number of the db whose claim we took (None if none), and who holds the others."""
     taken: dict[int, str] = {}
     for number in dbs:
         client = redis.Redis.from_url(_db_url(url, number))
         try:
             if client.set(CLAIM_KEY, token, nx=True, ex=CLAIM_TTL):
                 _drop_all_but_claim(client)
-                break
+                return number, taken
             taken[number] = (client.get(CLAIM_KEY) or b"(released meanwhile)").decode(errors="replace")
         except redis.ResponseError:  # fewer databases configured on this server
             taken[number] = "not configured"
         finally:
             client.close()
-    else:
-        raise RuntimeError(f"no Redis db free to claim on {url}; {CLAIM_KEY} held by: {taken}")
+    return None, taken
+
+
+@contextmanager
+def claimed_redis_db(url: str, dbs: Iterable[int] = CLAIM_DBS, wait: float = CLAIM_WAIT) -> Iterator[str]:
+    """Claim a Redis database number on ``url``'s server for the caller alone; yield its URL.
+
+    The claim is a ``SET NX`` of :data:`CLAIM_KEY` in each of ``dbs`` in turn; the first
+    db that takes it is ours. It carries a TTL, renewed while held, so a run killed
+    before its release frees the db within :data:`CLAIM_TTL` seconds. A broker db shared
+    by two stacks would let one worker take the other's tasks, so with every db claimed
+    this waits up to ``wait`` seconds for one to be released (parallel test workers and
+    other runs on the same Redis each hold some), then raises rather than share one.
+    Whatever is left in the db (a killed run's queues and bindings) is dropped once it is
+    ours; everything the caller wrote is dropped on release, then the claim.
+    """
+    token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    dbs = list(dbs)
+    deadline = time.monotonic() + wait
+    while True:
+        number, taken = _claim_one(url, dbs, token)
+        if number is not None:
+            break
+        if time.monotonic() > deadline or all(holder == "not configured" for holder in taken.values()):
+            raise RuntimeError(f"no Redis db free to claim on {url} within {wait:g} s; {CLAIM_KEY} held by: {taken}")
+        time.sleep(0.5)
     claimed = _db_url(url, number)
     stop = threading.Event()
     renewer = threading.Thread(target=_keep_claimed, args=(claimed, token, stop), daemon=True)
@@ -200,6 +216,9 @@ def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator
             "PORT": str(free_port()),
             "WEB_CONCURRENCY": "2",
             "CELERY_CONCURRENCY": "2",
+            # Stopped only once its tests are done: a kept-alive client connection must not
+            # hold gunicorn's graceful shutdown (20 s by default, 10 s until the head deadline).
+            "GUNICORN_GRACEFUL_TIMEOUT": "2",
             "PATH": f"{BIN}{os.pathsep}{base_env.get('PATH', '')}",
             **extra,
             "REDIS_URL": broker,
@@ -217,13 +236,26 @@ def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator
         yield stack.base
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM ``proc``'s process group (started with ``start_new_session``), SIGKILL after 20 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+def stop_groups(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGTERM the process groups of ``procs`` (each started with ``start_new_session``) all at
+    once, so they shut down side by side; SIGKILL any still running 20 s after."""
+    procs = list(procs)
+    for proc in procs:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 20
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc``'s process group (started with ``start_new_session``), SIGKILL after 20 s."""
+    stop_groups([proc])

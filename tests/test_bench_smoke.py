@@ -8,25 +8,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.live import claimed_redis_db
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_bench_runs_and_writes_every_figure(server_urls, tmp_path):
-    env = {
-        **os.environ,
-        "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
-        "REDIS_URL": server_urls[1],
-    }
     results_dir = tmp_path / "results"  # empty and ours: never the repo's bench/results
     results_dir.mkdir()
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--quick", "--results", str(results_dir)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # Its worker consumes the default queue: in a Redis db of its own (tests/live.py), so no
+    # other worker (the Procfile test's, a parallel run's) takes its tasks, nor it theirs.
+    with claimed_redis_db(server_urls[1]) as redis_url:
+        env = {
+            **os.environ,
+            "DATABASE_URL": server_urls[0].replace("postgresql+psycopg2://", "postgresql://"),
+            "REDIS_URL": redis_url,
+        }
+        out = subprocess.run(
+            [sys.executable, "-m", "bench", "run", "--quick", "--results", str(results_dir)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     written = sorted(results_dir.iterdir())
     assert len(written) == 1 and written[0].name.endswith("-quick.json"), (

@@ -14,7 +14,7 @@ from honcho.environ import parse_procfile
 
 from relay.ops.embedded import free_port
 from tests.conftest import connect, fresh_database
-from tests.live import stop_group
+from tests.live import claimed_redis_db, stop_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
@@ -25,14 +25,17 @@ def heroku_env(server_urls, tmp_path):
     """An empty database named by a Heroku-style ``postgres://`` URL, dropped afterwards.
 
     Built from the run's own servers (embedded ones when DATABASE_URL is unset): the
-    URL is the test server's with another database name and Heroku's scheme.
+    URL is the test server's with another database name and Heroku's scheme. The Redis
+    is the test server's too, in a db claimed for this test (tests/live.py): its worker
+    consumes the default queue, which must hold no other run's tasks (the bench smoke
+    test's, a parallel worker's), nor this test's go to another's worker.
     """
-    with fresh_database(server_urls[0], "relay_proc") as url:
+    with fresh_database(server_urls[0], "relay_proc") as url, claimed_redis_db(server_urls[1]) as redis_url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
         env.update(
             {
                 "DATABASE_URL": "postgres://" + url.split("://", 1)[1],
-                "REDIS_URL": server_urls[1],
+                "REDIS_URL": redis_url,
                 "RELAY_HOME": str(tmp_path),
                 "RELAY_RATE_LIMIT": "4/minute",
                 "WEB_CONCURRENCY": "1",
@@ -108,7 +111,9 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         _wait_healthy(port_a, procs[0])
         _wait_healthy(port_b, procs[1])
         headers = {"Authorization": f"Bearer {key}"}
-        sent = requests.post(
+        # Values only, no response kept: a live response keeps its connection open (requests
+        # 2.34), and gunicorn's graceful stop below would wait for it until the head deadline.
+        task_id = requests.post(
             f"http://127.0.0.1:{port_a}/a2a",
             headers=headers,
             timeout=10,
@@ -121,16 +126,15 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
                     "message": {"parts": [{"type": "text", "text": "over the Procfile"}]},
                 },
             },
-        )
-        task_id = sent.json()["result"]["task_id"]
+        ).json()["result"]["task_id"]
         # The other web process sees the same data ...
         got = requests.post(
             f"http://127.0.0.1:{port_b}/a2a",
             headers=headers,
             timeout=10,
             json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"task_id": task_id}},
-        )
-        assert got.json()["result"]["summary"] == "over the Procfile"
+        ).json()
+        assert got["result"]["summary"] == "over the Procfile"
         # ... and the same rate-limit budget (4/minute): two more calls fit, the fifth does not.
         codes = [
             requests.post(
@@ -164,5 +168,4 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
             line["logger"] == "celery.apps.worker" and line["message"].endswith("ready.") for line in worker_lines
         )
     finally:
-        for proc in procs:
-            stop_group(proc)
+        stop_groups(procs)
