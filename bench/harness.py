@@ -190,72 +190,17 @@ def celery_beat(env: dict) -> Proc:
     return Proc(["/bin/sh", "-c", f"exec {command}"], env)
 
 
-# The tests' claim on a Redis db (tests/live.py): whoever holds the key in a db owns it, so a
-# bench and a test suite on one Redis never take each other's Celery tasks.
-CLAIM_KEY = "relay-tests:db-claim"
-CLAIM_TTL = 120
-CLAIM_DBS = range(8, 16)
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end return 0"
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-def _db_url(url: str, number: int) -> str:
-    base, _, tail = url.rpartition("/")
-    return f"{base}/{number}" if tail.isdigit() else f"{url.rstrip('/')}/{number}"
-
-
-def _drop_all_but_claim(client) -> None:
-    for key in client.scan_iter(count=500):
-        if key != CLAIM_KEY.encode():
-            client.delete(key)
-
-
 @contextmanager
 def claimed_redis_db(url: str | None = None):
-    """Claim a Redis db for this run alone (the tests' protocol); yield its URL, empty it afterwards."""
-    import redis
+    """Claim a Redis db for this run alone, by the tests' own protocol (tests/live.py); yield its URL.
 
-    url = url or server_urls()[1]
-    token = f"bench:{os.getpid()}:{secrets.token_hex(6)}"
-    for number in CLAIM_DBS:
-        client = redis.Redis.from_url(_db_url(url, number))
-        try:
-            if client.set(CLAIM_KEY, token, nx=True, ex=CLAIM_TTL):
-                _drop_all_but_claim(client)  # a killed run's queues
-                break
-        except redis.ResponseError:  # fewer databases configured on this server
-            pass
-        finally:
-            client.close()
-    else:
-        raise RuntimeError(f"no Redis db free to claim on {url} (dbs {CLAIM_DBS.start}-{CLAIM_DBS.stop - 1})")
-    claimed = _db_url(url, number)
-    stop = threading.Event()
+    Whoever holds the claim key in a db owns it, so a bench and a test suite on one Redis
+    never take each other's Celery tasks; the db is emptied afterwards.
+    """
+    from tests.live import claimed_redis_db as claim
 
-    def renew():
-        client = redis.Redis.from_url(claimed, socket_timeout=5)
-        while not stop.wait(CLAIM_TTL / 4):
-            try:
-                client.eval(_RENEW, 1, CLAIM_KEY, token, CLAIM_TTL)
-            except redis.RedisError:
-                pass  # the TTL leaves three more rounds
-        client.close()
-
-    renewer = threading.Thread(target=renew, daemon=True)
-    renewer.start()
-    try:
+    with claim(url or server_urls()[1]) as claimed:
         yield claimed
-    finally:
-        stop.set()
-        renewer.join(timeout=10)
-        client = redis.Redis.from_url(claimed)
-        try:
-            # A backlog the stack never worked off must not reach the next stack on this db.
-            if client.get(CLAIM_KEY) == token.encode():
-                _drop_all_but_claim(client)
-                client.eval(_RELEASE, 1, CLAIM_KEY, token)
-        finally:
-            client.close()
 
 
 class RssSampler:

@@ -30,6 +30,12 @@ def test_production_defaults_from_only_the_server_urls():
     assert s.webhook_schedule == (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
     assert s.webhook_timeout == 10
     assert s.webhook_disable_after == 432000
+    assert s.webhook_endpoint_concurrency == 4
+    assert s.webhook_org_concurrency == 32
+    assert s.webhook_max_in_flight == 64
+    assert (s.webhook_circuit_failures, s.webhook_circuit_open) == (5, 30)
+    assert s.webhook_slow_ms == 2000
+    assert s.webhook_max_payload_bytes == 262144
     assert s.max_body_bytes == 1048576
     assert s.feed_budget_bytes == 524288
     assert s.search_config == "english"

@@ -155,6 +155,49 @@ def test_a_claim_reserves_only_what_each_endpoint_has_due(app, client, agents, r
     assert len(claims) == 8
 
 
+def test_an_attempt_whose_lease_ran_out_does_not_overwrite_its_successors_row(app, client, agents, rx):
+    """Two attempts of one delivery (the first outlived its lease): only the current lease's is written."""
+    from relay.services import delivery, outbound
+
+    hook = create_hook(client, BOB, agents[BOB], rx.url("/lease"), events=["message.created"])
+    create_thread(client, agents[ALICE], BOB, "leased twice")
+    endpoint = uuid.UUID(hook["id"])
+    with app.app_context():
+        delivery.fan_out_many(_pending_events(app))
+        [first] = delivery.claim({endpoint}, budget=1)
+        sql(app, "UPDATE webhook_deliveries SET next_attempt_at = now(), leased_until = now() - interval '1 s'")
+        [second] = delivery.claim({endpoint}, budget=1)
+        assert second.delivery_id == first.delivery_id and second.row.leased_until != first.row.leased_until
+        stale = delivery.Result(first, first.row.leased_until, outbound.Outcome(500, None, None, 5))
+        assert delivery.record([stale]) == {}
+    [(status, count, leased)] = sql(
+        app, "SELECT status, attempt_count, leased_until IS NOT NULL FROM webhook_deliveries"
+    )
+    assert (status, count, leased) == ("pending", 0, True)  # still the second attempt's
+
+
+def test_a_cached_target_is_checked_again_when_its_name_is_resolved_again(monkeypatch):
+    """DNS is cached; a renewal that now points at a private address is refused."""
+    import time as _time
+
+    from relay.services import outbound
+
+    answers = {"ip": "93.184.216.34"}
+
+    def fake_getaddrinfo(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers["ip"], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    cache = outbound.TargetCache(ttl=0.2)
+    url = "https://hooks.example.com/in"
+    assert cache.resolve(url, allow_private=False, allow_http=False).address == "93.184.216.34"
+    answers["ip"] = "10.0.0.8"
+    assert cache.resolve(url, allow_private=False, allow_http=False).address == "93.184.216.34"  # cached
+    _time.sleep(0.3)
+    with pytest.raises(outbound.TargetRefused, match="10.0.0.8"):
+        cache.resolve(url, allow_private=False, allow_http=False)
+
+
 # --------------------------------------------------------------------------- circuit breaker
 
 
