@@ -28,6 +28,9 @@ def main() -> None:
     run_p = sub.add_parser("run", parents=[common], help="throughput and latency of every API path against the ceiling")
     run_p.add_argument("--quick", action="store_true", help="small data, short runs: a smoke test, not a measurement")
     run_p.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2, as on this 2-core machine)")
+    run_p.add_argument("--profile", action="store_true", help="run each path once more under py-spy; save profiles")
+    run_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
+    run_p.add_argument("--only", help="comma-separated path kinds, e.g. send_create,tasks_list (no webhook phase)")
     scale_p = sub.add_parser("scale", parents=[common], help="feed, search and inbox queries at a million messages")
     scale_p.add_argument("--messages", type=int, default=1_000_000)
     scale_p.add_argument("--threads", type=int, default=50_000)
@@ -74,9 +77,16 @@ def main() -> None:
     if args.command == "run":
         from bench.run import print_table, run
 
-        results = run(args.quick, args.workers)
+        results = run(
+            args.quick,
+            args.workers,
+            args.only.split(",") if args.only else None,
+            args.users,
+            folder if args.profile else None,
+        )
         print_table(results)
-        name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}.json"
+        only = f"-{args.only.replace(',', '+')}" if args.only else ""
+        name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}{only}.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit

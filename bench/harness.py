@@ -151,6 +151,18 @@ class Proc:
                 pass
 
 
+def cpu_seconds(proc: Proc) -> float:
+    """CPU seconds (user + system) the process group has used so far, children included."""
+    total = 0.0
+    for p in proc.tree():
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def gunicorn(app_path: str, env: dict, workers: int) -> tuple[Proc, str]:
     """Start gunicorn the way the Procfile's web line does; return it and its base URL."""
     port = free_port()

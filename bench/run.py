@@ -9,10 +9,11 @@ import sys
 import tempfile
 import time
 from datetime import datetime
+from pathlib import Path
 
 import requests
 
-from bench import harness
+from bench import harness, profiles
 
 PATHS = [
     # (name, kind, ceiling kind)
@@ -40,25 +41,33 @@ def _rpc(url: str, key: str, method: str, params: dict) -> dict:
     return body["result"]
 
 
-def load(scenario: dict) -> dict:
-    """Run one locust scenario in its own process; return its figures."""
+def load(scenario: dict, web: harness.Proc | None = None) -> dict:
+    """Run one closed-loop scenario (bench.closed_loop) in its own process; return its figures.
+
+    With ``web``, the figures also hold the CPU milliseconds the web processes spent per
+    request (user + system, every process of its group).
+    """
+    cpu0 = harness.cpu_seconds(web) if web is not None else 0.0
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(scenario, f)
         spec = f.name
     out = spec + ".out"
     subprocess.run(
-        [sys.executable, "-m", "bench.load", spec, out],
+        [sys.executable, "-m", "bench.closed_loop", spec, out],
         check=True,
         cwd=harness.ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return json.load(open(out))
+    figures = json.load(open(out))
+    if web is not None and figures["requests"]:
+        figures["web_cpu_ms_per_req"] = (harness.cpu_seconds(web) - cpu0) * 1000 / figures["requests"]
+    return figures
 
 
 def median_of(runs: list[dict]) -> dict:
-    keys = ("rps", "p50_ms", "p95_ms", "p99_ms")
-    result = {k: statistics.median(r[k] for r in runs) for k in keys}
+    keys = ("rps", "p50_ms", "p95_ms", "p99_ms", "generator_cpu_s", "web_cpu_ms_per_req")
+    result = {k: statistics.median(r[k] for r in runs) for k in keys if all(k in r for r in runs)}
     result["requests"] = sum(r["requests"] for r in runs)
     result["failures"] = sum(r["failures"] for r in runs)
     result["errors"] = [e for r in runs for e in r.get("errors", [])][:3]
@@ -224,10 +233,49 @@ def git_commit() -> str:
         return "nogit"
 
 
-def run(quick: bool, workers: int) -> dict:
-    """Measure everything; return the results document."""
-    duration, users, repeats = (2.0, 4, 1) if quick else (10.0, 16, 3)
+def _wait_indexed(database_url: str, timeout: float) -> int:
+    """Wait until the worker has indexed every message; return how many are still unindexed."""
+    conn, _ = harness._admin(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM messages WHERE search_vector IS NULL")
+                left = cur.fetchone()[0]
+            if left == 0 or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def profile_path(relay: harness.Proc, scenario: dict, out: Path) -> list:
+    """Run ``scenario`` once more under py-spy; save the raw profile to ``out``; return its summary."""
+    spy = profiles.record(relay.popen.pid, scenario["duration"], out)
+    load(scenario)
+    spy.wait(timeout=60)
+    return [[name, round(share, 1)] for name, share in profiles.summary(out)]
+
+
+def run(
+    quick: bool,
+    workers: int,
+    only: list[str] | None = None,
+    users: int | None = None,
+    profile_dir: Path | None = None,
+) -> dict:
+    """Measure everything (or the ``only`` paths, by kind); return the results document.
+
+    The paths are measured as the hot-paths issue's independent run was: closed-loop
+    clients, gunicorn, and no Celery worker (its CPU would be taken from the web tier on
+    two cores; the sends it would have handled queue in Redis). The worker starts after,
+    drains that queue, and then the webhook figures are taken. With ``profile_dir``, each
+    path runs once more under py-spy and its raw profile is saved there.
+    """
+    duration, default_users, repeats = (2.0, 4, 1) if quick else (10.0, 8, 3)
+    users = users or default_users
     handles = [f"bench{i}@acme" for i in range(4 if quick else 10)]
+    paths = [p for p in PATHS if not only or p[1] in only]
     results: dict = {
         "date": datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit(),
@@ -236,6 +284,7 @@ def run(quick: bool, workers: int) -> dict:
         "users": users,
         "duration_s": duration,
         "repeats": repeats,
+        "load_generator": "bench.closed_loop: threads on raw keep-alive sockets, closed loop (not locust)",
         "paths": {},
     }
     with harness.fresh_database() as database_url:
@@ -243,23 +292,26 @@ def run(quick: bool, workers: int) -> dict:
         keys = harness.create_agents(env, handles)
         relay, relay_url = harness.gunicorn("app:app", env, workers)
         ceiling, ceiling_url = harness.gunicorn("bench.ceiling:app", env, workers)
-        worker = harness.celery_worker(env)
+        worker = None
         try:
-            with harness.RssSampler({"web_worker": relay, "celery_worker": worker}) as rss:
+            with harness.RssSampler({"web_worker": relay}) as rss:
                 data = seed(relay_url, keys, handles, messages_per_thread=10)
                 ceilings = {}
                 for kind in ("ceiling_insert", "ceiling_select"):
                     ceilings[kind] = median_of(
                         [
-                            load({"host": ceiling_url, "kind": kind, "users": users, "duration": duration})
+                            load({"host": ceiling_url, "kind": kind, "users": users, "duration": duration}, ceiling)
                             for _ in range(repeats)
                         ]
                     )
                 results["ceilings"] = ceilings
-                for name, kind, ceiling_kind in PATHS:
+                for name, kind, ceiling_kind in paths:
                     fig = median_of(
                         [
-                            load({"host": relay_url, "kind": kind, "users": users, "duration": duration, "data": data})
+                            load(
+                                {"host": relay_url, "kind": kind, "users": users, "duration": duration, "data": data},
+                                relay,
+                            )
                             for _ in range(repeats)
                         ]
                     )
@@ -267,15 +319,28 @@ def run(quick: bool, workers: int) -> dict:
                     fig["ratio_rps"] = (
                         fig["rps"] / ceilings[ceiling_kind]["rps"] if ceilings[ceiling_kind]["rps"] else None
                     )
+                    ceiling_cpu = ceilings[ceiling_kind].get("web_cpu_ms_per_req")
+                    if ceiling_cpu and fig.get("web_cpu_ms_per_req"):
+                        fig["ratio_cpu"] = ceiling_cpu / fig["web_cpu_ms_per_req"]
+                    if profile_dir is not None:
+                        out = profile_dir / f"{results['date'][:10]}-{results['commit']}-profile-{kind}.txt"
+                        scenario = {"host": relay_url, "kind": kind, "users": users, "duration": duration, "data": data}
+                        fig["profile"] = {"file": out.name, "top": profile_path(relay, scenario, out)}
                     results["paths"][name] = fig
-                results["webhook_latency"] = webhook_latency(
-                    relay_url, env, keys, handles, rate=20 if quick else 100, duration=duration
-                )
-                results["fan_out"] = fan_out_throughput(relay_url, keys, handles, count=50 if quick else 1000)
             results["peak_rss_mib"] = {k: round(v / 2**20, 1) for k, v in rss.peak.items()}
+            if not only:
+                worker = harness.celery_worker(env)
+                with harness.RssSampler({"celery_worker": worker}) as worker_rss:
+                    results["unindexed_after_drain"] = _wait_indexed(database_url, 300)
+                    results["webhook_latency"] = webhook_latency(
+                        relay_url, env, keys, handles, rate=20 if quick else 100, duration=duration
+                    )
+                    results["fan_out"] = fan_out_throughput(relay_url, keys, handles, count=50 if quick else 1000)
+                results["peak_rss_mib"]["celery_worker"] = round(worker_rss.peak["celery_worker"] / 2**20, 1)
         finally:
             for proc in (relay, ceiling, worker):
-                proc.stop()
+                if proc is not None:
+                    proc.stop()
     return results
 
 
@@ -284,13 +349,17 @@ def print_table(results: dict) -> None:
         f"\nbench run {results['date']} commit {results['commit']} "
         f"({'quick' if results['quick'] else 'full'}; {results['workers']} gunicorn workers, {results['users']} users)"
     )
-    print(f"{'path':<26}{'req/s':>9}{'ratio':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'fail':>6}")
+    print(
+        f"{'path':<26}{'req/s':>9}{'ratio':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'fail':>6}"
+        f"{'web cpu ms':>11}{'gen cpu s':>10}"
+    )
     for name, fig in {**{k: v for k, v in results["ceilings"].items()}, **results["paths"]}.items():
         ratio = f"{fig['ratio_rps']:.2f}" if fig.get("ratio_rps") is not None else "1.00"
         print(
             f"{name:<26}{fig['rps']:>9.1f}{ratio:>8}{fig['p50_ms']:>9.1f}{fig['p95_ms']:>9.1f}{fig['p99_ms']:>9.1f}"
-            f"{fig['failures']:>6}"
+            f"{fig['failures']:>6}{fig.get('web_cpu_ms_per_req', 0):>11.2f}{fig.get('generator_cpu_s', 0):>10.1f}"
         )
-    print(f"webhook latency: {results['webhook_latency']}")
-    print(f"fan-out: {results['fan_out']}")
+    if "webhook_latency" in results:
+        print(f"webhook latency: {results['webhook_latency']}")
+        print(f"fan-out: {results['fan_out']}")
     print(f"peak RSS (MiB): {results['peak_rss_mib']}")

@@ -151,7 +151,9 @@ class Settings:
         return {
             "SECRET_KEY": self.secret_key,
             "SQLALCHEMY_DATABASE_URI": self.database_url,
-            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10},
+            # No pool_pre_ping: relay.extensions pings on checkout itself, reading the key
+            # generation in the same round trip.
+            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_size": 5, "max_overflow": 10},
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
             "RATELIMIT_STORAGE_URI": self.redis_url,
             "RATELIMIT_STRATEGY": "sliding-window-counter",

@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask
 
 from relay.config import load_settings
-from relay.extensions import db
+from relay.extensions import db, install_checkout_ping
 from relay.logs import configure_logging
 
 
@@ -28,6 +28,8 @@ def create_base_app(env: Mapping[str, str] | None = None, **overrides: Any) -> F
     app.config.update(overrides)
     configure_logging(settings.log_level)
     db.init_app(app)
+    with app.app_context():
+        install_checkout_ping(db.engine)
 
     from workers import celery_init_app
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import psycopg2
 import redis
 from flask import current_app
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import MetaData
+from sqlalchemy import Engine, MetaData, event, exc
 from sqlalchemy.orm import DeclarativeBase
 
 NAMING = {
@@ -32,3 +33,37 @@ def redis_client() -> redis.Redis:
         client = redis.Redis.from_url(current_app.config["RELAY"].redis_url, socket_connect_timeout=1, socket_timeout=1)
         current_app.extensions["relay_redis"] = client
     return client
+
+
+# The pool's liveness ping, and the key generation read in the same round trip
+# (migration 0006): the pessimistic disconnect handling SQLAlchemy documents for a
+# custom ping, a "checkout" listener that raises DisconnectionError so the pool
+# discards the connection and retries with a new one.
+_GENERATION_SQL = "SELECT value FROM relay_generations WHERE name = 'api_keys'"
+KEY_GENERATION = "relay_key_generation"
+
+
+def _ping_and_read_generation(dbapi_connection, record, proxy) -> None:
+    try:
+        with dbapi_connection.cursor() as cur:
+            cur.execute(_GENERATION_SQL)
+            row = cur.fetchone()
+        record.info[KEY_GENERATION] = row[0] if row else None
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+        raise exc.DisconnectionError() from e
+    except psycopg2.Error:
+        # No such table yet (a database before migration 0006): no generation, so no
+        # key is served from a cache; the statement's error must not stay in the transaction.
+        dbapi_connection.rollback()
+        record.info[KEY_GENERATION] = None
+
+
+def install_checkout_ping(engine: Engine) -> None:
+    """Ping every connection on checkout and note the key generation on it (once per engine)."""
+    if not event.contains(engine, "checkout", _ping_and_read_generation):
+        event.listen(engine, "checkout", _ping_and_read_generation)
+
+
+def key_generation() -> int | None:
+    """The key generation read when the current session's connection was checked out, or None."""
+    return db.session.connection().connection.info.get(KEY_GENERATION)

@@ -55,6 +55,15 @@ class Agent(db.Model):
     __mapper_args__ = {"eager_defaults": True}
 
 
+class Generation(db.Model):
+    """A value that changes whenever cached state of that name may be stale (migration 0006's triggers)."""
+
+    __tablename__ = "relay_generations"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+
 class ApiKey(db.Model):
     """An API key; only the SHA-256 digest of the secret is stored."""
 

@@ -317,7 +317,11 @@ def _children_first(cur, names: list[str]) -> list[str]:
 def _empty_tables(database_url: str) -> None:
     """Empty every table of the session's database (its schema and Alembic's version stay)."""
     with _admin_conn(database_url).cursor() as cur:
-        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")
+        # relay_generations is schema state, like alembic_version (migration 0006).
+        cur.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            " AND tablename NOT IN ('alembic_version', 'relay_generations')"
+        )
         names = sorted(r[0] for r in cur.fetchall())
         if not names:
             return

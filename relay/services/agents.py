@@ -6,14 +6,17 @@ import base64
 import hashlib
 import re
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from flask import current_app
 from sqlalchemy import select, update
+from sqlalchemy.orm import make_transient_to_detached
 
 from relay.errors import RelayError, invalid
-from relay.extensions import db
+from relay.extensions import db, key_generation
 from relay.models import Agent, ApiKey
 from relay.services import unit_of_work
 
@@ -220,19 +223,60 @@ def revoke_key(key_id: str | uuid.UUID, owner: Agent | None = None) -> ApiKey:
     return key
 
 
+@dataclass(frozen=True)
+class _Cached:
+    agent: Agent  # a detached copy, shared read-only by the process's requests
+    key_id: uuid.UUID
+    last_used_at: datetime | None
+    generation: int
+    expires: float  # time.monotonic()
+
+
+# Authenticated keys by digest, per app: a hit costs no query. An entry is used only
+# while the key generation read on this request's connection checkout (the pool's ping,
+# relay/extensions.py) is the one it was cached under; migration 0006's triggers change
+# that generation in the same transaction as any revocation, disable or deletion, so a
+# revoked key is refused by every process as soon as the revocation commits. The age
+# bound only limits memory and how long an agent's name or role can look stale.
+KEY_CACHE_SECONDS = 300
+KEY_CACHE_SIZE = 10_000
+
+
+def _key_cache() -> dict[bytes, _Cached]:
+    return current_app.extensions.setdefault("relay_key_cache", {})
+
+
+def _detached_copy(agent: Agent) -> Agent:
+    copy = Agent(**{c.key: getattr(agent, c.key) for c in Agent.__table__.columns})
+    make_transient_to_detached(copy)  # persistent identity, no session: added nowhere by accident
+    return copy
+
+
 def authenticate(raw_key: str | None) -> Agent:
     """Return the agent owning an active key; raise unauthenticated saying why not.
 
     Missing, malformed, unknown or revoked keys and disabled agents are all refused
-    (DESIGN.md, "Identities and keys").
+    (DESIGN.md, "Identities and keys"). A key that authenticated lately is answered from
+    an in-process cache checked against the key generation (see ``_Cached``): the
+    revocation rule is the same as without it.
     """
     if not raw_key:
         raise RelayError("unauthenticated", "missing bearer API key")
     if not KEY_RE.match(raw_key):
         raise RelayError("unauthenticated", "malformed API key")
+    digest = key_digest(raw_key)
+    generation = key_generation()  # read before the key, so a later revocation misses the entry
+    cache = _key_cache()
+    now_mono = time.monotonic()
+    hit = cache.get(digest)
+    now = datetime.now(UTC)
+    if hit is not None and generation is not None and hit.generation == generation and hit.expires > now_mono:
+        if hit.last_used_at is not None and now - hit.last_used_at <= LAST_USED_RESOLUTION:
+            return hit.agent
+    cache.pop(digest, None)  # stale or absent: a key that now fails must not count as known valid
     session = db.session
     row = session.execute(
-        select(ApiKey, Agent).join(Agent, ApiKey.agent_id == Agent.id).where(ApiKey.digest == key_digest(raw_key))
+        select(ApiKey, Agent).join(Agent, ApiKey.agent_id == Agent.id).where(ApiKey.digest == digest)
     ).first()
     if row is None:
         raise RelayError("unauthenticated", "unknown API key")
@@ -241,11 +285,21 @@ def authenticate(raw_key: str | None) -> Agent:
         raise RelayError("unauthenticated", "API key revoked")
     if agent.disabled_at is not None:
         raise RelayError("unauthenticated", "agent disabled")
-    now = datetime.now(UTC)
-    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+    last_used = key.last_used_at
+    if last_used is None or now - last_used > LAST_USED_RESOLUTION:
         with unit_of_work() as s:
             s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+        last_used = now
+    if generation is not None:
+        if len(cache) >= KEY_CACHE_SIZE:
+            cache.clear()
+        cache[digest] = _Cached(_detached_copy(agent), key.id, last_used, generation, now_mono + KEY_CACHE_SECONDS)
     return agent
+
+
+def cached_agent(raw_key: str | None) -> bool:
+    """True when ``raw_key`` is in this process's key cache (whatever the generation): it authenticated lately."""
+    return bool(raw_key) and key_digest(raw_key) in _key_cache()
 
 
 def agent_ref(agent: Agent) -> dict[str, str | None]:

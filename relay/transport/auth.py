@@ -43,7 +43,9 @@ def try_current_agent() -> Agent | None:
     if cached is not _UNSET:
         return cached
     token = bearer_token()
-    over = _over_failure_budget()
+    # A key this process authenticated lately is known valid: the address's failure
+    # budget would not refuse it anyway (see _known_valid), so its Redis read is skipped.
+    over = None if agent_service.cached_agent(token) else _over_failure_budget()
     if over is not None and not _known_valid(token):
         g._relay_agent, g._relay_agent_handle, g._relay_auth_error = None, None, over
         return None
