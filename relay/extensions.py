@@ -45,16 +45,21 @@ KEY_GENERATION = "relay_key_generation"
 
 def _ping_and_read_generation(dbapi_connection, record, proxy) -> None:
     try:
-        with dbapi_connection.cursor() as cur:
-            cur.execute(_GENERATION_SQL)
-            row = cur.fetchone()
+        # In autocommit: one round trip, and no transaction left open (psycopg2 would
+        # send BEGIN first, and the request's own statements may not want one).
+        dbapi_connection.autocommit = True
+        try:
+            with dbapi_connection.cursor() as cur:
+                cur.execute(_GENERATION_SQL)
+                row = cur.fetchone()
+        finally:
+            dbapi_connection.autocommit = False
         record.info[KEY_GENERATION] = row[0] if row else None
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
         raise exc.DisconnectionError() from e
     except psycopg2.Error:
         # No such table yet (a database before migration 0006): no generation, so no
-        # key is served from a cache; the statement's error must not stay in the transaction.
-        dbapi_connection.rollback()
+        # key is served from a cache.
         record.info[KEY_GENERATION] = None
 
 

@@ -19,7 +19,12 @@ SWEEP_TASKS = frozenset(
 #: Tasks run once per message or event: the worker's "received"/"succeeded" lines for them
 #: would be two log lines per message saying nothing the pump's "webhook attempt" line does not.
 PER_MESSAGE_TASKS = frozenset(
-    {"workers.tasks.message_committed", "workers.tasks.fan_out_event", "workers.tasks.deliver_webhook"}
+    {
+        "workers.tasks.message_committed",
+        "workers.tasks.messages_committed",
+        "workers.tasks.fan_out_event",
+        "workers.tasks.deliver_webhook",
+    }
 )
 
 

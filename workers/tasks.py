@@ -44,6 +44,16 @@ def message_committed(message_id: str, event_id: str) -> None:
     _wait(done)
 
 
+@shared_task(name="workers.tasks.messages_committed", acks_late=True)
+def messages_committed(pairs: list[list[str]]) -> None:
+    """A batch of committed ``[message_id, event_id]`` pairs (relay/services/dispatch.py): as
+    :func:`message_committed` for each, acknowledged once the pump has done them all."""
+    pump = pump_for(current_app)
+    waits = [pump.committed(uuid.UUID(m), [uuid.UUID(e)]) for m, e in pairs]
+    for done in waits:
+        _wait(done)
+
+
 def _wait(done) -> None:
     if not done.wait(PUMP_WAIT_SECONDS):
         # The pump is stuck (the database is down): acknowledge anyway; the sweeps redo it.
@@ -54,15 +64,32 @@ def _wait(done) -> None:
 
 @shared_task(name="workers.tasks.index_pending_messages")
 def index_pending_messages() -> int:
-    """Index messages whose task was lost (broker outage, killed worker)."""
+    """Index messages whose task was lost (broker outage, killed worker); return how many.
+
+    Then rewrite up to ``search.REINDEX_PER_SWEEP`` vectors an older definition of the
+    search document wrote, newest first, a batch a transaction (after a migration such as
+    0007; none otherwise, and finding none is one read of an empty partial index).
+    """
     total = 0
     while True:
         done = search.index_pending()
         total += done
         if done == 0:
             break
-    if total:
-        log.info("index sweep: %d messages indexed", total, extra={"sweep": "index", "indexed": total})
+    reindexed = 0
+    while reindexed < search.REINDEX_PER_SWEEP:
+        batch = min(search.REINDEX_BATCH, search.REINDEX_PER_SWEEP - reindexed)
+        done = search.reindex_outdated(batch)
+        reindexed += done
+        if done < batch:  # none left (or some failed and were marked: the next tick goes on)
+            break
+    if total or reindexed:
+        log.info(
+            "index sweep: %d messages indexed, %d outdated vectors reindexed",
+            total,
+            reindexed,
+            extra={"sweep": "index", "indexed": total, "reindexed": reindexed},
+        )
     maintenance.record_sweep("index_pending_messages")
     return total
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import psycopg2.extensions
 from sqlalchemy.orm import Session
 
 from relay.extensions import db
@@ -39,3 +41,26 @@ def unit_of_work() -> Iterator[Session]:
             callback()
         except Exception:
             log.exception("after-commit callback failed")
+
+
+@contextmanager
+def statement_cursor(session: Session, *, own_transaction: bool = False) -> Iterator[Any]:
+    """Yield a DBAPI cursor on the session's connection, for a hot path's fixed SQL.
+
+    With ``own_transaction`` and no transaction open on the connection yet, each statement
+    runs in autocommit: it is its own transaction, so a use case that is one statement (or
+    one read and then one statement) costs no BEGIN and no COMMIT round trip. Otherwise
+    the statements join the session's transaction, committed by :func:`unit_of_work`.
+    SQLAlchemy's statement machinery (cache key, compiled lookup, result wrapping) cost
+    more per request on these paths than the statements themselves.
+    """
+    dbapi = session.connection().connection.dbapi_connection
+    alone = own_transaction and dbapi.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    if alone:
+        dbapi.autocommit = True
+    try:
+        with dbapi.cursor() as cur:
+            yield cur
+    finally:
+        if alone:
+            dbapi.autocommit = False

@@ -12,6 +12,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from psycopg2.extras import Json
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -24,14 +25,13 @@ from relay.models import (
     TERMINAL_STATES,
     Agent,
     AuditEvent,
-    Block,
     Event,
     Message,
     ReadPosition,
     Thread,
 )
-from relay.services import after_commit, dispatch, idempotency, unit_of_work
-from relay.services.agents import agent_ref, check_handle, get_agent
+from relay.services import after_commit, dispatch, idempotency, statement_cursor, unit_of_work
+from relay.services.agents import agent_ref, check_handle
 
 PREVIEW_CHARS = 200
 
@@ -64,6 +64,51 @@ def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
     for agent_id in sorted(set(agent_ids)):
         key = int.from_bytes(agent_id.bytes[:8], "big", signed=True)
         session.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+def _lock_keys(*agent_ids: uuid.UUID) -> list[int]:
+    """Advisory lock keys of the participants, sorted (see :func:`_serialize_feed_writes`)."""
+    return [int.from_bytes(a.bytes[:8], "big", signed=True) for a in sorted(set(agent_ids))]
+
+
+# seed 000 create, one round trip: take the participants' feed locks in sorted order, read
+# the clock after them (the aggregate over `locks` makes the clock wait for every lock;
+# see _serialize_feed_writes), then write the thread, its first message, the audit row and
+# the outbox event with that one time.
+_CREATE_SQL = """
+WITH locks AS (SELECT pg_advisory_xact_lock(k) FROM unnest(%(locks)s::bigint[]) AS l(k)),
+clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken),
+t AS (
+    INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, proposed_action,
+                         state, version, last_sequence_no, created_at, updated_at)
+    SELECT %(thread_id)s, %(context_id)s, %(sender)s, %(recipient)s, %(intent)s, %(summary)s, %(proposed)s,
+           'pending', 1, 1, now, now FROM clock
+    RETURNING id
+),
+m AS (
+    INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role,
+                          body, parts, artifacts, metadata, created_at)
+    SELECT %(message_id)s, t.id, 1, %(sender)s, %(sender)s, %(recipient)s, 'caller',
+           %(body)s, %(parts)s, %(artifacts)s, %(meta)s, clock.now FROM t, clock
+    RETURNING id
+),
+a AS (
+    INSERT INTO audit_events (thread_id, actor_id, action, to_state, message_id, created_at)
+    SELECT t.id, %(sender)s, 'create', 'pending', m.id, clock.now FROM t, m, clock
+),
+e AS (
+    INSERT INTO events (id, type, agent_id, thread_id, message_id, payload, created_at)
+    SELECT %(event_id)s, 'message.created', %(recipient)s, t.id, m.id, '{}', clock.now FROM t, m, clock
+)
+SELECT now FROM clock
+"""
+
+# The recipient of a create and whether it blocks the caller, in one read.
+_RECIPIENT_SQL = """
+SELECT a.id, a.handle, a.disabled_at,
+       EXISTS (SELECT 1 FROM blocks b WHERE b.blocker_id = a.id AND b.blocked_id = %(caller)s)
+FROM agents a WHERE a.handle = %(handle)s
+"""
 
 
 def _body(parts: list[dict[str, Any]]) -> str:
@@ -179,14 +224,25 @@ def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq:
     session.execute(_MARK_READ, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq, "now": now})
 
 
-def _create(session: Session, caller: Agent, params: dict, adopt_context: bool = False) -> dict:
+def _create(
+    session: Session, caller: Agent, params: dict, adopt_context: bool = False, own_transaction: bool = False
+) -> dict:
+    """Create a handoff; with ``own_transaction`` (nothing else in the use case), without BEGIN/COMMIT.
+
+    The one-statement write is atomic by itself; the recipient read before it is a plain
+    read, as it was inside a transaction at READ COMMITTED.
+    """
     if params.get("recipient") is None:
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
     handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
-    recipient = get_agent(handle)
-    if recipient is None or recipient.disabled_at is not None:
+    own_transaction = own_transaction and params.get("context_id") is None
+    with statement_cursor(session, own_transaction=own_transaction) as cur:
+        cur.execute(_RECIPIENT_SQL, {"caller": caller.id, "handle": handle})
+        found = cur.fetchone()
+    if found is None or found[2] is not None:
         raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
-    if recipient.id == caller.id:
+    recipient_id, recipient_handle, _disabled, blocked = found
+    if recipient_id == caller.id:
         raise invalid("recipient", "cannot hand off to yourself")
     intent = params.get("intent") or "inform"
     if intent == "propose_action" and params.get("proposed_action") is None:
@@ -199,9 +255,8 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
             f"proposed_action must be null or omitted when intent is {intent}",
             {"field": "proposed_action"},
         )
-    blocked = session.scalar(select(exists().where(Block.blocker_id == recipient.id, Block.blocked_id == caller.id)))
     if blocked:
-        raise RelayError("teammate_blocked", f"{recipient.handle} does not accept handoffs from you")
+        raise RelayError("teammate_blocked", f"{recipient_handle} does not accept handoffs from you")
     context_id = params.get("context_id")
     if context_id is not None:
         known = session.scalar(
@@ -224,34 +279,45 @@ def _create(session: Session, caller: Agent, params: dict, adopt_context: bool =
             raise invalid("context_id", "names a context of other agents; choose a new UUID")
     else:
         context_id = new_ulid()
-    _serialize_feed_writes(session, caller.id, recipient.id)
-    now = _now(session)
-    thread = Thread(
-        id=new_ulid(),
-        context_id=context_id,
-        sender_id=caller.id,
-        recipient_id=recipient.id,
-        intent=intent,
-        summary=_body(params["message"]["parts"]),
-        proposed_action=params.get("proposed_action"),
-        state="pending",
-        version=1,
-        last_sequence_no=1,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(thread)
-    session.flush()
-    message = _add_message(session, thread, caller, params, now)
+    thread_id, message_id, event_id = new_ulid(), uuid.uuid4(), new_ulid()
+    parts = params["message"]["parts"]
+    body = _body(parts)
+    with statement_cursor(session, own_transaction=own_transaction) as cur:
+        cur.execute(
+            _CREATE_SQL,
+            {
+                "locks": _lock_keys(caller.id, recipient_id),
+                "thread_id": thread_id,
+                "context_id": context_id,
+                "sender": caller.id,
+                "recipient": recipient_id,
+                "intent": intent,
+                "summary": body,
+                "proposed": _json(params.get("proposed_action")),
+                "message_id": message_id,
+                "body": body,
+                "parts": _json(parts),
+                "artifacts": _json(params.get("artifacts") or []),
+                "meta": _json(params.get("metadata") or {}),
+                "event_id": event_id,
+            },
+        )
+        (now,) = cur.fetchone()
+    after_commit(partial(dispatch.message_committed, message_id, event_id))
     return {
-        "task_id": format_ulid(thread.id),
-        "thread_id": format_ulid(thread.id),
+        "task_id": format_ulid(thread_id),
+        "thread_id": format_ulid(thread_id),
         "context_id": format_ulid(context_id),
         "status": {"state": "pending"},
-        "message_id": str(message.id),
+        "message_id": str(message_id),
         "sequence_no": 1,
         "created_at": iso(now),
     }
+
+
+def _json(value: Any) -> Json | None:
+    """A jsonb parameter (the standard library's encoder, as SQLAlchemy's JSONB type uses)."""
+    return None if value is None else Json(value)
 
 
 CREATE_ONLY = ("recipient", "intent", "proposed_action", "context_id")
@@ -320,7 +386,9 @@ def send_message(
 
     def work(session: Session) -> dict:
         if params.get("task_id") is None:
-            result = _create(session, caller, params, adopt_context=adopt_context)
+            # Alone in its use case (no key to record, nothing run after it): no BEGIN/COMMIT.
+            alone = key is None and then is None
+            result = _create(session, caller, params, adopt_context=adopt_context, own_transaction=alone)
         else:
             result = _append(session, caller, params, peer=peer)
         if then is not None:

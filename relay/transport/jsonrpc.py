@@ -7,7 +7,6 @@ errors, so a second dialect (A2A v1.0) is a new table, not a change to these met
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
 from relay.transport.auth import current_agent, retry_after_seconds
+from relay.transport.fastjson import dumps_bytes
 from relay.transport.observability import RPC_CALLS
 from relay.transport.requests import BodyTooLarge, read_body
 
@@ -126,7 +126,7 @@ def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
 
 
 def _response(payload: Any, status: int = 200, headers: dict | None = None) -> Response:
-    resp = Response(json.dumps(payload), status=status, mimetype="application/json")
+    resp = Response(dumps_bytes(payload), status=status, mimetype="application/json")
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp

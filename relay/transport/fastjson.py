@@ -1,0 +1,39 @@
+"""Response JSON with orjson, falling back to the standard library where orjson cannot.
+
+orjson encodes a page of the feed several times faster than ``json.dumps``, which was a
+tenth of the feed's CPU. It refuses integers past 64 bits, which an agent's metadata may
+hold (PostgreSQL's jsonb keeps them exactly), so such a document is encoded by ``json``
+instead: never an error, never a changed number. Keys are sorted and datetimes are
+formatted as Flask's own provider does, so the bytes mean what they meant before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from flask.json.provider import DefaultJSONProvider
+
+_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def dumps_bytes(value: Any) -> bytes:
+    """``value`` as compact JSON bytes (Flask's ``default`` for other types)."""
+    try:
+        return orjson.dumps(value, default=DefaultJSONProvider.default, option=_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(value, default=DefaultJSONProvider.default, sort_keys=True, separators=(",", ":")).encode()
+
+
+class OrjsonProvider(DefaultJSONProvider):
+    """Flask's JSON provider with :func:`dumps_bytes` for ``jsonify`` and ``json.dumps``."""
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        if kwargs:  # a caller asked for stdlib options (indent, ...): honour them
+            return super().dumps(obj, **kwargs)
+        return dumps_bytes(obj).decode()
+
+    def response(self, *args: Any, **kwargs: Any):
+        obj = self._prepare_response_obj(args, kwargs)
+        return self._app.response_class(dumps_bytes(obj) + b"\n", mimetype=self.mimetype)
