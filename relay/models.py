@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -31,6 +32,12 @@ INTENTS = ("inform", "ask_question", "propose_action")
 # Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
 # same agent; seed clients may not use the prefix, so neither can replay the other's call.
 RESERVED_KEY_PREFIX = "a2a:"
+# The version of the search document's definition (relay.services.search.document_vector)
+# that the indexer writes into messages.search_version; NULL beside a vector is version 1
+# (before 0007). Rows with an older vector are reindexed by the beat sweep, found through
+# ix_messages_stale_vector, whose predicate names this number: changing the definition means
+# bumping it and recreating that index (CONCURRENTLY) in a migration.
+SEARCH_VERSION = 2
 
 TZ = DateTime(timezone=True)
 
@@ -131,6 +138,13 @@ class Message(db.Model):
         Index("ix_messages_target_feed", "target_id", text("created_at DESC"), text("id DESC")),
         Index("ix_messages_search", "search_vector", postgresql_using="gin"),
         Index("ix_messages_unindexed", "created_at", postgresql_where=text("search_vector IS NULL")),
+        Index(
+            "ix_messages_stale_vector",
+            "created_at",
+            postgresql_where=text(
+                f"search_vector IS NOT NULL AND index_error IS NULL AND coalesce(search_version, 1) < {SEARCH_VERSION}"
+            ),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -149,6 +163,8 @@ class Message(db.Model):
     # Why the indexer could not write search_vector ("SQLSTATE: first line"); the sweep
     # skips such rows and search does not find them by text (relay.services.search).
     index_error: Mapped[str | None] = mapped_column(Text)
+    # The SEARCH_VERSION that wrote search_vector (NULL: not indexed yet, or before 0007).
+    search_version: Mapped[int | None] = mapped_column(SmallInteger)
 
     thread: Mapped[Thread] = relationship()
     author: Mapped[Agent] = relationship(foreign_keys=[author_id])

@@ -1,4 +1,5 @@
-"""Alembic migrations against real PostgreSQL: they match the models, and 0003 goes down and up cleanly."""
+"""Alembic migrations against real PostgreSQL: they match the models, 0003 goes down and up cleanly, and
+0007 neither rewrites the messages nor blocks writes (the sweep reindexes their search vectors)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from relay.config import normalize_database_url
 from relay.extensions import db
 from relay.ids import new_ulid
 from relay.ops.migrate import alembic_config, upgrade
-from tests.conftest import migrated_database
+from tests.conftest import fresh_database, migrated_database
 
 
 def _connect(url: str):
@@ -70,4 +71,63 @@ def test_downgrading_0003_removes_push_configs_and_keeps_webhooks(server_urls):
         with conn.cursor() as cur:
             cur.execute("SELECT kind FROM webhook_endpoints")
             assert cur.fetchall() == [("webhook",)]
+        conn.close()
+
+
+def _message_rows(cur):
+    cur.execute("SELECT id::text, xmin::text, search_vector::text FROM messages ORDER BY id")
+    return cur.fetchall()
+
+
+def test_0007_adds_search_version_without_rewriting_messages_and_goes_down_and_up(server_urls):
+    with fresh_database(server_urls[0], "relay_mig") as url:
+        upgrade(url, "0006")
+        conn = _connect(url)
+        conn.autocommit = True
+        agent, thread = uuid.uuid4(), new_ulid()
+        with conn.cursor() as cur:
+            cur.execute(
+                "INSERT INTO agents (id, handle, org, name, role) VALUES (%s, 'a@x', 'x', 'A', '')", (str(agent),)
+            )
+            cur.execute(
+                "INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, state, version,"
+                " last_sequence_no) VALUES (%s, %s, %s, %s, 'inform', 's', 'pending', 1, 2)",
+                (str(thread), str(new_ulid()), str(agent), str(agent)),
+            )
+            for seq, vector in ((1, "to_tsvector('english', 'GET /users')"), (2, "NULL")):
+                cur.execute(
+                    "INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role, body,"
+                    " parts, artifacts, metadata, search_vector) VALUES (%s, %s, %s, %s, %s, %s, 'caller',"
+                    f" 'GET /users', '[]', '[]', '{{}}', {vector})",
+                    (str(uuid.uuid4()), str(thread), seq, str(agent), str(agent), str(agent)),
+                )
+            before = _message_rows(cur)
+        upgrade(url)
+        with conn.cursor() as cur:
+            assert _message_rows(cur) == before  # the same row versions (xmin): nothing was rewritten
+            cur.execute("SELECT count(*) FROM messages WHERE search_version IS NOT NULL")
+            assert cur.fetchone()[0] == 0
+            cur.execute(
+                "SELECT i.indisvalid, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
+                " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'ix_messages_stale_vector'"
+            )
+            valid, predicate = cur.fetchone()
+            assert valid is True
+            assert "search_version" in predicate and "< 2" in predicate, predicate
+            cur.execute(
+                "SELECT count(*) FROM messages WHERE search_vector IS NOT NULL AND index_error IS NULL"
+                " AND coalesce(search_version, 1) < 2"
+            )
+            assert cur.fetchone()[0] == 1  # the indexed row is due for the sweep; the unindexed one is not
+        command.downgrade(alembic_config(url), "0006")
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM information_schema.columns WHERE column_name = 'search_version'")
+            assert cur.fetchone()[0] == 0
+            cur.execute("SELECT count(*) FROM pg_class WHERE relname = 'ix_messages_stale_vector'")
+            assert cur.fetchone()[0] == 0
+            assert [r[2] for r in _message_rows(cur)] == [r[2] for r in before]
+        upgrade(url)
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_class WHERE relname = 'ix_messages_stale_vector'")
+            assert cur.fetchone()[0] == 1
         conn.close()

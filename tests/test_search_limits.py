@@ -15,9 +15,10 @@ import uuid
 
 import pytest
 from flask import Flask
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 
 from relay.extensions import db
+from relay.models import Message
 from relay.services import search as search_service
 from tests.conftest import bearer, extra_app, rpc, sql
 
@@ -118,6 +119,41 @@ def test_worst_case_document_fits_the_tsvector_limit(app):
         )
         db.session.rollback()
     assert 0.75 * TSVECTOR_LIMIT < data < TSVECTOR_LIMIT, data
+
+
+def test_worst_case_split_document_fits_the_tsvector_limit(app, client, alice, bob):
+    """The whole document (as written, split into parts, file names) of the costliest body found:
+    the words above, each part of the first SPLIT_CHARS led by a camelCase boundary ("aB" and
+    eight letters), so the split copy adds a new lexeme for nearly every character there."""
+    letters = [chr(c) for c in range(0x20000, 0x2A6E0)]
+
+    def part(n: int) -> str:
+        return "".join(letters[n // len(letters) ** d % len(letters)] for d in range(10))
+
+    def words(size: int, n: int, shape) -> tuple[str, int]:
+        out, total = [], 0
+        while total < size:
+            word = "-".join(shape(part(n + j)) for j in range(40))
+            out.append(word)
+            total += len(word) + 1
+            n += 40
+        return " ".join(out)[:size], n
+
+    cap, split = search_service.MAX_DOCUMENT_CHARS, search_service.SPLIT_CHARS
+    head, n = words(split, 10**7, lambda p: "aB" + p[:8])
+    tail, _ = words(cap - len(head), n, lambda p: p)
+    body = head + tail
+    message_id = send(client, alice[1], bob[0], "to be replaced")["message_id"]
+    sql(app, "UPDATE messages SET body = :body WHERE id = CAST(:id AS uuid)", body=body, id=message_id)
+    with app.app_context():
+        vector = search_service.document_vector()
+        data = db.session.scalar(
+            select(func.pg_column_size(vector) - 8 - 4 * func.length(vector)).where(Message.id == uuid.UUID(message_id))
+        )
+        db.session.rollback()
+        assert search_service.index_message(uuid.UUID(message_id)) is True
+    assert 0.85 * TSVECTOR_LIMIT < data < TSVECTOR_LIMIT, data
+    assert index_state(app, message_id) == (True, None)
 
 
 # --------------------------------------------------------------------------- search stays up
