@@ -1,4 +1,4 @@
-"""Response JSON with orjson, falling back to the standard library where orjson cannot.
+"""JSON with orjson, falling back to the standard library where orjson cannot (any layer may use it).
 
 orjson encodes a page of the feed several times faster than ``json.dumps``, which was a
 tenth of the feed's CPU. It refuses integers past 64 bits, which an agent's metadata may
@@ -24,6 +24,11 @@ def dumps_bytes(value: Any) -> bytes:
         return orjson.dumps(value, default=DefaultJSONProvider.default, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json.dumps(value, default=DefaultJSONProvider.default, sort_keys=True, separators=(",", ":")).encode()
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON (the feed's page budget)."""
+    return len(dumps_bytes(value))
 
 
 class OrjsonProvider(DefaultJSONProvider):

@@ -51,9 +51,25 @@ def parse_ulid(value: object) -> uuid.UUID:
     raise ValueError("must be a 26-character ULID or a UUID")
 
 
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [_CROCKFORD[i >> 5] + _CROCKFORD[i & 31] for i in range(1024)]
+
+
 def format_ulid(value: uuid.UUID) -> str:
-    """Return the 26-character ULID string of a UUID-stored ULID."""
-    return str(ULID.from_uuid(value))
+    """Return the 26-character ULID string of a UUID-stored ULID (Crockford base32 of its 128 bits).
+
+    Ten bits a step through a table: a page of the feed formats a hundred of these, and
+    python-ulid's ``str(ULID.from_uuid(...))`` took twice as long.
+    """
+    n = value.int
+    p = _PAIRS
+    return (
+        _CROCKFORD[n >> 125]
+        + p[(n >> 115) & 1023] + p[(n >> 105) & 1023] + p[(n >> 95) & 1023] + p[(n >> 85) & 1023]
+        + p[(n >> 75) & 1023] + p[(n >> 65) & 1023] + p[(n >> 55) & 1023] + p[(n >> 45) & 1023]
+        + p[(n >> 35) & 1023] + p[(n >> 25) & 1023] + p[(n >> 15) & 1023] + p[(n >> 5) & 1023]
+        + _CROCKFORD[n & 31]
+    )  # fmt: skip
 
 
 def as_sent(value: uuid.UUID) -> str:

@@ -90,7 +90,7 @@ def test_read_position_never_moves_backwards(app, client, alice, bob):
 
         reader = get_agent(b_handle)
         with unit_of_work() as session:
-            threads._mark_read(session, parse_ulid(task_id), reader.id, 1, threads._now(session))
+            threads._mark_read(session, parse_ulid(task_id), reader.id, 1)
     assert _position(app, task_id, b_handle) == [3]
     inbox = rpc(client, b_key, "tasks/list", {})["items"]
     assert [(i["task_id"], i["unread_messages"]) for i in inbox] == [(task_id, 0)]

@@ -44,23 +44,65 @@ def unit_of_work() -> Iterator[Session]:
 
 
 @contextmanager
-def statement_cursor(session: Session, *, own_transaction: bool = False) -> Iterator[Any]:
-    """Yield a DBAPI cursor on the session's connection, for a hot path's fixed SQL.
+def own_transaction(session: Session) -> Iterator[bool]:
+    """Run the block's statements in autocommit if no transaction is open yet; yield whether they do.
 
-    With ``own_transaction`` and no transaction open on the connection yet, each statement
-    runs in autocommit: it is its own transaction, so a use case that is one statement (or
-    one read and then one statement) costs no BEGIN and no COMMIT round trip. Otherwise
-    the statements join the session's transaction, committed by :func:`unit_of_work`.
-    SQLAlchemy's statement machinery (cache key, compiled lookup, result wrapping) cost
-    more per request on these paths than the statements themselves.
+    Each statement is then its own transaction: a use case that is one statement (a
+    page read, a one-statement write), or reads whose answers need not share one
+    snapshot, costs no BEGIN and no COMMIT round trip (psycopg2 sends each apart). A
+    block inside an open transaction joins it, committed by :func:`unit_of_work`.
     """
     dbapi = session.connection().connection.dbapi_connection
-    alone = own_transaction and dbapi.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    alone = dbapi.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
     if alone:
         dbapi.autocommit = True
     try:
-        with dbapi.cursor() as cur:
-            yield cur
+        yield alone
     finally:
         if alone:
             dbapi.autocommit = False
+
+
+@contextmanager
+def statement_cursor(session: Session, *, alone: bool = False) -> Iterator[Any]:
+    """Yield a DBAPI cursor on the session's connection, for a hot path's fixed SQL.
+
+    SQLAlchemy's statement machinery (cache key, compiled lookup, result wrapping) cost
+    more per request on these paths than the statements themselves. With ``alone``, see
+    :func:`own_transaction`.
+    """
+    dbapi = session.connection().connection.dbapi_connection
+    if alone:
+        with own_transaction(session), dbapi.cursor() as cur:
+            yield cur
+    else:
+        with dbapi.cursor() as cur:
+            yield cur
+
+
+class Compiled:
+    """A SQLAlchemy statement compiled once to psycopg2's SQL text, run as driver SQL.
+
+    For hot paths whose statement is built from a few optional filters: build it once per
+    shape (which filters are present) with named ``bindparam``s, keep it here, and run
+    it with :meth:`execute`. Literal values the statement holds (a search config, bounds)
+    are kept as its default parameters. Expanding ``IN`` lists are not supported: use
+    ``= ANY(:array)``.
+    """
+
+    __slots__ = ("sql", "defaults")
+
+    def __init__(self, statement: Any):
+        from sqlalchemy.dialects.postgresql import psycopg2 as pg
+
+        compiled = statement.compile(dialect=pg.dialect())
+        self.sql = str(compiled)
+        self.defaults = dict(compiled.params)
+
+    def execute(self, session: Session, **params: Any) -> Any:
+        """Run in ``session`` with ``params`` over the defaults; return the result (rows by position).
+
+        ``exec_driver_sql`` skips compiling and cache-keying but still fires the engine's
+        cursor events, so what tests and the bench capture is what was sent.
+        """
+        return session.connection().exec_driver_sql(self.sql, {**self.defaults, **params})

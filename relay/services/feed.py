@@ -7,20 +7,20 @@ repeated; a page stops early at the byte budget but always holds one row, and
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from flask import current_app
-from sqlalchemy import and_, literal, or_, select, tuple_, union_all
+from sqlalchemy import Integer, String, and_, bindparam, literal, or_, select, tuple_, union_all
 from sqlalchemy.orm import aliased
 
+from relay.encoding import json_size
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import encode_cursor, format_ulid, iso
 from relay.models import Agent, Message, Thread
-from relay.services import search, unit_of_work
+from relay.services import Compiled, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
 
@@ -32,7 +32,10 @@ def resolve_identity(caller: Agent, handle: str) -> Agent:
     leak. A visible identity other than the caller's own is forbidden (403): a key
     reads only its own identity.
     """
-    target = get_agent(normalize_handle(handle, "handle"))
+    normal = normalize_handle(handle, "handle")
+    if normal == caller.handle:  # the common case: no query
+        return caller
+    target = get_agent(normal)
     if target is None:
         raise RelayError("identity_not_found", f"no identity {handle!r} is visible to you")
     if target.id == caller.id:
@@ -133,6 +136,74 @@ def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str,
     return {row.id: _feed_row(row) for row in db.session.execute(_row_select(Message.id.in_(message_ids)))}
 
 
+_OPTIONAL = ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at")
+# The page statement of each shape (direction, search config, which filters are present),
+# compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
+_PAGES: dict[tuple, Compiled] = {}
+
+
+class _Row(NamedTuple):
+    """A feed row's columns, in ``_build_row_select``'s order."""
+
+    id: uuid.UUID
+    sequence_no: int
+    role: str
+    body: str
+    parts: Any
+    artifacts: Any
+    meta: Any
+    created_at: datetime
+    thread_id: uuid.UUID
+    context_id: uuid.UUID
+    state: str
+    author_handle: str
+    caller_handle: str
+    caller_name: str
+    caller_role: str
+    target_handle: str
+    target_name: str
+    target_role: str
+
+
+def _page_statement(direction: str, present: set[str]):
+    """One feed page's statement with named parameters, for the filters in ``present``."""
+    conditions = []
+    if "requester" in present:
+        conditions.append(Message.caller_id == bindparam("requester"))
+    if "worker" in present:
+        conditions.append(Message.target_id == bindparam("worker"))
+    if "task_id" in present:
+        conditions.append(Message.thread_id == bindparam("task_id"))
+    if "context_id" in present:
+        conditions.append(Message.thread_id.in_(select(Thread.id).where(Thread.context_id == bindparam("context_id"))))
+    if "role" in present:
+        conditions.append(Message.role == bindparam("role"))
+    if "q" in present:
+        conditions.append(search.matches(bindparam("q", type_=String)))
+    if "since" in present:
+        conditions.append(Message.created_at >= bindparam("since"))
+    if "cursor_at" in present:
+        conditions.append(
+            tuple_(Message.created_at, Message.id) < tuple_(bindparam("cursor_at"), bindparam("cursor_id"))
+        )
+    order = (Message.created_at.desc(), Message.id.desc())
+    identity, limit = bindparam("identity"), bindparam("limit", type_=Integer)
+
+    def branch(column):
+        return (
+            select(Message.id, Message.created_at).where(column == identity, *conditions).order_by(*order).limit(limit)
+        )
+
+    # One ordered index scan per side, merged: direction=both never sorts the whole history.
+    if direction == "inbound":
+        keys = branch(Message.target_id).subquery()
+    elif direction == "outbound":
+        keys = branch(Message.caller_id).subquery()
+    else:
+        keys = union_all(branch(Message.caller_id), branch(Message.target_id)).subquery()
+    return _build_row_select().join(keys, keys.c.id == Message.id).order_by(*order).limit(limit)
+
+
 def list_messages(
     identity: Agent,
     *,
@@ -152,52 +223,43 @@ def list_messages(
     ``identity`` comes from :func:`resolve_identity`. Raises invalid_params (422) for a
     malformed handle filter.
     """
-    with unit_of_work():
-        conditions = []
-        requester = _handle_id(requester_handle, "requester_handle")
-        worker = _handle_id(worker_handle, "worker_handle")
-        if requester is not None:
-            conditions.append(Message.caller_id == requester)
-        if worker is not None:
-            conditions.append(Message.target_id == worker)
-        if task_id is not None:
-            conditions.append(Message.thread_id == task_id)
-        if context_id is not None:
-            conditions.append(Message.thread_id.in_(select(Thread.id).where(Thread.context_id == context_id)))
-        if role is not None:
-            conditions.append(Message.role == role)
-        if q is not None:
-            conditions.append(search.matches(q))
-        if since is not None:
-            conditions.append(Message.created_at >= since)
-        if cursor is not None:
-            conditions.append(tuple_(Message.created_at, Message.id) < tuple_(*cursor))
-        order = (Message.created_at.desc(), Message.id.desc())
-
-        def branch(column):
-            return (
-                select(Message.id, Message.created_at)
-                .where(column == identity.id, *conditions)
-                .order_by(*order)
-                .limit(limit + 1)
-            )
-
-        # One ordered index scan per side, merged: direction=both never sorts the whole history.
-        if direction == "inbound":
-            keys = branch(Message.target_id).subquery()
-        elif direction == "outbound":
-            keys = branch(Message.caller_id).subquery()
-        else:
-            keys = union_all(branch(Message.caller_id), branch(Message.target_id)).subquery()
-        rows = db.session.execute(
-            _row_select().join(keys, keys.c.id == Message.id).order_by(*order).limit(limit + 1)
-        ).all()
+    requester = _handle_id(requester_handle, "requester_handle")
+    worker = _handle_id(worker_handle, "worker_handle")
+    params = {
+        "identity": identity.id,
+        "requester": requester,
+        "worker": worker,
+        "task_id": task_id,
+        "context_id": context_id,
+        "role": role,
+        "q": q,
+        "since": since,
+        "cursor_at": cursor[0] if cursor else None,
+        "cursor_id": cursor[1] if cursor else None,
+        "limit": limit + 1,
+    }
+    # Everything compiled into the statement is in its shape: the search document's
+    # definition reads its bounds when built (tests change them).
+    search_shape = (
+        current_app.config["RELAY"].search_config,
+        search.MAX_DOCUMENT_CHARS,
+        getattr(search, "SPLIT_CHARS", 0),
+    )
+    shape = (direction, search_shape, *(params[k] is not None for k in _OPTIONAL))
+    statement = _PAGES.get(shape)
+    if statement is None:
+        statement = _PAGES[shape] = Compiled(
+            _page_statement(direction, {k for k in _OPTIONAL if params[k] is not None})
+        )
+    # One page read: its own transaction, no BEGIN/COMMIT round trips.
+    with unit_of_work() as session, own_transaction(session):
+        rows = statement.execute(session, **params).fetchall()
     budget = current_app.config["RELAY"].feed_budget_bytes
     items: list[dict[str, Any]] = []
     used = 0
     for r in rows[:limit]:
-        row = _feed_row(r)
-        size = len(json.dumps(row).encode())
+        row = _feed_row(_Row(*r))
+        size = json_size(row)
         if items and used + size > budget:
             break
         items.append(row)
@@ -205,6 +267,6 @@ def list_messages(
     more = len(items) < len(rows)
     next_cursor = None
     if more and items:
-        last = rows[len(items) - 1]
+        last = _Row(*rows[len(items) - 1])
         next_cursor = encode_cursor(last.created_at, last.id)
     return {"items": items, "next_cursor": next_cursor}

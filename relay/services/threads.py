@@ -10,12 +10,11 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg2.extras import Json
-from sqlalchemy import and_, bindparam, exists, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from relay.errors import RelayError, invalid
 from relay.extensions import db
@@ -30,10 +29,19 @@ from relay.models import (
     ReadPosition,
     Thread,
 )
-from relay.services import after_commit, dispatch, idempotency, statement_cursor, unit_of_work
+from relay.services import after_commit, dispatch, idempotency, own_transaction, statement_cursor, unit_of_work
 from relay.services.agents import agent_ref, check_handle
 
 PREVIEW_CHARS = 200
+
+
+class _Ref(NamedTuple):
+    """An agent's public fields as a row gives them (what :func:`agent_ref` reads)."""
+
+    handle: str
+    name: str
+    role: str
+
 
 # seed 000, tasks/update table: transition -> (from state, to state, who may call it)
 TRANSITIONS: dict[str, tuple[str, str, str]] = {
@@ -195,35 +203,6 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
 load_thread = _load_thread  # for sibling services (push configs) that scope to a thread the same way
 
 
-def _build_mark_read():
-    stmt = insert(ReadPosition).values(
-        thread_id=bindparam("thread_id"),
-        agent_id=bindparam("agent_id"),
-        last_read_sequence_no=bindparam("seq"),
-        updated_at=bindparam("now"),
-    )
-    return stmt.on_conflict_do_update(
-        index_elements=[ReadPosition.thread_id, ReadPosition.agent_id],
-        set_={
-            "last_read_sequence_no": func.greatest(
-                ReadPosition.last_read_sequence_no, stmt.excluded.last_read_sequence_no
-            ),
-            "updated_at": stmt.excluded.updated_at,
-        },
-    )
-
-
-_MARK_READ = None
-
-
-def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int, now: datetime) -> None:
-    """Move the agent's read position forward to ``seq`` (never backwards)."""
-    global _MARK_READ
-    if _MARK_READ is None:  # built once: building this upsert cost more than running it
-        _MARK_READ = _build_mark_read()
-    session.execute(_MARK_READ, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq, "now": now})
-
-
 def _create(
     session: Session, caller: Agent, params: dict, adopt_context: bool = False, own_transaction: bool = False
 ) -> dict:
@@ -236,7 +215,7 @@ def _create(
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
     handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
     own_transaction = own_transaction and params.get("context_id") is None
-    with statement_cursor(session, own_transaction=own_transaction) as cur:
+    with statement_cursor(session, alone=own_transaction) as cur:
         cur.execute(_RECIPIENT_SQL, {"caller": caller.id, "handle": handle})
         found = cur.fetchone()
     if found is None or found[2] is not None:
@@ -282,7 +261,7 @@ def _create(
     thread_id, message_id, event_id = new_ulid(), uuid.uuid4(), new_ulid()
     parts = params["message"]["parts"]
     body = _body(parts)
-    with statement_cursor(session, own_transaction=own_transaction) as cur:
+    with statement_cursor(session, alone=own_transaction) as cur:
         cur.execute(
             _CREATE_SQL,
             {
@@ -404,18 +383,25 @@ def message_row(message: Message) -> dict[str, Any]:
     A message sent over the A2A binding also carries ``a2a_message_id``, the messageId
     its author chose (its idempotency key, minus the reserved prefix).
     """
+    m = message
+    return _message_row(
+        m.id, m.sequence_no, m.author.handle, m.role, m.body, m.parts, m.artifacts, m.meta, m.created_at
+    )
+
+
+def _message_row(id_, sequence_no, author, role, body, parts, artifacts, meta, created_at) -> dict[str, Any]:
     row = {
-        "id": str(message.id),
-        "sequence_no": message.sequence_no,
-        "from": message.author.handle,
-        "role": message.role,
-        "body": message.body,
-        "parts": message.parts,
-        "artifacts": message.artifacts,
-        "payload": _payload(message.meta),
-        "created_at": iso(message.created_at),
+        "id": str(id_),
+        "sequence_no": sequence_no,
+        "from": author,
+        "role": role,
+        "body": body,
+        "parts": parts,
+        "artifacts": artifacts,
+        "payload": _payload(meta),
+        "created_at": iso(created_at),
     }
-    key = message.meta.get("client_idempotency_key")
+    key = meta.get("client_idempotency_key")
     if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
         row["a2a_message_id"] = key[len(RESERVED_KEY_PREFIX) :]
     return row
@@ -432,56 +418,118 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
     task: the caller has not read the other side's messages by doing that). Raises
     thread_not_found, not_a_participant (``peer``: see _load_thread).
     """
-    with unit_of_work() as session:
-        thread, _side = _load_thread(session, task_id, caller, peer=peer)
-        messages = list(
-            session.scalars(
-                select(Message)
-                .where(Message.thread_id == thread.id)
-                .order_by(Message.sequence_no)
-                .options(db.joinedload(Message.author))
-            )
-        )
-        if mark_read:
-            _mark_read(session, thread.id, caller.id, thread.last_sequence_no, _now(session))
-        return {
-            "thread_id": format_ulid(thread.id),
-            "task_id": format_ulid(thread.id),
-            "context_id": format_ulid(thread.context_id),
-            "status": _status(thread),
-            "sender": agent_ref(thread.sender),
-            "recipient": agent_ref(thread.recipient),
-            "recipient_id": str(thread.recipient_id),
-            "summary": thread.summary,
-            "intent": thread.intent,
-            "artifacts": [a for m in messages for a in m.artifacts],
-            "proposed_action": thread.proposed_action,
-            "messages": [message_row(m) for m in messages],
-            "result_summary": thread.result_summary,
-            "version": thread.version,
-            "accepted_at": iso(thread.accepted_at),
-            "completed_at": iso(thread.completed_at),
-            "cancelled_at": iso(thread.cancelled_at),
-            "created_at": iso(thread.created_at),
-            "updated_at": iso(thread.updated_at),
-        }
+    with unit_of_work() as session, statement_cursor(session, alone=True) as cur:
+        cur.execute(_GET_THREAD_SQL, {"id": task_id})
+        t = cur.fetchone()
+        if t is None or (peer is not None and (t[2], t[3]) != (caller.id, peer.id)):
+            raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")
+        if caller.id not in (t[2], t[3]):
+            raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
+        cur.execute(_GET_MESSAGES_SQL, {"id": task_id})
+        messages = [_message_row(*m) for m in cur.fetchall()]
+        if mark_read and messages:
+            # Read up to what this answer holds (not the thread's counter, which a later
+            # append may have moved on): a message is marked read only once it was shown.
+            _mark_read(session, task_id, caller.id, messages[-1]["sequence_no"])
+    return {
+        "thread_id": (tid := format_ulid(t[0])),
+        "task_id": tid,
+        "context_id": format_ulid(t[1]),
+        "status": {"state": t[4]},
+        "sender": {"handle": t[15], "name": t[16], "role": t[17]},
+        "recipient": {"handle": t[18], "name": t[19], "role": t[20]},
+        "recipient_id": str(t[3]),
+        "summary": t[5],
+        "intent": t[6],
+        "artifacts": [a for m in messages for a in m["artifacts"]],
+        "proposed_action": t[7],
+        "messages": messages,
+        "result_summary": t[8],
+        "version": t[9],
+        "accepted_at": iso(t[10]),
+        "completed_at": iso(t[11]),
+        "cancelled_at": iso(t[12]),
+        "created_at": iso(t[13]),
+        "updated_at": iso(t[14]),
+    }
+
+
+# tasks/get as three fixed statements, each its own transaction (own_transaction): the
+# thread with both agents, its messages with their authors, and the read position.
+_GET_THREAD_SQL = """
+SELECT t.id, t.context_id, t.sender_id, t.recipient_id, t.state, t.summary, t.intent, t.proposed_action,
+       t.result_summary, t.version, t.accepted_at, t.completed_at, t.cancelled_at, t.created_at, t.updated_at,
+       s.handle, s.name, s.role, r.handle, r.name, r.role
+FROM threads t JOIN agents s ON s.id = t.sender_id JOIN agents r ON r.id = t.recipient_id
+WHERE t.id = %(id)s
+"""
+_GET_MESSAGES_SQL = """
+SELECT m.id, m.sequence_no, a.handle, m.role, m.body, m.parts, m.artifacts, m.metadata, m.created_at
+FROM messages m JOIN agents a ON a.id = m.author_id
+WHERE m.thread_id = %(id)s ORDER BY m.sequence_no
+"""
+
+
+def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int) -> None:
+    """Move the agent's read position forward to ``seq`` (never backwards)."""
+    with statement_cursor(session) as cur:
+        cur.execute(_MARK_READ_SQL, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq})
+
+
+_MARK_READ_SQL = """
+INSERT INTO read_positions (thread_id, agent_id, last_read_sequence_no, updated_at)
+VALUES (%(thread_id)s, %(agent_id)s, %(seq)s, clock_timestamp())
+ON CONFLICT (thread_id, agent_id) DO UPDATE
+SET last_read_sequence_no = greatest(read_positions.last_read_sequence_no, EXCLUDED.last_read_sequence_no),
+    updated_at = EXCLUDED.updated_at
+"""
 
 
 def thread_summary(t: Thread) -> dict[str, Any]:
     """A thread as lists and ``task.updated`` webhooks show it (seed 000, tasks/list item)."""
+    return _summary(
+        t.id, t.context_id, t.state, t.sender, t.recipient, t.summary, t.intent, t.result_summary, t.created_at,
+        t.updated_at,
+    )  # fmt: skip
+
+
+def _summary(
+    id_, context_id, state, sender, recipient, summary, intent, result_summary, created_at, updated_at
+) -> dict[str, Any]:
     return {
-        "thread_id": format_ulid(t.id),
-        "task_id": format_ulid(t.id),
-        "context_id": format_ulid(t.context_id),
-        "status": _status(t),
-        "sender": agent_ref(t.sender),
-        "recipient": agent_ref(t.recipient),
-        "summary_preview": t.summary[:PREVIEW_CHARS],
-        "intent": t.intent,
-        "result_summary": t.result_summary,
-        "created_at": iso(t.created_at),
-        "updated_at": iso(t.updated_at),
+        "thread_id": (tid := format_ulid(id_)),
+        "task_id": tid,
+        "context_id": format_ulid(context_id),
+        "status": {"state": state},
+        "sender": agent_ref(sender),
+        "recipient": agent_ref(recipient),
+        "summary_preview": summary[:PREVIEW_CHARS],
+        "intent": intent,
+        "result_summary": result_summary,
+        "created_at": iso(created_at),
+        "updated_at": iso(updated_at),
     }
+
+
+_SENDER, _RECIPIENT = aliased(Agent), aliased(Agent)
+# A page of tasks/list as plain columns: 50 Thread entities with two joined agents each
+# cost more to build as ORM objects than the query took to run.
+_LIST_COLUMNS = (
+    Thread.id,
+    Thread.context_id,
+    Thread.state,
+    _SENDER.handle,
+    _SENDER.name,
+    _SENDER.role,
+    _RECIPIENT.handle,
+    _RECIPIENT.name,
+    _RECIPIENT.role,
+    Thread.summary,
+    Thread.intent,
+    Thread.result_summary,
+    Thread.created_at,
+    Thread.updated_at,
+)
 
 
 def _page_messages(thread_ids: list[uuid.UUID], messages: int | str):
@@ -554,23 +602,36 @@ def list_threads(
         filters.append(Thread.state.in_(status))
     if since is not None:
         filters.append(Thread.updated_at >= since)
-    stmt = select(Thread, unread).where(*filters)
+    stmt = (
+        select(*_LIST_COLUMNS, unread)
+        .join(_SENDER, _SENDER.id == Thread.sender_id)
+        .join(_RECIPIENT, _RECIPIENT.id == Thread.recipient_id)
+        .where(*filters)
+    )
     if cursor is not None:
         at, ident = cursor
         stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
     stmt = stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(limit + 1)
-    with unit_of_work() as session:
+    with unit_of_work() as session, own_transaction(session):
         rows = session.execute(stmt).all()
         page = rows[:limit]
-        items = [{**thread_summary(t), "unread_messages": n} for t, n in page]
+        items = [
+            {
+                **_summary(
+                    r[0], r[1], r[2], _Ref(r[3], r[4], r[5]), _Ref(r[6], r[7], r[8]), r[9], r[10], r[11], r[12], r[13]
+                ),
+                "unread_messages": r[14],
+            }
+            for r in page
+        ]
         if messages and page:
             by_thread: dict[uuid.UUID, list[dict]] = {}
-            for m in session.scalars(_page_messages([t.id for t, _ in page], messages)):
+            for m in session.scalars(_page_messages([r[0] for r in page], messages)):
                 by_thread.setdefault(m.thread_id, []).append(message_row(m))
-            for item, (t, _n) in zip(items, page):
-                item["messages"] = by_thread.get(t.id, [])
+            for item, r in zip(items, page):
+                item["messages"] = by_thread.get(r[0], [])
         total = session.scalar(select(func.count()).select_from(Thread).where(*filters)) if with_total else None
-    last = page[-1][0] if page else None
+    last = page[-1] if page else None
     next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
     result: dict[str, Any] = {"items": items, "next_cursor": next_cursor}
     if with_total:

@@ -17,9 +17,10 @@ from relay.extensions import db
 
 def init_app(app: Flask) -> None:
     """Register every blueprint, the rate limiter and the one JSON error envelope on ``app``."""
-    from relay.transport import a2a, fastjson, health, jsonrpc, observability, ratelimit, requests, rest
+    from relay.encoding import OrjsonProvider
+    from relay.transport import a2a, health, jsonrpc, observability, ratelimit, requests, rest
 
-    app.json = fastjson.OrjsonProvider(app)
+    app.json = OrjsonProvider(app)
     requests.init_app(app)
     observability.init_app(app)
     app.register_blueprint(health.bp)

@@ -15,6 +15,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g
 from marshmallow import Schema
 
+from relay.encoding import dumps_bytes
 from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
@@ -22,7 +23,6 @@ from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
 from relay.transport.auth import current_agent, retry_after_seconds
-from relay.transport.fastjson import dumps_bytes
 from relay.transport.observability import RPC_CALLS
 from relay.transport.requests import BodyTooLarge, read_body
 
