@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]``, ``scale [--messages N]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``.
+"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -31,11 +31,26 @@ def main() -> None:
     run_p.add_argument("--profile", action="store_true", help="run each path once more under py-spy; save profiles")
     run_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
     run_p.add_argument("--only", help="comma-separated path kinds, e.g. send_create,tasks_list (no webhook phase)")
-    scale_p = sub.add_parser("scale", parents=[common], help="feed, search and inbox queries at a million messages")
-    scale_p.add_argument("--messages", type=int, default=1_000_000)
+    scale_p = sub.add_parser(
+        "scale", parents=[common], help="feed, search, inbox and tasks/get at 1M (or 10M) messages; index burst"
+    )
+    scale_p.add_argument("--messages", type=int, default=1_000_000, help="e.g. 10000000 with --threads 500000")
     scale_p.add_argument("--threads", type=int, default=50_000)
-    scale_p.add_argument("--agents", type=int, default=1_000)
-    scale_p.add_argument("--queries", type=int, default=200)
+    scale_p.add_argument("--agents", type=int, default=1_000, help="at least 12")
+    scale_p.add_argument("--queries", type=int, default=200, help="timed calls per query (default 200)")
+    scale_p.add_argument("--big-thread", type=int, default=1000, help="messages of the tasks/get thread (1000)")
+    scale_p.add_argument("--burst", type=int, default=100_000, help="new unindexed messages to index (0: skip)")
+    scale_p.add_argument("--burst-batch", type=int, default=500, help="ids per index_messages call (500)")
+    scale_p.add_argument("--index-connections", type=int, default=2, help="connections writing vectors (2)")
+    scale_p.add_argument(
+        "--simple-vectors", action="store_true", help="seed vectors with to_tsvector(body), not the relay's definition"
+    )
+    scale_p.add_argument(
+        "--wait-log",
+        metavar="FILE",
+        help='before each heavy step, wait (<= 20 min) until FILE holds "results written to"',
+    )
+    scale_p.add_argument("--timing-flag", metavar="FILE", help="create FILE while a timed phase runs, delete it after")
     dialects_p = sub.add_parser(
         "dialects", parents=[common], help="seed dialect vs the A2A v1.0 binding: latency per call"
     )
@@ -112,7 +127,21 @@ def main() -> None:
     else:
         from bench.scale import print_scale, scale
 
-        results = scale(args.messages, args.threads, args.agents, args.queries)
+        if args.agents < 12:
+            parser.error("scale: --agents must be at least 12")
+        results = scale(
+            args.messages,
+            args.threads,
+            args.agents,
+            args.queries,
+            big_thread=args.big_thread,
+            burst=args.burst,
+            burst_batch=args.burst_batch,
+            index_connections=max(1, args.index_connections),
+            simple_vectors=args.simple_vectors,
+            wait_log=args.wait_log,
+            timing_flag_path=args.timing_flag,
+        )
         print_scale(results)
         name = f"{results['date'][:10]}-{results['commit']}-scale-{args.messages}.json"
     path = folder / name

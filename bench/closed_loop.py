@@ -117,7 +117,7 @@ def request_for(kind: str, n: int, host: str, data: dict) -> tuple[bytes, bool]:
         }
         return _rpc(host, sender, "message/send", params), True
     if kind == "send_append":
-        key, task_id = data["threads"][n % len(data["threads"])]
+        key, task_id = data["append_threads"][n % len(data["append_threads"])]
         params = {"task_id": task_id, "message": {"parts": [{"type": "text", "text": f"bench reply {n}"}]}}
         return _rpc(host, key, "message/send", params), True
     if kind == "tasks_get":

@@ -450,6 +450,7 @@ def test_search_plan_uses_an_index_on_messages(app, client, make_agent):
     _seed_bulk(app, client, make_agent)
     page, plan = _explain_feed(app, "bob@acme", q="kingfisher")
     assert [r["body"] for r in page["items"]] == [f"bulk message {g} kingfisher" for g in range(500, BULK_N + 1, 500)]
-    assert "ix_messages_target_feed" in plan, plan
-    assert "ix_messages_search" in plan, plan  # the GIN index narrows the indexed rows
+    # A rare word: the GIN index narrows the busy side's indexed rows (a common word may
+    # walk the feed index instead: the indexed and unindexed rows are queried apart).
+    assert "ix_messages_search" in plan, plan
     assert "Seq Scan on messages" not in plan, plan

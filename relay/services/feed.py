@@ -178,8 +178,6 @@ def _page_statement(direction: str, present: set[str]):
         conditions.append(Message.thread_id.in_(select(Thread.id).where(Thread.context_id == bindparam("context_id"))))
     if "role" in present:
         conditions.append(Message.role == bindparam("role"))
-    if "q" in present:
-        conditions.append(search.matches(bindparam("q", type_=String)))
     if "since" in present:
         conditions.append(Message.created_at >= bindparam("since"))
     if "cursor_at" in present:
@@ -189,10 +187,22 @@ def _page_statement(direction: str, present: set[str]):
     order = (Message.created_at.desc(), Message.id.desc())
     identity, limit = bindparam("identity"), bindparam("limit", type_=Integer)
 
-    def branch(column):
+    def side(column, *more):
         return (
-            select(Message.id, Message.created_at).where(column == identity, *conditions).order_by(*order).limit(limit)
+            select(Message.id, Message.created_at)
+            .where(column == identity, *conditions, *more)
+            .order_by(*order)
+            .limit(limit)
         )
+
+    def branch(column):
+        if "q" not in present:
+            return side(column)
+        # The indexed and the unindexed rows apart (search.match_branches), each ordered and
+        # limited, merged: a common word stops after a page of the feed index.
+        indexed, unindexed = search.match_branches(bindparam("q", type_=String))
+        both = union_all(side(column, indexed), side(column, unindexed)).subquery()
+        return select(both.c.id, both.c.created_at).order_by(both.c.created_at.desc(), both.c.id.desc()).limit(limit)
 
     # One ordered index scan per side, merged: direction=both never sorts the whole history.
     if direction == "inbound":

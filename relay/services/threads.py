@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from psycopg2.extras import Json
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import ARRAY, Integer, String, and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from relay.errors import RelayError, invalid
@@ -29,7 +29,15 @@ from relay.models import (
     ReadPosition,
     Thread,
 )
-from relay.services import after_commit, dispatch, idempotency, own_transaction, statement_cursor, unit_of_work
+from relay.services import (
+    Compiled,
+    after_commit,
+    dispatch,
+    idempotency,
+    own_transaction,
+    statement_cursor,
+    unit_of_work,
+)
 from relay.services.agents import agent_ref, check_handle
 
 PREVIEW_CHARS = 200
@@ -550,6 +558,68 @@ def _page_messages(thread_ids: list[uuid.UUID], messages: int | str):
     return stmt.order_by(Message.thread_id, Message.sequence_no).options(db.joinedload(Message.author))
 
 
+_LIST_OPTIONAL = ("peer", "context_id", "status", "since", "cursor_at")
+# The tasks/list page statement of each shape (role, which filters are present), compiled once.
+_LIST_PAGES: dict[tuple, Compiled] = {}
+
+
+def _list_filters(role: str, present: set[str]) -> list:
+    """The filters of a tasks/list page (named parameters), besides the keyset cursor."""
+    column = Thread.recipient_id if role == "recipient" else Thread.sender_id
+    filters = [column == bindparam("caller")]
+    if "peer" in present:
+        filters.append((Thread.sender_id if role == "recipient" else Thread.recipient_id) == bindparam("peer"))
+    if "context_id" in present:
+        filters.append(Thread.context_id == bindparam("context_id"))
+    if "status" in present:
+        filters.append(Thread.state == func.any(bindparam("status", type_=ARRAY(String))))
+    if "since" in present:
+        filters.append(Thread.updated_at >= bindparam("since"))
+    return filters
+
+
+def _list_statement(role: str, present: set[str]):
+    """One tasks/list page with named parameters: newest activity first, and each thread's unread count."""
+    caller = bindparam("caller")
+    unread = (
+        select(func.count(Message.id))
+        .where(
+            Message.thread_id == Thread.id,
+            Message.author_id != caller,
+            Message.sequence_no
+            > func.coalesce(
+                select(ReadPosition.last_read_sequence_no)
+                .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller)
+                # Correlate to the outer threads row, not to a second copy of threads.
+                .correlate(Thread)
+                .scalar_subquery(),
+                0,
+            ),
+        )
+        .correlate(Thread)
+        .scalar_subquery()
+    )
+    stmt = (
+        select(*_LIST_COLUMNS, unread)
+        .join(_SENDER, _SENDER.id == Thread.sender_id)
+        .join(_RECIPIENT, _RECIPIENT.id == Thread.recipient_id)
+        .where(*_list_filters(role, present))
+    )
+    if "cursor_at" in present:
+        at, ident = bindparam("cursor_at"), bindparam("cursor_id")
+        stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
+    return stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(bindparam("limit", type_=Integer))
+
+
+def _count_threads(session: Session, role, caller, peer, context_id, status, since) -> int:
+    """Rows matching tasks/list's filters on all pages (the A2A binding's ListTasks ``total``)."""
+    params = {"caller": caller.id, "peer": peer.id if peer else None, "context_id": context_id}
+    params |= {"status": list(status) if status else None, "since": since}
+    present = {k for k, v in params.items() if v is not None and k != "caller"}
+    stmt = select(func.count()).select_from(Thread).where(*_list_filters(role, present))
+    return session.scalar(stmt, params)
+
+
 def list_threads(
     caller: Agent,
     role: str = "recipient",
@@ -574,46 +644,24 @@ def list_threads(
     filters, all pages) and ``messages`` each item's ``messages`` (oldest first): ``"all"``,
     or the newest N of each thread (one window query for the page, not every message).
     """
-    column = Thread.recipient_id if role == "recipient" else Thread.sender_id
-    unread = (
-        select(func.count(Message.id))
-        .where(
-            Message.thread_id == Thread.id,
-            Message.author_id != caller.id,
-            Message.sequence_no
-            > func.coalesce(
-                select(ReadPosition.last_read_sequence_no)
-                .where(ReadPosition.thread_id == Thread.id, ReadPosition.agent_id == caller.id)
-                # Correlate to the outer threads row, not to a second copy of threads.
-                .correlate(Thread)
-                .scalar_subquery(),
-                0,
-            ),
+    params = {
+        "caller": caller.id,
+        "peer": peer.id if peer is not None else None,
+        "context_id": context_id,
+        "status": list(status) if status else None,
+        "since": since,
+        "cursor_at": cursor[0] if cursor else None,
+        "cursor_id": cursor[1] if cursor else None,
+        "limit": limit + 1,
+    }
+    shape = (role, *(params[k] is not None for k in _LIST_OPTIONAL))
+    statement = _LIST_PAGES.get(shape)
+    if statement is None:
+        statement = _LIST_PAGES[shape] = Compiled(
+            _list_statement(role, {k for k in _LIST_OPTIONAL if params[k] is not None})
         )
-        .correlate(Thread)
-        .scalar_subquery()
-    )
-    filters = [column == caller.id]
-    if peer is not None:
-        filters.append((Thread.sender_id if role == "recipient" else Thread.recipient_id) == peer.id)
-    if context_id is not None:
-        filters.append(Thread.context_id == context_id)
-    if status:
-        filters.append(Thread.state.in_(status))
-    if since is not None:
-        filters.append(Thread.updated_at >= since)
-    stmt = (
-        select(*_LIST_COLUMNS, unread)
-        .join(_SENDER, _SENDER.id == Thread.sender_id)
-        .join(_RECIPIENT, _RECIPIENT.id == Thread.recipient_id)
-        .where(*filters)
-    )
-    if cursor is not None:
-        at, ident = cursor
-        stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
-    stmt = stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(limit + 1)
     with unit_of_work() as session, own_transaction(session):
-        rows = session.execute(stmt).all()
+        rows = statement.execute(session, **params).all()
         page = rows[:limit]
         items = [
             {
@@ -630,7 +678,7 @@ def list_threads(
                 by_thread.setdefault(m.thread_id, []).append(message_row(m))
             for item, r in zip(items, page):
                 item["messages"] = by_thread.get(r[0], [])
-        total = session.scalar(select(func.count()).select_from(Thread).where(*filters)) if with_total else None
+        total = _count_threads(session, role, caller, peer, context_id, status, since) if with_total else None
     last = page[-1] if page else None
     next_cursor = encode_cursor(last.updated_at, last.id) if len(rows) > limit and last is not None else None
     result: dict[str, Any] = {"items": items, "next_cursor": next_cursor}

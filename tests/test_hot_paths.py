@@ -1,0 +1,141 @@
+"""Rules the hot paths must keep while they take shortcuts (issue 17).
+
+- a create is one statement: its thread, message, audit and outbox rows share one time;
+- response JSON goes through orjson, but an integer past 64 bits comes back exactly;
+- committed messages are published in batches, each message exactly once;
+- ULIDs are formatted as python-ulid formats them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+
+import redis
+from ulid import ULID
+
+from relay.ids import format_ulid
+from tests.conftest import bearer, rpc, sql, wait_until
+
+
+def _send(client, key, params):
+    return rpc(client, key, "message/send", {"message": {"parts": [{"type": "text", "text": "hi"}]}, **params})
+
+
+def test_a_create_writes_its_four_rows_with_one_time(app, client, alice, bob):
+    _a, a_key = alice
+    b_handle, _b_key = bob
+    task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
+    rows = sql(
+        app,
+        "SELECT t.created_at, t.updated_at, m.created_at, a.created_at, e.created_at, a.action, e.type, m.sequence_no"
+        " FROM threads t JOIN messages m ON m.thread_id = t.id JOIN audit_events a ON a.message_id = m.id"
+        " JOIN events e ON e.message_id = m.id",
+    )
+    assert len(rows) == 1, rows
+    *times, action, kind, seq = rows[0]
+    assert len(set(times)) == 1, times
+    assert (action, kind, seq) == ("create", "message.created", 1)
+    [(state, last_seq)] = sql(app, "SELECT state, last_sequence_no FROM threads")
+    assert (state, last_seq) == ("pending", 1)
+    assert task_id
+
+
+def test_a_failed_create_writes_nothing(app, client, alice, bob):
+    """The one-statement create is atomic: a row it cannot write leaves no other behind."""
+    _a, a_key = alice
+    b_handle, _b_key = bob
+    # The outbox row, written last in the statement, is refused: no other row may stay.
+    sql(app, "ALTER TABLE events ADD CONSTRAINT test_refuse CHECK (type <> 'message.created') NOT VALID")
+    try:
+        resp = client.post(
+            "/a2a",
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "message/send",
+                "params": {"recipient": b_handle, "message": {"parts": [{"type": "text", "text": "hi"}]}},
+            },
+            headers=bearer(a_key),
+        )
+        assert resp.status_code in (200, 500), resp.status_code
+        assert "error" in resp.get_json()
+    finally:
+        sql(app, "ALTER TABLE events DROP CONSTRAINT test_refuse")
+    for table in ("threads", "messages", "audit_events", "events"):
+        assert sql(app, f"SELECT count(*) FROM {table}") == [(0,)], table
+
+
+def test_integers_past_64_bits_come_back_exactly(client, alice, bob):
+    _a, a_key = alice
+    b_handle, b_key = bob
+    big = 123456789012345678901234567890
+    task_id = _send(client, a_key, {"recipient": b_handle, "metadata": {"n": big, "small": 1}})["task_id"]
+    [message] = rpc(client, b_key, "tasks/get", {"task_id": task_id})["messages"]
+    assert message["payload"] == {"n": big, "small": 1}
+    feed = client.get(f"/api/v1/identities/{b_handle}/a2a/messages", headers=bearer(b_key))
+    assert feed.status_code == 200
+    assert json.loads(feed.get_data())["items"][0]["metadata"]["n"] == big
+
+
+def _queued(app, redis_url) -> list[tuple[str, list]]:
+    """The (task name, args) of every message waiting in the session's Celery queue."""
+    queue = app.extensions["celery"].conf.task_default_queue
+    conn = redis.Redis.from_url(redis_url)
+    try:
+        raw = conn.lrange(queue, 0, -1)
+    finally:
+        conn.close()
+    out = []
+    for item in raw:
+        envelope = json.loads(item)
+        args, _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
+        out.append((envelope["headers"]["task"], args))
+    return out
+
+
+def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, redis_url):
+    """Real threads send at once; the queue then holds fewer publishes than messages, and
+    every committed message (with its event) in exactly one of them."""
+    a_handle, a_key = alice
+    b_handle, b_key = bob
+    queue = app.extensions["celery"].conf.task_default_queue
+    redis.Redis.from_url(redis_url).delete(queue)
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def sender(key, recipient):
+        client = app.test_client()
+        for _ in range(10):
+            result = _send(client, key, {"recipient": recipient})
+            with lock:
+                sent.append(result["message_id"])
+
+    threads = [threading.Thread(target=sender, args=args) for args in [(a_key, b_handle), (b_key, a_handle)] * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(sent) == 60
+    committed = {m for (m,) in sql(app, "SELECT id::text FROM messages")}
+    assert committed == set(sent)
+
+    def all_published():
+        tasks = _queued(app, redis_url)
+        ids = [pair[0] for name, args in tasks if name == "workers.tasks.messages_committed" for pair in args[0]]
+        return tasks if sorted(ids) == sorted(committed) else None
+
+    tasks = wait_until(all_published, timeout=10, what="every committed message published")
+    assert all(name == "workers.tasks.messages_committed" for name, _ in tasks), tasks
+    assert len(tasks) < len(sent), f"{len(tasks)} publishes for {len(sent)} messages: not batched"
+    events = {e for (e,) in sql(app, "SELECT id::text FROM events")}
+    assert {pair[1] for _, args in tasks for pair in args[0]} == events
+
+
+def test_ulids_are_formatted_as_python_ulid_formats_them():
+    values = [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), uuid.UUID(int=1), uuid.UUID(int=2**125)]
+    values += [uuid.uuid4() for _ in range(2000)] + [ULID().to_uuid() for _ in range(100)]
+    for value in values:
+        assert format_ulid(value) == str(ULID.from_uuid(value)), value
