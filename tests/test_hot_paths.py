@@ -139,3 +139,23 @@ def test_ulids_are_formatted_as_python_ulid_formats_them():
     values += [uuid.uuid4() for _ in range(2000)] + [ULID().to_uuid() for _ in range(100)]
     for value in values:
         assert format_ulid(value) == str(ULID.from_uuid(value)), value
+
+
+def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
+    """A create computes the participants' advisory lock keys in SQL, an append in Python
+    (threads._serialize_feed_writes): one identity must have one lock, or the feed's
+    commit-order rule (seed 004) would not hold between the two."""
+    from sqlalchemy import text
+
+    from relay.extensions import db
+    from relay.services import threads
+
+    ids = [uuid.uuid4() for _ in range(200)] + [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), uuid.UUID(int=2**127)]
+    # The expression _CREATE_SQL uses for each participant.
+    assert "('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint" in threads._CREATE_SQL
+    sql_key = text("SELECT ('x' || left(replace(CAST(:u AS uuid)::text, '-', ''), 16))::bit(64)::bigint")
+    with app.app_context():
+        for u in ids:
+            [(key,)] = db.session.execute(sql_key, {"u": str(u)}).all()
+            assert key == threads.feed_lock_key(u), u
+        db.session.rollback()

@@ -67,6 +67,14 @@ def _now(session: Session) -> datetime:
     return session.scalar(select(func.clock_timestamp()))
 
 
+def feed_lock_key(agent_id: uuid.UUID) -> int:
+    """The advisory lock key of an identity's feed: its UUID's first 8 bytes as a signed bigint.
+
+    _CREATE_SQL computes the same key in SQL; tests/test_hot_paths.py holds them equal.
+    """
+    return int.from_bytes(agent_id.bytes[:8], "big", signed=True)
+
+
 def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
     """Take the participants' feed locks so messages commit in ``created_at`` order per identity.
 
@@ -78,33 +86,40 @@ def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
     share no participant still run in parallel.
     """
     for agent_id in sorted(set(agent_ids)):
-        key = int.from_bytes(agent_id.bytes[:8], "big", signed=True)
-        session.execute(select(func.pg_advisory_xact_lock(key)))
+        session.execute(select(func.pg_advisory_xact_lock(feed_lock_key(agent_id))))
 
 
-def _lock_keys(*agent_ids: uuid.UUID) -> list[int]:
-    """Advisory lock keys of the participants, sorted (see :func:`_serialize_feed_writes`)."""
-    return [int.from_bytes(a.bytes[:8], "big", signed=True) for a in sorted(set(agent_ids))]
-
-
-# seed 000 create, one round trip: take the participants' feed locks in sorted order, read
-# the clock after them (the aggregate over `locks` makes the clock wait for every lock;
-# see _serialize_feed_writes), then write the thread, its first message, the audit row and
-# the outbox event with that one time.
+# seed 000 create, one round trip: read the recipient and whether it may receive from the
+# caller (r), and only if it may (go): take both participants' feed locks in sorted order
+# (the keys of _serialize_feed_writes, computed here), read the clock after them (the aggregate over
+# `locks` makes the clock wait for every lock; see _serialize_feed_writes), then write the
+# thread, its first message, the audit row and the outbox event with that one time. The
+# recipient's row comes back either way: no `now` means nothing was written, and why.
 _CREATE_SQL = """
-WITH locks AS (SELECT pg_advisory_xact_lock(k) FROM unnest(%(locks)s::bigint[]) AS l(k)),
-clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken),
+WITH r AS (
+    SELECT a.id, a.handle, a.disabled_at IS NOT NULL AS disabled,
+           EXISTS (SELECT 1 FROM blocks b WHERE b.blocker_id = a.id AND b.blocked_id = %(sender)s) AS blocked
+    FROM agents a WHERE a.handle = %(handle)s
+),
+go AS (SELECT r.id FROM r WHERE NOT r.disabled AND NOT r.blocked AND r.id <> %(sender)s AND %(intent_ok)s),
+locks AS (
+    SELECT pg_advisory_xact_lock(k.key) FROM go, LATERAL (
+        SELECT ('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint AS key
+        FROM unnest(ARRAY[%(sender)s::uuid, go.id]) AS p ORDER BY p
+    ) AS k
+),
+clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken, go),
 t AS (
     INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, proposed_action,
                          state, version, last_sequence_no, created_at, updated_at)
-    SELECT %(thread_id)s, %(context_id)s, %(sender)s, %(recipient)s, %(intent)s, %(summary)s, %(proposed)s,
-           'pending', 1, 1, now, now FROM clock
-    RETURNING id
+    SELECT %(thread_id)s, %(context_id)s, %(sender)s, go.id, %(intent)s, %(summary)s, %(proposed)s,
+           'pending', 1, 1, clock.now, clock.now FROM clock, go
+    RETURNING id, recipient_id
 ),
 m AS (
     INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role,
                           body, parts, artifacts, metadata, created_at)
-    SELECT %(message_id)s, t.id, 1, %(sender)s, %(sender)s, %(recipient)s, 'caller',
+    SELECT %(message_id)s, t.id, 1, %(sender)s, %(sender)s, t.recipient_id, 'caller',
            %(body)s, %(parts)s, %(artifacts)s, %(meta)s, clock.now FROM t, clock
     RETURNING id
 ),
@@ -114,14 +129,14 @@ a AS (
 ),
 e AS (
     INSERT INTO events (id, type, agent_id, thread_id, message_id, payload, created_at)
-    SELECT %(event_id)s, 'message.created', %(recipient)s, t.id, m.id, '{}', clock.now FROM t, m, clock
+    SELECT %(event_id)s, 'message.created', t.recipient_id, t.id, m.id, '{}', clock.now FROM t, m, clock
 )
-SELECT now FROM clock
+SELECT r.id, r.handle, r.disabled, r.blocked, (SELECT now FROM clock) FROM r
 """
 
 # The recipient of a create and whether it blocks the caller, in one read.
 _RECIPIENT_SQL = """
-SELECT a.id, a.handle, a.disabled_at,
+SELECT a.id, a.handle, a.disabled_at IS NOT NULL,
        EXISTS (SELECT 1 FROM blocks b WHERE b.blocker_id = a.id AND b.blocked_id = %(caller)s)
 FROM agents a WHERE a.handle = %(handle)s
 """
@@ -211,41 +226,57 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
 load_thread = _load_thread  # for sibling services (push configs) that scope to a thread the same way
 
 
-def _create(
-    session: Session, caller: Agent, params: dict, adopt_context: bool = False, own_transaction: bool = False
-) -> dict:
-    """Create a handoff; with ``own_transaction`` (nothing else in the use case), without BEGIN/COMMIT.
-
-    The one-statement write is atomic by itself; the recipient read before it is a plain
-    read, as it was inside a transaction at READ COMMITTED.
-    """
-    if params.get("recipient") is None:
-        raise invalid("recipient", "is required when creating a handoff (task_id is null)")
-    handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
-    own_transaction = own_transaction and params.get("context_id") is None
-    with statement_cursor(session, alone=own_transaction) as cur:
-        cur.execute(_RECIPIENT_SQL, {"caller": caller.id, "handle": handle})
-        found = cur.fetchone()
-    if found is None or found[2] is not None:
-        raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
-    recipient_id, recipient_handle, _disabled, blocked = found
-    if recipient_id == caller.id:
-        raise invalid("recipient", "cannot hand off to yourself")
+def _intent_problem(params: dict) -> RelayError | None:
     intent = params.get("intent") or "inform"
     if intent == "propose_action" and params.get("proposed_action") is None:
-        raise RelayError(
+        return RelayError(
             "invalid_intent_payload", "intent propose_action requires proposed_action", {"field": "proposed_action"}
         )
     if intent != "propose_action" and params.get("proposed_action") is not None:
-        raise RelayError(
+        return RelayError(
             "invalid_intent_payload",
             f"proposed_action must be null or omitted when intent is {intent}",
             {"field": "proposed_action"},
         )
+    return None
+
+
+def _refuse_create(found, caller: Agent, handle: str, params: dict) -> None:
+    """Raise the first of the create's checks that ``found`` (the recipient row) fails, in seed order.
+
+    recipient_not_found (unknown or disabled), invalid_params (yourself),
+    invalid_intent_payload, teammate_blocked.
+    """
+    if found is None or found[2]:
+        raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
+    recipient_id, recipient_handle, _disabled, blocked = found[:4]
+    if recipient_id == caller.id:
+        raise invalid("recipient", "cannot hand off to yourself")
+    problem = _intent_problem(params)
+    if problem is not None:
+        raise problem
     if blocked:
         raise RelayError("teammate_blocked", f"{recipient_handle} does not accept handoffs from you")
+
+
+def _create(
+    session: Session, caller: Agent, params: dict, adopt_context: bool = False, own_transaction: bool = False
+) -> dict:
+    """Create a handoff in one statement (_CREATE_SQL), which checks the recipient itself.
+
+    With ``own_transaction`` (nothing else in the use case) the statement is its own
+    transaction: no BEGIN/COMMIT round trips. A ``context_id`` needs its checks first,
+    after the recipient's (seed order), so that case reads the recipient before.
+    """
+    if params.get("recipient") is None:
+        raise invalid("recipient", "is required when creating a handoff (task_id is null)")
+    handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
     context_id = params.get("context_id")
     if context_id is not None:
+        own_transaction = False
+        with statement_cursor(session) as cur:
+            cur.execute(_RECIPIENT_SQL, {"caller": caller.id, "handle": handle})
+            _refuse_create(cur.fetchone(), caller, handle, params)
         known = session.scalar(
             select(
                 exists().where(
@@ -273,12 +304,12 @@ def _create(
         cur.execute(
             _CREATE_SQL,
             {
-                "locks": _lock_keys(caller.id, recipient_id),
+                "handle": handle,
+                "intent_ok": _intent_problem(params) is None,
                 "thread_id": thread_id,
                 "context_id": context_id,
                 "sender": caller.id,
-                "recipient": recipient_id,
-                "intent": intent,
+                "intent": params.get("intent") or "inform",
                 "summary": body,
                 "proposed": _json(params.get("proposed_action")),
                 "message_id": message_id,
@@ -289,7 +320,10 @@ def _create(
                 "event_id": event_id,
             },
         )
-        (now,) = cur.fetchone()
+        found = cur.fetchone()
+    if found is None or found[4] is None:  # nothing written: say why, in seed order
+        _refuse_create(found, caller, handle, params)
+        raise RelayError("state_changed", "the recipient changed while the handoff was created; retry")
     after_commit(partial(dispatch.message_committed, message_id, event_id))
     return {
         "task_id": format_ulid(thread_id),
@@ -298,7 +332,7 @@ def _create(
         "status": {"state": "pending"},
         "message_id": str(message_id),
         "sequence_no": 1,
-        "created_at": iso(now),
+        "created_at": iso(found[4]),
     }
 
 
