@@ -105,6 +105,32 @@ def test_a_windows_path_is_found_by_its_segments_and_file_name(messages, q):
     assert find(q) == _ids(ids, "windows"), q
 
 
+@pytest.mark.parametrize(
+    ("q", "name"),
+    [
+        # Part of a compound, itself a compound as typed: found through the query's own parts.
+        ("WidgetOwners", "camel"),
+        ("fetchWidget", "camel"),
+        ("JSONBody", "camel"),
+        ("invoices.finalize", "dotted"),
+        ("billing.invoices", "dotted"),
+        ("example.com/docs", "url"),
+        ("docs/pagination", "url"),
+        ("/docs/pagination", "url"),
+        ("api/users.py", "path"),
+    ],
+)
+def test_a_query_that_is_part_of_a_compound_finds_it(messages, q, name):
+    find, ids = messages
+    assert find(q) == _ids(ids, name), q
+
+
+def test_a_negated_compound_still_excludes_what_holds_it(messages):
+    find, ids = messages
+    assert ids["dotted"] not in find("-billing.invoices.finalize"), "the negation let the message through"
+    assert ids["plain"] in find("-billing.invoices.finalize")
+
+
 # --------------------------------------------------------------------------- websearch syntax on parts
 
 

@@ -191,8 +191,28 @@ def document_vector() -> ColumnElement:
 
 
 def query(q: str) -> ColumnElement:
-    """SQL expression: ``websearch_to_tsquery`` of user text (never a syntax error)."""
-    return func.websearch_to_tsquery(_config(), q)
+    """SQL expression: ``websearch_to_tsquery`` of user text (never a syntax error), or of its parts.
+
+    The query text's compounds are split as the document's are (:func:`_query_parts`), and the
+    two queries are ORed: ``bazQux``, ``foo.bar`` or ``docs/pagination`` are one token as
+    typed, which only a whole compound of the document holds, while the document also
+    holds every part (``baz``, ``qux``). A negated compound still excludes what holds it
+    (the typed query alone decides for a message without it).
+    """
+    cfg = _config()
+    return func.websearch_to_tsquery(cfg, q).op("||")(func.websearch_to_tsquery(cfg, _query_parts(q)))
+
+
+# A separator between two letters or digits: websearch syntax (a leading "-" negates,
+# quotes, "or") is left as typed, which _parts' plain replace() would not do.
+_INNER_SEPARATORS = literal_column(r"'([[:alnum:]])[-/\\._:]+(?=[[:alnum:]])'")
+_FIRST = literal_column(r"'\1 '")
+
+
+def _query_parts(q) -> ColumnElement:
+    """SQL: query text with its compounds split as :func:`_parts` splits the document's."""
+    text_ = func.regexp_replace(func.regexp_replace(q, _CAMEL, _SPACED, _GLOBAL), _ACRONYM, _SPACED, _GLOBAL)
+    return func.regexp_replace(text_, _INNER_SEPARATORS, _FIRST, _GLOBAL)
 
 
 def matches(q: str) -> ColumnElement:
