@@ -51,6 +51,9 @@ def main() -> None:
         help='before each heavy step, wait (<= 20 min) until FILE holds "results written to"',
     )
     scale_p.add_argument("--timing-flag", metavar="FILE", help="create FILE while a timed phase runs, delete it after")
+    scale_p.add_argument(
+        "--idle-below", type=float, metavar="PCT", help="before a timed phase, wait (<= 20 min) for CPU below PCT%%"
+    )
     dialects_p = sub.add_parser(
         "dialects", parents=[common], help="seed dialect vs the A2A v1.0 binding: latency per call"
     )
@@ -141,6 +144,7 @@ def main() -> None:
             simple_vectors=args.simple_vectors,
             wait_log=args.wait_log,
             timing_flag_path=args.timing_flag,
+            idle_below=args.idle_below,
         )
         print_scale(results)
         name = f"{results['date'][:10]}-{results['commit']}-scale-{args.messages}.json"

@@ -27,6 +27,7 @@ messages indexed by ``search.index_messages`` in batches of ``--burst-batch``.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import statistics
@@ -413,18 +414,37 @@ def _check_vectors(conn, vector_sql: str, sample: int = 2000) -> dict:
 
 
 def _timed(fn, n: int) -> dict:
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1000)
+    """p50/p95/p99/max of ``n`` calls, and the cyclic GC's pauses among them (a tail's usual cause)."""
+    samples, pauses, started = [], [], [0.0]
+
+    def gc_pause(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - started[0]) * 1000))
+
+    gc.callbacks.append(gc_pause)
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        gc.callbacks.remove(gc_pause)
     samples.sort()
+    full = [ms for generation, ms in pauses if generation == 2]
     return {
         "p50_ms": statistics.median(samples),
         "p95_ms": samples[int(len(samples) * 0.95) - 1],
         "p99_ms": samples[int(len(samples) * 0.99) - 1],
         "max_ms": samples[-1],
         "n": n,
+        "gc": {
+            "collections": len(pauses),
+            "total_ms": round(sum(ms for _, ms in pauses), 1),
+            "full_collections": len(full),
+            "full_max_ms": round(max(full), 1) if full else 0.0,
+        },
     }
 
 
@@ -490,6 +510,21 @@ def wait_for_log(path: str | None, timeout: float = 20 * 60, poll: float = 30.0)
             return {"waited_s": waited, "done": done}
         print(f"  [{time.strftime('%H:%M:%S')}] another benchmark is running ({path}); waiting", flush=True)
         time.sleep(poll)
+
+
+def wait_for_idle(below_pct: float | None, timeout: float = 20 * 60) -> dict | None:
+    """Before a timed phase (this process idle), wait until the machine's CPU is below ``below_pct``
+    busy over 5 s, at most ``timeout`` s; then time anyway."""
+    if not below_pct:
+        return None
+    t0 = time.monotonic()
+    while True:
+        busy = psutil.cpu_percent(5.0)
+        waited = round(time.monotonic() - t0)
+        if busy < below_pct or waited >= timeout:
+            return {"waited_s": waited, "busy_pct_at_start": busy, "quiet": busy < below_pct}
+        print(f"  [{time.strftime('%H:%M:%S')}] machine {busy:.0f}% busy; waiting for < {below_pct:g}%", flush=True)
+        time.sleep(10.0)
 
 
 class Load:
@@ -690,6 +725,7 @@ def scale(
     simple_vectors: bool = False,
     wait_log: str | None = None,
     timing_flag_path: str | None = None,
+    idle_below: float | None = None,
 ) -> dict:
     from relay.factory import create_app
     from relay.models import SEARCH_VERSION, Agent
@@ -762,9 +798,21 @@ def scale(
             }
             rotating = iter(idents * (queries // max(1, len(idents)) + 2))
             cases["feed first page (200 identities)"] = lambda: (lambda a: feed.list_messages(a))(next(rotating))
+            # Beyond the issue's list: a common word for ordinary identities (about messages/agents rows a
+            # side, where the planner may choose the word's whole GIN bitmap over walking the feed index).
+            rotating_q = iter(idents * (queries // max(1, len(idents)) + 2))
+            cases["q common word (200 identities)"] = lambda: feed.list_messages(next(rotating_q), q="endpoint")
+            # The rotating cases' plans: one ordinary identity (not one of the ten busy ones).
+            ordinary = next(a for a in idents if a.handle == seeded["handles"][150 % agents])
+            explain_as = {
+                "feed first page (200 identities)": lambda: feed.list_messages(ordinary),
+                "q common word (200 identities)": lambda: feed.list_messages(ordinary, q="endpoint"),
+            }
+            results["plan_identity_of_rotating_cases"] = ordinary.handle
             if big_id is not None:
                 cases[f"tasks/get {big_thread}-message thread"] = lambda: thread_service.get_thread(big_reader, big_id)
             results["waits"]["timing"] = wait_for_log(wait_log)
+            results["waits"]["timing_idle"] = wait_for_idle(idle_below)
             print(f"[{time.strftime('%H:%M:%S')}] timing", flush=True)
             with timing_flag(timing_flag_path), Load(database_url) as load:
                 for name, fn in cases.items():
@@ -780,7 +828,7 @@ def scale(
                         )
                         results["queries"][name]["seq_scan"] = _seq_scan(plan) or _seq_scan(thread_plan)
                     else:
-                        plan = _explain(app, fn)
+                        plan = _explain(app, explain_as.get(name, fn))
                         results["plans"][name] = plan
                         results["queries"][name]["seq_scan"] = _seq_scan(plan)
             results["timing_load"] = load.result
@@ -789,6 +837,7 @@ def scale(
                 print(f"[{time.strftime('%H:%M:%S')}] burst of {burst} unindexed messages", flush=True)
                 ids = _seed_burst(conn, seeded, burst, agents)
                 results["waits"]["burst"] = wait_for_log(wait_log)
+                results["waits"]["burst_idle"] = wait_for_idle(idle_below)
                 with timing_flag(timing_flag_path), Load(database_url) as load:
                     results["burst_indexing"] = _time_burst(ids, burst_batch)
                 results["burst_indexing"]["load"] = load.result
@@ -819,6 +868,7 @@ TARGETS = {  # issue 17, item 4: p95 ceilings in ms
     "feed first page (200 identities)": 15.0,
     "feed deep cursor page": 15.0,
     "q common word": 50.0,
+    "q common word (200 identities)": 50.0,
     "tasks/list busy inbox": 15.0,
 }
 
@@ -854,6 +904,13 @@ def print_scale(results: dict) -> None:
             f"{name:<36}{fig['p50_ms']:>9.2f}{fig['p95_ms']:>9.2f}{fig.get('p99_ms', 0):>9.2f}{fig.get('max_ms', 0):>9.2f}"
             f"  {'YES' if fig['seq_scan'] else 'no':<8}  {mark}"
         )
+    gcs = [
+        f"{n} {f['gc']['full_collections']}x {f['gc']['full_max_ms']} ms"
+        for n, f in results["queries"].items()
+        if f.get("gc", {}).get("full_collections")
+    ]
+    if gcs:
+        print("full GC pauses in the timed loops (count x longest): " + "; ".join(gcs))
     load = results.get("timing_load")
     if load:
         print(
