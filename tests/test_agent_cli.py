@@ -458,6 +458,9 @@ def test_watch_stops_quietly_on_ctrl_c(relay_url, keys, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started in the background by a non-interactive shell inherits SIGINT
+        # ignored, and so would the child: Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + CALL_TIMEOUT
