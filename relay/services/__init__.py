@@ -106,3 +106,25 @@ class Compiled:
         cursor events, so what tests and the bench capture is what was sent.
         """
         return session.connection().exec_driver_sql(self.sql, {**self.defaults, **params})
+
+
+class Shapes:
+    """The compiled statements of one query, one per shape, built on first use.
+
+    A shape is the fixed arguments (a direction, a role, a search config...) plus which of
+    the ``optional`` parameters are present (not None); ``build(*fixed, present)`` returns
+    the SQLAlchemy statement for it, with a named ``bindparam`` per parameter.
+    """
+
+    def __init__(self, optional: tuple[str, ...], build: Callable[..., Any]):
+        self.optional, self.build = optional, build
+        self._compiled: dict[tuple, Compiled] = {}
+
+    def get(self, params: dict[str, Any], *fixed: Any) -> Compiled:
+        """The statement for ``params``' shape (compiled once per process and shape)."""
+        present = frozenset(k for k in self.optional if params[k] is not None)
+        key = (fixed, present)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = Compiled(self.build(*fixed, present))
+        return compiled

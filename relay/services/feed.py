@@ -20,7 +20,7 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import encode_cursor, format_ulid, iso
 from relay.models import Agent, Message, Thread
-from relay.services import Compiled, own_transaction, search, unit_of_work
+from relay.services import Shapes, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
 
@@ -136,12 +136,6 @@ def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str,
     return {row.id: _feed_row(row) for row in db.session.execute(_row_select(Message.id.in_(message_ids)))}
 
 
-_OPTIONAL = ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at")
-# The page statement of each shape (direction, search config, which filters are present),
-# compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
-_PAGES: dict[tuple, Compiled] = {}
-
-
 class _Row(NamedTuple):
     """A feed row's columns, in ``_build_row_select``'s order."""
 
@@ -165,7 +159,7 @@ class _Row(NamedTuple):
     target_role: str
 
 
-def _page_statement(direction: str, present: set[str]):
+def _page_statement(direction: str, _search_shape: tuple, present: frozenset[str]):
     """One feed page's statement with named parameters, for the filters in ``present``."""
     conditions = []
     if "requester" in present:
@@ -214,6 +208,11 @@ def _page_statement(direction: str, present: set[str]):
     return _build_row_select().join(keys, keys.c.id == Message.id).order_by(*order).limit(limit)
 
 
+# The page statement of each shape (direction, search document, which filters are present),
+# compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
+_PAGES = Shapes(("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at"), _page_statement)
+
+
 def list_messages(
     identity: Agent,
     *,
@@ -250,17 +249,8 @@ def list_messages(
     }
     # Everything compiled into the statement is in its shape: the search document's
     # definition reads its bounds when built (tests change them).
-    search_shape = (
-        current_app.config["RELAY"].search_config,
-        search.MAX_DOCUMENT_CHARS,
-        getattr(search, "SPLIT_CHARS", 0),
-    )
-    shape = (direction, search_shape, *(params[k] is not None for k in _OPTIONAL))
-    statement = _PAGES.get(shape)
-    if statement is None:
-        statement = _PAGES[shape] = Compiled(
-            _page_statement(direction, {k for k in _OPTIONAL if params[k] is not None})
-        )
+    search_shape = (current_app.config["RELAY"].search_config, search.MAX_DOCUMENT_CHARS, search.SPLIT_CHARS)
+    statement = _PAGES.get(params, direction, search_shape)
     # One page read: its own transaction, no BEGIN/COMMIT round trips.
     with unit_of_work() as session, own_transaction(session):
         rows = statement.execute(session, **params).fetchall()

@@ -30,7 +30,7 @@ from relay.models import (
     Thread,
 )
 from relay.services import (
-    Compiled,
+    Shapes,
     after_commit,
     dispatch,
     idempotency,
@@ -592,11 +592,6 @@ def _page_messages(thread_ids: list[uuid.UUID], messages: int | str):
     return stmt.order_by(Message.thread_id, Message.sequence_no).options(db.joinedload(Message.author))
 
 
-_LIST_OPTIONAL = ("peer", "context_id", "status", "since", "cursor_at")
-# The tasks/list page statement of each shape (role, which filters are present), compiled once.
-_LIST_PAGES: dict[tuple, Compiled] = {}
-
-
 def _list_filters(role: str, present: set[str]) -> list:
     """The filters of a tasks/list page (named parameters), besides the keyset cursor."""
     column = Thread.recipient_id if role == "recipient" else Thread.sender_id
@@ -645,6 +640,10 @@ def _list_statement(role: str, present: set[str]):
     return stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(bindparam("limit", type_=Integer))
 
 
+# The tasks/list page statement of each shape (role, which filters are present), compiled once.
+_LIST_PAGES = Shapes(("peer", "context_id", "status", "since", "cursor_at"), _list_statement)
+
+
 def _count_threads(session: Session, role, caller, peer, context_id, status, since) -> int:
     """Rows matching tasks/list's filters on all pages (the A2A binding's ListTasks ``total``)."""
     params = {"caller": caller.id, "peer": peer.id if peer else None, "context_id": context_id}
@@ -688,12 +687,7 @@ def list_threads(
         "cursor_id": cursor[1] if cursor else None,
         "limit": limit + 1,
     }
-    shape = (role, *(params[k] is not None for k in _LIST_OPTIONAL))
-    statement = _LIST_PAGES.get(shape)
-    if statement is None:
-        statement = _LIST_PAGES[shape] = Compiled(
-            _list_statement(role, {k for k in _LIST_OPTIONAL if params[k] is not None})
-        )
+    statement = _LIST_PAGES.get(params, role)
     with unit_of_work() as session, own_transaction(session):
         rows = statement.execute(session, **params).all()
         page = rows[:limit]
