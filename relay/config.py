@@ -35,6 +35,8 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_CIRCUIT_OPEN": "30",
     "RELAY_WEBHOOK_SLOW_MS": "2000",
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
+    "RELAY_STREAMS_PER_AGENT": "10",
+    "RELAY_STREAM_HEARTBEAT": "15",
 }
 
 
@@ -145,6 +147,10 @@ class Settings:
     body_timeout: float = 30.0
     client_idle_timeout: float = 30.0
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
+    # Concurrent long-polls and streams per agent, and the seconds between a stream's
+    # heartbeats (also a waiter's re-check and re-authentication: issue 14).
+    streams_per_agent: int = 10
+    stream_heartbeat: float = 15.0
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -221,6 +227,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_circuit_open=_int(env, "RELAY_WEBHOOK_CIRCUIT_OPEN", 1),
         webhook_slow_ms=_int(env, "RELAY_WEBHOOK_SLOW_MS", 1),
         webhook_max_payload_bytes=_int(env, "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES", 4096),
+        streams_per_agent=_int(env, "RELAY_STREAMS_PER_AGENT", 1),
+        stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),

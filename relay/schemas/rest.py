@@ -31,8 +31,8 @@ class QueryTime(AwareDateTime):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
-class FeedQuery(StrictSchema):
-    """Query parameters of ``GET /identities/{handle}/a2a/messages`` (seed 004)."""
+class FeedFilters(StrictSchema):
+    """The filters of the messages feed (seed 004), shared by a page, a wait and a stream."""
 
     class Meta:
         unknown = RAISE
@@ -45,8 +45,32 @@ class FeedQuery(StrictSchema):
     role = fields.String(validate=validate.OneOf(("caller", "agent")))
     q = fields.String(validate=validate.Length(min=1, max=500, error="must be 1-500 characters"))
     since = QueryTime()
+    # A message id of this feed: only rows after it (a stream's position; issue 14).
+    after = fields.UUID(error_messages={"invalid_uuid": "is not a message id"})
+
+
+MAX_WAIT_SECONDS = 60
+
+
+class FeedQuery(FeedFilters):
+    """Query parameters of ``GET /identities/{handle}/a2a/messages`` (seed 004, plus ``after`` and ``wait``)."""
+
     cursor = Cursor()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=100, error="must be 1-100"))
+    wait = fields.Integer(
+        validate=validate.Range(min=1, max=MAX_WAIT_SECONDS, error=f"must be 1-{MAX_WAIT_SECONDS} seconds"),
+        metadata={"description": "seconds to wait for a message when the page would be empty"},
+    )
+
+    @validates_schema
+    def _wait_looks_forward(self, data, **kwargs):
+        if data.get("wait") is not None and data.get("cursor") is not None:
+            # A cursor pages back in time: no message committed from now on can match it.
+            raise ValidationError({"wait": ["cannot be combined with cursor (new messages never match a cursor)"]})
+
+
+class StreamQuery(FeedFilters):
+    """Query parameters of ``GET /identities/{handle}/a2a/messages/stream``: the feed's filters, no paging."""
 
 
 class TaskListQuery(StrictSchema):

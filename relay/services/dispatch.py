@@ -3,6 +3,8 @@
 A failed enqueue (broker down) is logged and left to the beat sweeps, which find the
 unindexed messages and unsent events in PostgreSQL (DESIGN.md, transactional outbox).
 
+Wake-ups for waiting requests ride the same batches, as one Redis ``PUBLISH`` each.
+
 Committed messages are published in batches: a Celery publish cost a fifth of a send's
 CPU, so each process gathers the messages committed while its last publish was under way
 (plus ``LINGER_SECONDS``) and sends them as one ``messages_committed`` task. Nothing is
@@ -17,8 +19,12 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 
+import redis
 from flask import Flask, current_app
+
+from relay.services import wakeup
 
 log = logging.getLogger("relay.dispatch")
 
@@ -48,44 +54,59 @@ def enqueue(task_name: str, *args) -> None:
 
 
 class _Publisher:
-    """One app's batches of committed messages, published by one background thread."""
+    """One app's batches of committed messages and wake-ups, published by one background thread."""
 
     def __init__(self, app: Flask):
         self.celery = app.extensions.get("celery")
+        settings = app.config["RELAY"]
+        self.redis = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=1)
+        self.channel = wakeup.channel(settings.database_url)
         self._cond = threading.Condition()
         self._pending: list[list[str]] = []
+        self._wake: set[uuid.UUID] = set()
         self._thread: threading.Thread | None = None
         atexit.register(self.flush)
 
-    def add(self, message_id: uuid.UUID, event_id: uuid.UUID) -> None:
+    def add(self, message_id: uuid.UUID | None, event_id: uuid.UUID | None, wake: Iterable[uuid.UUID] = ()) -> None:
         with self._cond:
-            self._pending.append([str(message_id), str(event_id)])
+            if message_id is not None:
+                self._pending.append([str(message_id), str(event_id)])
+            self._wake.update(wake)
             if self._thread is None or not self._thread.is_alive():  # first use, or after a fork
                 self._thread = threading.Thread(target=self._run, name="relay-publisher", daemon=True)
                 self._thread.start()
             self._cond.notify()
 
-    def _take(self) -> list[list[str]]:
+    def _take(self) -> tuple[list[list[str]], set[uuid.UUID]]:
         with self._cond:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-            return batch
+            wake, self._wake = self._wake, set()
+            return batch, wake
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._pending and not self._wake:
                     self._cond.wait()
             time.sleep(LINGER_SECONDS)
-            self._publish(self._take())
+            self._publish(*self._take())
 
-    def _publish(self, batch: list[list[str]]) -> None:
+    def _publish(self, batch: list[list[str]], wake: set[uuid.UUID]) -> None:
+        if wake:  # first: a waiting client is the one who sees latency
+            try:
+                self.redis.publish(self.channel, wakeup.encode(wake))
+            except redis.RedisError as exc:
+                log.warning("wake-up publish failed (%s); waiters re-check on their tick", type(exc).__name__)
         if batch:
             enqueue_later("workers.tasks.messages_committed", 0, batch, celery=self.celery)
 
     def flush(self) -> None:
         """Publish what is gathered now (at exit: a CLI process must not take its batch with it)."""
-        while batch := self._take():
-            self._publish(batch)
+        while True:
+            batch, wake = self._take()
+            if not batch and not wake:
+                return
+            self._publish(batch, wake)
 
 
 _publishers_lock = threading.Lock()
@@ -100,11 +121,14 @@ def _publisher() -> _Publisher:
     return publisher
 
 
-def message_committed(message_id: uuid.UUID, event_id: uuid.UUID) -> None:
-    """Index the committed message for search and fan its event out (in the next batch's task)."""
-    _publisher().add(message_id, event_id)
+def message_committed(message_id: uuid.UUID, event_id: uuid.UUID, participants: Iterable[uuid.UUID] = ()) -> None:
+    """Index the committed message for search and fan its event out (in the next batch's task),
+    and wake the requests waiting on the ``participants``' feeds (services/wakeup.py)."""
+    _publisher().add(message_id, event_id, participants)
 
 
-def event_committed(event_id: uuid.UUID) -> None:
-    """Fan a committed outbox event out to the webhook endpoints."""
+def event_committed(event_id: uuid.UUID, participants: Iterable[uuid.UUID] = ()) -> None:
+    """Fan a committed outbox event out to the webhook endpoints; wake the ``participants``' waiters."""
+    if participants:
+        _publisher().add(None, None, participants)
     enqueue("workers.tasks.fan_out_event", str(event_id))

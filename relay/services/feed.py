@@ -159,8 +159,11 @@ class _Row(NamedTuple):
     target_role: str
 
 
-def _page_statement(direction: str, _search_shape: tuple, present: frozenset[str]):
-    """One feed page's statement with named parameters, for the filters in ``present``."""
+def _page_statement(direction: str, _search_shape: tuple, ascending: bool, present: frozenset[str]):
+    """One feed page's statement with named parameters, for the filters in ``present``.
+
+    Newest first, or with ``ascending`` oldest first (a stream's next rows after its position).
+    """
     conditions = []
     if "requester" in present:
         conditions.append(Message.caller_id == bindparam("requester"))
@@ -178,7 +181,12 @@ def _page_statement(direction: str, _search_shape: tuple, present: frozenset[str
         conditions.append(
             tuple_(Message.created_at, Message.id) < tuple_(bindparam("cursor_at"), bindparam("cursor_id"))
         )
-    order = (Message.created_at.desc(), Message.id.desc())
+    if "after_at" in present:
+        conditions.append(tuple_(Message.created_at, Message.id) > tuple_(bindparam("after_at"), bindparam("after_id")))
+    if ascending:
+        order = (Message.created_at.asc(), Message.id.asc())
+    else:
+        order = (Message.created_at.desc(), Message.id.desc())
     identity, limit = bindparam("identity"), bindparam("limit", type_=Integer)
 
     def side(column, *more):
@@ -196,7 +204,10 @@ def _page_statement(direction: str, _search_shape: tuple, present: frozenset[str
         # limited, merged: a common word stops after a page of the feed index.
         indexed, unindexed = search.match_branches(bindparam("q", type_=String))
         both = union_all(side(column, indexed), side(column, unindexed)).subquery()
-        return select(both.c.id, both.c.created_at).order_by(both.c.created_at.desc(), both.c.id.desc()).limit(limit)
+        merged = (
+            (both.c.created_at.asc(), both.c.id.asc()) if ascending else (both.c.created_at.desc(), both.c.id.desc())
+        )
+        return select(both.c.id, both.c.created_at).order_by(*merged).limit(limit)
 
     # One ordered index scan per side, merged: direction=both never sorts the whole history.
     if direction == "inbound":
@@ -210,7 +221,115 @@ def _page_statement(direction: str, _search_shape: tuple, present: frozenset[str
 
 # The page statement of each shape (direction, search document, which filters are present),
 # compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
-_PAGES = Shapes(("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at"), _page_statement)
+_PAGES = Shapes(
+    ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at", "after_at"), _page_statement
+)
+
+
+class Filters(NamedTuple):
+    """A feed query's filters (seed 004's query parameters, handles resolved), shared by a page, a wait and a stream."""
+
+    direction: str = "both"
+    requester: uuid.UUID | None = None
+    worker: uuid.UUID | None = None
+    task_id: uuid.UUID | None = None
+    context_id: uuid.UUID | None = None
+    role: str | None = None
+    q: str | None = None
+    since: datetime | None = None
+
+
+def filters(
+    *,
+    direction: str = "both",
+    requester_handle: str | None = None,
+    worker_handle: str | None = None,
+    task_id: uuid.UUID | None = None,
+    context_id: uuid.UUID | None = None,
+    role: str | None = None,
+    q: str | None = None,
+    since: datetime | None = None,
+) -> Filters:
+    """The feed's filters with handles resolved; raises invalid_params (422) for a malformed handle."""
+    return Filters(
+        direction,
+        _handle_id(requester_handle, "requester_handle"),
+        _handle_id(worker_handle, "worker_handle"),
+        task_id,
+        context_id,
+        role,
+        q,
+        since,
+    )
+
+
+def position_of(identity: Agent, message_id: uuid.UUID, field: str = "after") -> tuple[datetime, uuid.UUID]:
+    """The stream position ``(created_at, id)`` of a message in ``identity``'s feed.
+
+    Raises invalid_params naming ``field`` when no message with that id is in the feed
+    (a message of another feed is not told apart from one that does not exist).
+    """
+    with unit_of_work() as session, own_transaction(session):
+        row = session.execute(
+            select(Message.created_at, Message.id).where(
+                Message.id == message_id, or_(Message.caller_id == identity.id, Message.target_id == identity.id)
+            )
+        ).first()
+    if row is None:
+        raise RelayError(
+            "invalid_params",
+            f"{field}: no message {message_id} in the feed of {identity.handle}",
+            {field: ["is not the id of a message in this feed"]},
+        )
+    return row[0], row[1]
+
+
+def page_rows(
+    identity: Agent,
+    flt: Filters,
+    *,
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    after: tuple[datetime, uuid.UUID] | None = None,
+    limit: int = 50,
+    ascending: bool = False,
+) -> list[tuple]:
+    """Up to ``limit`` feed rows' columns (``_Row`` order) matching ``flt``, newest first or ``ascending``.
+
+    ``cursor`` pages back (rows before it), ``after`` forward (rows after that position).
+    """
+    params = {
+        "identity": identity.id,
+        "requester": flt.requester,
+        "worker": flt.worker,
+        "task_id": flt.task_id,
+        "context_id": flt.context_id,
+        "role": flt.role,
+        "q": flt.q,
+        "since": flt.since,
+        "cursor_at": cursor[0] if cursor else None,
+        "cursor_id": cursor[1] if cursor else None,
+        "after_at": after[0] if after else None,
+        "after_id": after[1] if after else None,
+        "limit": limit,
+    }
+    # Everything compiled into the statement is in its shape: the search document's
+    # definition reads its bounds when built (tests change them).
+    search_shape = (current_app.config["RELAY"].search_config, search.MAX_DOCUMENT_CHARS, search.SPLIT_CHARS)
+    statement = _PAGES.get(params, flt.direction, search_shape, ascending)
+    # One page read: its own transaction, no BEGIN/COMMIT round trips.
+    with unit_of_work() as session, own_transaction(session):
+        return statement.execute(session, **params).fetchall()
+
+
+def feed_row(columns: tuple) -> dict[str, Any]:
+    """The feed row (seed 004's shape) of ``page_rows`` columns."""
+    return _feed_row(_Row(*columns))
+
+
+def row_position(columns: tuple) -> tuple[datetime, uuid.UUID]:
+    """The stream position ``(created_at, id)`` of ``page_rows`` columns."""
+    row = _Row(*columns)
+    return row.created_at, row.id
 
 
 def list_messages(
@@ -225,35 +344,39 @@ def list_messages(
     q: str | None = None,
     since: datetime | None = None,
     cursor: tuple[datetime, uuid.UUID] | None = None,
+    after: uuid.UUID | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
     """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (seed 004).
 
-    ``identity`` comes from :func:`resolve_identity`. Raises invalid_params (422) for a
-    malformed handle filter.
+    ``identity`` comes from :func:`resolve_identity`; ``after`` (a message id) keeps only
+    rows after that message. Raises invalid_params (422) for a malformed handle filter or
+    an ``after`` not in the feed.
     """
-    requester = _handle_id(requester_handle, "requester_handle")
-    worker = _handle_id(worker_handle, "worker_handle")
-    params = {
-        "identity": identity.id,
-        "requester": requester,
-        "worker": worker,
-        "task_id": task_id,
-        "context_id": context_id,
-        "role": role,
-        "q": q,
-        "since": since,
-        "cursor_at": cursor[0] if cursor else None,
-        "cursor_id": cursor[1] if cursor else None,
-        "limit": limit + 1,
-    }
-    # Everything compiled into the statement is in its shape: the search document's
-    # definition reads its bounds when built (tests change them).
-    search_shape = (current_app.config["RELAY"].search_config, search.MAX_DOCUMENT_CHARS, search.SPLIT_CHARS)
-    statement = _PAGES.get(params, direction, search_shape)
-    # One page read: its own transaction, no BEGIN/COMMIT round trips.
-    with unit_of_work() as session, own_transaction(session):
-        rows = statement.execute(session, **params).fetchall()
+    flt = filters(
+        direction=direction,
+        requester_handle=requester_handle,
+        worker_handle=worker_handle,
+        task_id=task_id,
+        context_id=context_id,
+        role=role,
+        q=q,
+        since=since,
+    )
+    position = position_of(identity, after) if after is not None else None
+    return page(identity, flt, cursor=cursor, after=position, limit=limit)
+
+
+def page(
+    identity: Agent,
+    flt: Filters,
+    *,
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    after: tuple[datetime, uuid.UUID] | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
+    """One page of the feed for resolved filters: ``{"items", "next_cursor"}``, within the byte budget."""
+    rows = page_rows(identity, flt, cursor=cursor, after=after, limit=limit + 1)
     budget = current_app.config["RELAY"].feed_budget_bytes
     items: list[dict[str, Any]] = []
     used = 0

@@ -219,7 +219,7 @@ def _add_message(session: Session, thread: Thread, author: Agent, params: dict, 
     session.add(event)
     # No read-position write here: unread counts only the other side's messages, so the
     # author's own message never needs marking (and the upsert was a third of a send).
-    after_commit(partial(dispatch.message_committed, message.id, event.id))
+    after_commit(partial(dispatch.message_committed, message.id, event.id, (thread.sender_id, thread.recipient_id)))
     return message
 
 
@@ -324,7 +324,7 @@ def _create(
     if found is None or found[4] is None:  # nothing written: say why, in seed order
         _refuse_create(found, caller, handle, params)
         raise RelayError("state_changed", "the recipient changed while the handoff was created; retry")
-    after_commit(partial(dispatch.message_committed, message_id, event_id))
+    after_commit(partial(dispatch.message_committed, message_id, event_id, (caller.id, found[0])))
     return {
         "task_id": format_ulid(thread_id),
         "thread_id": format_ulid(thread_id),
@@ -791,7 +791,7 @@ def transition(
             created_at=now,
         )
         session.add(event)
-        after_commit(partial(dispatch.event_committed, event.id))
+        after_commit(partial(dispatch.event_committed, event.id, (thread.sender_id, thread.recipient_id)))
         session.refresh(thread)
         return {
             "thread_id": format_ulid(thread.id),

@@ -10,7 +10,7 @@ from marshmallow import Schema
 from relay.errors import RelayError
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
-from relay.transport.auth import current_agent, retry_after_seconds
+from relay.transport.auth import bearer_token, current_agent, retry_after_seconds
 from relay.transport.requests import BodyTooLarge, read_body
 
 bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
@@ -70,6 +70,23 @@ def identity(handle: str) -> Agent:
     return resolve_identity(current_agent(), handle)
 
 
+def still_allowed(handle: str):
+    """A check that the request's key may still read ``handle``'s feed (raises RelayError when not).
+
+    For requests that outlive their authentication (a wait, a stream): it authenticates
+    the same bearer key again, so a revocation since the request began is seen.
+    """
+    from relay.services import agents
+    from relay.services.feed import resolve_identity
+
+    token = bearer_token()
+
+    def check() -> None:
+        resolve_identity(agents.authenticate(token), handle)
+
+    return check
+
+
 def load_query(schema: Schema) -> dict:
     """Load the query string with ``schema``; 422 naming each bad parameter."""
     data = {k: (vals[0] if len(vals) == 1 else vals) for k, vals in request.args.lists()}
@@ -105,4 +122,4 @@ def load_json(schema: Schema) -> dict:
     return load_or_invalid(schema, body)
 
 
-from relay.transport.rest import blocks, identities, keys, openapi, tasks, webhooks  # noqa: E402,F401  (routes register on bp)
+from relay.transport.rest import blocks, identities, keys, openapi, streams, tasks, webhooks  # noqa: E402,F401  (routes register on bp)

@@ -17,6 +17,7 @@ from relay.schemas.rest import (
     FeedQuery,
     KeyCreateBody,
     ReplyBody,
+    StreamQuery,
     TaskListQuery,
     TransitionBody,
     WebhookCreateBody,
@@ -28,6 +29,13 @@ from relay.transport.rest import bp
 ROUTE_DOCS: dict[str, dict] = {
     "api_v1.me": {"response": AgentOut, "tag": "identities"},
     "api_v1.list_messages": {"query": FeedQuery, "tag": "feed", "errors": (403, 404, 422)},
+    "api_v1.stream_messages": {
+        "query": StreamQuery,
+        "tag": "feed",
+        "errors": (403, 404, 422),
+        "media": "text/event-stream",
+        "headers": [{"in": "header", "name": "Last-Event-ID", "schema": {"type": "string", "format": "uuid"}}],
+    },
     "api_v1.list_tasks": {"query": TaskListQuery, "tag": "tasks", "errors": (403, 404, 422)},
     "api_v1.get_task": {"tag": "tasks", "errors": (403, 404, 422)},
     "api_v1.reply": {"body": ReplyBody, "tag": "tasks", "status": 201, "errors": (403, 404, 409, 422)},
@@ -159,6 +167,9 @@ def build_spec() -> dict:
             }
             if "response" in doc:
                 op["responses"][status]["content"] = {"application/json": {"schema": doc["response"]}}
+            if "media" in doc:
+                op["responses"][status]["content"] = {doc["media"]: {"schema": {"type": "string"}}}
+            op["parameters"].extend(doc.get("headers", ()))
             if "query" in doc:
                 op["parameters"].append({"in": "query", "schema": doc["query"]})
             if "body" in doc:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from relay.errors import invalid
 from relay.ids import parse_ulid
 from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBody
-from relay.services import feed, threads
-from relay.transport.rest import bp, identity, load_json, load_query
+from relay.services import feed, streams, threads
+from relay.transport.rest import bp, identity, load_json, load_query, still_allowed
 
 
 def _task_id(raw: str):
@@ -18,10 +18,23 @@ def _task_id(raw: str):
 
 @bp.get("/identities/<handle>/a2a/messages")
 def list_messages(handle: str):
-    """List the identity's messages newest first (seed 004)."""
+    """List the identity's messages newest first (seed 004); with ``wait``, wait for one (issue 14)."""
     caller = identity(handle)
     params = load_query(FeedQuery())
-    return feed.list_messages(caller, **params)
+    wait = params.pop("wait", None)
+    if wait is None:
+        return feed.list_messages(caller, **params)
+    cursor, after, limit = params.pop("cursor", None), params.pop("after", None), params.pop("limit")
+    position = feed.position_of(caller, after) if after is not None else None
+    return streams.wait_for_page(
+        caller,
+        feed.filters(**params),
+        wait=wait,
+        still_allowed=still_allowed(handle),
+        cursor=cursor,
+        after=position,
+        limit=limit,
+    )
 
 
 @bp.get("/identities/<handle>/a2a/tasks")

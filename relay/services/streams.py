@@ -1,0 +1,181 @@
+"""Waiting on the feed: the long-poll (``wait``) and the stream of new messages (issue 14).
+
+Both re-read the feed of seed 004 with the caller's filters whenever this process's
+listener says the identity's feed may have moved (services/wakeup.py), and on a slow
+tick (``RELAY_STREAM_HEARTBEAT`` seconds) whatever it says. Between reads they hold no
+database connection: the session is closed before every wait.
+
+A stream's position is a message id (the SSE ``id:``); it resumes strictly after that
+message's ``(created_at, id)``. That is exact, not approximate: every write of a message
+takes its participants' feed locks before it reads the clock (services/threads.py), so
+within one identity's feed a message never commits behind one with a later position.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from flask import current_app
+from sqlalchemy.exc import OperationalError
+
+from relay.errors import RelayError, is_connection_error
+from relay.extensions import db
+from relay.models import Agent
+from relay.services import feed, wakeup
+
+# A stream reads at most this many rows a query; it reads again at once when the batch was full.
+STREAM_BATCH = 100
+# Seconds a client is told to wait when its agent holds RELAY_STREAMS_PER_AGENT waits already.
+RETRY_AFTER_SECONDS = 5
+
+
+def _take_slot(identity: Agent) -> wakeup.Slot:
+    settings = current_app.config["RELAY"]
+    # A holder refreshes on every tick: two missed ticks and the slot is free again.
+    slot = wakeup.Slot(identity.id, ttl=2 * settings.stream_heartbeat + 5)
+    if not slot.acquire(settings.streams_per_agent):
+        raise RelayError(
+            "rate_limited",
+            f"{identity.handle} already holds {settings.streams_per_agent} waits and streams "
+            "(RELAY_STREAMS_PER_AGENT); close one or retry later",
+            {"retry_after": RETRY_AFTER_SECONDS, "limit": settings.streams_per_agent},
+        )
+    return slot
+
+
+def _release_connection() -> None:
+    # The waiter must hold no pool slot while it sleeps (issue 14, "A waiting request holds no database connection").
+    db.session.close()
+
+
+def wait_for_page(
+    identity: Agent,
+    flt: feed.Filters,
+    *,
+    wait: float,
+    still_allowed: Callable[[], Any],
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    after: tuple[datetime, uuid.UUID] | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
+    """One feed page, waiting up to ``wait`` seconds for it to hold a row (the feed's ``wait``).
+
+    A page with rows is answered at once; otherwise the request waits until a message
+    matching ``flt`` commits, and answers the page then, or the empty page when ``wait``
+    runs out. ``still_allowed()`` re-authenticates the caller (it raises RelayError once
+    the key is revoked or the agent disabled) after every wake-up. Raises rate_limited
+    (``retry_after`` in details) past ``RELAY_STREAMS_PER_AGENT``, service_unavailable if
+    the database could not be read when the time ran out.
+    """
+    result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
+    if result["items"]:
+        return result
+    tick = current_app.config["RELAY"].stream_heartbeat
+    deadline = time.monotonic() + wait
+    slot = _take_slot(identity)
+    listener = wakeup.listener()
+    waiter = listener.register((identity.id,))
+    try:
+        # Read again once registered: a message committed between the first read and the
+        # registration woke nobody.
+        failed = None
+        while True:
+            try:
+                result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
+                failed = None
+            except OperationalError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()
+                failed = exc  # PostgreSQL restarting: wait and read again
+            _release_connection()
+            if failed is None and result["items"]:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if failed is not None:
+                    raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
+                return result
+            waiter.wait(min(remaining, tick))
+            slot.refresh()
+            still_allowed()
+    finally:
+        listener.unregister(waiter)
+        slot.release()
+        _release_connection()
+
+
+class Stream:
+    """An open stream of one identity's new messages; create it before the response starts.
+
+    Creating it takes a slot (rate_limited past ``RELAY_STREAMS_PER_AGENT``) and the
+    starting position; :meth:`events` then yields until the caller is no longer allowed
+    or the client goes away, and :meth:`close` (always call it) gives both back.
+    """
+
+    def __init__(
+        self,
+        identity: Agent,
+        flt: feed.Filters,
+        *,
+        after: tuple[datetime, uuid.UUID] | None,
+        still_allowed: Callable[[], Any],
+    ):
+        self.identity, self.flt, self.still_allowed = identity, flt, still_allowed
+        self.tick = current_app.config["RELAY"].stream_heartbeat
+        self.slot = _take_slot(identity)
+        self.listener = wakeup.listener()
+        self.waiter = self.listener.register((identity.id,))
+        try:
+            if after is None and flt.since is None:
+                # From now: after the newest matching row. Taken once registered, so any
+                # message committed after this read wakes the stream.
+                newest = feed.page_rows(identity, flt, limit=1)
+                after = feed.row_position(newest[0]) if newest else None
+        except BaseException:
+            self.close()
+            raise
+        self.position = after
+        _release_connection()
+
+    def events(self) -> Iterator[tuple[str, str | None, Any]]:
+        """Yield ``(kind, id, data)``: ``("message", message id, feed row)`` oldest first,
+        ``("heartbeat", None, None)`` every tick, and a last ``("error", None, RelayError)``
+        when the caller's key stops being valid."""
+        next_beat = time.monotonic() + self.tick
+        while True:
+            try:
+                rows = feed.page_rows(self.identity, self.flt, after=self.position, limit=STREAM_BATCH, ascending=True)
+            except OperationalError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()
+                rows = []  # PostgreSQL restarting: the next tick reads again from the same position
+            _release_connection()
+            for columns in rows:
+                self.position = feed.row_position(columns)
+                yield "message", str(self.position[1]), feed.feed_row(columns)
+            if len(rows) == STREAM_BATCH:
+                continue
+            remaining = next_beat - time.monotonic()
+            if remaining > 0 and self.waiter.wait(remaining):
+                continue
+            next_beat = time.monotonic() + self.tick
+            self.slot.refresh()
+            try:
+                self.still_allowed()
+            except RelayError as exc:
+                yield "error", None, exc
+                return
+            finally:
+                _release_connection()
+            yield "heartbeat", None, None
+
+    def close(self) -> None:
+        self.listener.unregister(self.waiter)
+        self.slot.release()
+        _release_connection()

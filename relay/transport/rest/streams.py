@@ -1,0 +1,77 @@
+"""``GET /api/v1/identities/{handle}/a2a/messages/stream``: the feed as Server-Sent Events (issue 14).
+
+Each committed message matching the feed's filters is one event, oldest first::
+
+    event: message
+    id: <message id>
+    data: <the feed row, as GET .../a2a/messages returns it>
+
+A comment (``: heartbeat``) goes out every ``RELAY_STREAM_HEARTBEAT`` seconds. A client
+that reconnects with ``Last-Event-ID`` (or ``after``) resumes after that message, with
+nothing skipped and nothing repeated (seed 004's catch-up rule); without either, and
+without ``since``, it starts at the newest message. When the key is revoked or the agent
+disabled, a last ``event: error`` carries the problem and the stream ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from flask import Response, request, stream_with_context
+
+from relay.encoding import dumps_bytes
+from relay.errors import invalid
+from relay.schemas.rest import StreamQuery
+from relay.services import feed, streams
+from relay.transport.rest import bp, identity, load_query, still_allowed
+
+# How long an EventSource waits before reconnecting, in milliseconds (the SSE "retry" field).
+RECONNECT_MS = 2000
+
+
+def _last_event_id() -> uuid.UUID | None:
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return uuid.UUID(raw.strip())
+    except ValueError:
+        raise invalid("Last-Event-ID", "is not a message id sent by this stream") from None
+
+
+def _event(kind: str, event_id: str | None, data) -> bytes:
+    if kind == "heartbeat":
+        return b": heartbeat\n\n"
+    if kind == "error":
+        body = {"code": data.symbol, "message": data.message}
+        return b"event: error\ndata: " + dumps_bytes(body) + b"\n\n"
+    # The row is one JSON line: orjson escapes newlines inside strings, so no data line breaks.
+    return b"event: message\nid: " + event_id.encode() + b"\ndata: " + dumps_bytes(data) + b"\n\n"
+
+
+@bp.get("/identities/<handle>/a2a/messages/stream")
+def stream_messages(handle: str):
+    """Stream the identity's new messages as ``text/event-stream`` (feed filters; no cursor, no limit)."""
+    caller = identity(handle)
+    params = load_query(StreamQuery())
+    resume = _last_event_id()
+    field = "Last-Event-ID" if resume is not None else "after"
+    after = resume if resume is not None else params.pop("after", None)
+    params.pop("after", None)
+    position = feed.position_of(caller, after, field) if after is not None else None
+    opened = streams.Stream(caller, feed.filters(**params), after=position, still_allowed=still_allowed(handle))
+
+    def body():
+        # Sent once the starting position is taken: from here on nothing is missed.
+        yield f"retry: {RECONNECT_MS}\n: ready\n\n".encode()
+        for kind, event_id, data in opened.events():
+            yield _event(kind, event_id, data)
+
+    response = Response(
+        stream_with_context(body()),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+    # Also when the body never started (the client left first): the slot and the waiter go back.
+    response.call_on_close(opened.close)
+    return response

@@ -1,0 +1,358 @@
+"""Waking agents with no public URL: the feed's ``wait``, the SSE stream, the listener (issue 14).
+
+Everything runs against a live gunicorn + Celery worker. No assertion is on time: each
+wait is bounded and fails naming what did not arrive; "not woken" is shown by ordering
+(a later marker message that arrives first), never by a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from tests.conftest import bearer, sql, wait_until
+from tests.live import claimed_redis_db, live_relay
+from tests.sse import SSE
+
+HEARTBEAT = "1"  # seconds: the streams' heartbeat, slow re-check and re-authentication tick
+CAP = 3  # RELAY_STREAMS_PER_AGENT for this module's relay
+APP_NAME = "relay-live-streams"
+
+
+@pytest.fixture(scope="module")
+def live(base_env):
+    url = base_env["DATABASE_URL"]
+    env = {
+        **base_env,
+        # Named, so the test can count the relay's own PostgreSQL connections.
+        "DATABASE_URL": f"{url}{'&' if '?' in url else '?'}application_name={APP_NAME}",
+    }
+    with (
+        claimed_redis_db(base_env["REDIS_URL"]) as broker,
+        live_relay(env, RELAY_STREAM_HEARTBEAT=HEARTBEAT, RELAY_STREAMS_PER_AGENT=str(CAP), REDIS_URL=broker) as base,
+    ):
+        LIVE_REDIS[:] = [broker]
+        yield base
+
+
+LIVE_REDIS: list[str] = []  # the live relay's own Redis database (its slots are kept there)
+
+
+def send(base: str, key: str, recipient: str, text: str) -> dict:
+    """message/send over JSON-RPC; returns the result (fails on an error)."""
+    resp = requests.post(
+        f"{base}/a2a",
+        headers=bearer(key),
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}},
+        },
+        timeout=30,
+    )
+    body = resp.json()
+    assert "result" in body, body
+    return body["result"]
+
+
+def feed_url(base: str, handle: str) -> str:
+    return f"{base}/api/v1/identities/{handle}/a2a/messages"
+
+
+class Poll(threading.Thread):
+    """One long-poll in a thread: ``.response`` once it answered."""
+
+    def __init__(self, base: str, handle: str, key: str, **params):
+        super().__init__(daemon=True)
+        self.url, self.key, self.params = feed_url(base, handle), key, params
+        self.response: requests.Response | None = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self):
+        try:
+            self.response = requests.get(self.url, headers=bearer(self.key), params=self.params, timeout=90)
+        except BaseException as exc:  # reported by result()
+            self.error = exc
+
+    def result(self, timeout: float = 60) -> requests.Response:
+        self.join(timeout)
+        assert not self.is_alive(), f"the long-poll {self.params} had not answered within {timeout} s"
+        assert self.error is None, self.error
+        return self.response
+
+
+def slots_held(app, handle: str) -> int:
+    """How many waits and streams ``handle`` holds now, across web processes (its slots in Redis)."""
+    import redis
+
+    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
+    client = redis.Redis.from_url(LIVE_REDIS[0])
+    try:
+        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def pair(make_agent, live, settled):
+    """``(alice, alice_key, bob, bob_key)``: alice hands work to bob."""
+    a, a_key = make_agent("alice@acme")
+    b, b_key = make_agent("bob@acme")
+    return a, a_key, b, b_key
+
+
+# --------------------------------------------------------------------------- long-poll
+
+
+def test_long_poll_answers_the_matching_message_and_not_a_non_matching_one(app, live, pair):
+    a, a_key, b, b_key = pair
+    poll = Poll(live, b, b_key, wait=30, direction="inbound")
+    wait_until(lambda: slots_held(app, b) == 1, what="bob's long-poll waiting")
+    # Outbound for bob: wakes his waiters, but matches no inbound filter. A stream sees it
+    # first, so its wake-up has been published before the matching message is written.
+    watcher = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+    watcher.until_ready()
+    sent_by_bob = send(live, b_key, a, "from bob: not inbound for bob")
+    assert watcher.messages(1)[0].id == sent_by_bob["message_id"]
+    assert poll.is_alive(), f"the long-poll answered a non-matching message: {poll.response and poll.response.text}"
+    to_bob = send(live, a_key, b, "to bob: inbound")
+    body = poll.result().json()
+    assert [row["id"] for row in body["items"]] == [to_bob["message_id"]], body
+    watcher.close()
+
+
+def test_long_poll_with_rows_answers_at_once(live, pair):
+    a, a_key, b, b_key = pair
+    sent = send(live, a_key, b, "already there")
+    # With rows on the page the wait does not start: an answer within the client's 10 s
+    # read timeout, where the wait would have taken 60.
+    resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"wait": 60}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    assert [row["id"] for row in resp.json()["items"]] == [sent["message_id"]]
+
+
+def test_long_poll_that_runs_out_answers_the_empty_page(live, pair):
+    a, a_key, b, b_key = pair
+    resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"wait": 1}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"items": [], "next_cursor": None}
+
+
+def test_long_poll_after_a_message_waits_for_the_next_one(live, pair):
+    a, a_key, b, b_key = pair
+    first = send(live, a_key, b, "first")
+    poll = Poll(live, b, b_key, wait=30, after=first["message_id"])
+    second = send(live, a_key, b, "second")
+    body = poll.result().json()
+    assert [row["id"] for row in body["items"]] == [second["message_id"]], body
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"wait": "0"}, "wait"),
+        ({"wait": "61"}, "wait"),
+        ({"wait": "soon"}, "wait"),
+        (
+            {
+                "wait": "5",
+                "cursor": "WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgIjAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMCJd",
+            },
+            "wait",
+        ),
+        ({"after": "not-an-id"}, "after"),
+        ({"after": str(uuid.uuid4())}, "after"),
+    ],
+)
+def test_bad_wait_or_after_is_422_naming_it(live, pair, params, field):
+    a, a_key, b, b_key = pair
+    resp = requests.get(feed_url(live, b), headers=bearer(b_key), params=params, timeout=30)
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["error"]
+    assert field in (error["details"] or {}), error
+
+
+def test_after_a_message_of_another_feed_is_422_as_if_unknown(live, make_agent, pair):
+    a, a_key, b, b_key = pair
+    c, c_key = make_agent("carol@acme")
+    theirs = send(live, a_key, c, "alice to carol")
+    resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"after": theirs["message_id"]}, timeout=30)
+    assert resp.status_code == 422, resp.text
+    assert "after" in resp.json()["error"]["details"]
+
+
+# --------------------------------------------------------------------------- stream
+
+
+def test_stream_events_are_the_feed_rows_oldest_first(live, pair):
+    a, a_key, b, b_key = pair
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+    assert stream.status_code == 200
+    assert stream.response.headers["Content-Type"].startswith("text/event-stream")
+    stream.until_ready()
+    sent = [send(live, a_key, b, f"message {i}\nwith a second line") for i in range(3)]
+    events = stream.messages(3)
+    stream.close()
+    assert [e.id for e in events] == [s["message_id"] for s in sent]
+    page = requests.get(feed_url(live, b), headers=bearer(b_key), timeout=30).json()["items"]
+    assert [e.json() for e in events] == list(reversed(page))
+
+
+def test_stream_resumes_after_last_event_id_with_every_message_once(live, pair):
+    a, a_key, b, b_key = pair
+    url = f"{feed_url(live, b)}/stream"
+    stream = SSE(url, headers=bearer(b_key))
+    stream.until_ready()
+    sent = [send(live, a_key, b, f"before the drop {i}")["message_id"] for i in range(3)]
+    seen = [e.id for e in stream.messages(2)]
+    stream.close()  # dropped with the third unread
+    sent += [send(live, a_key, b, f"while away {i}")["message_id"] for i in range(2)]
+    again = SSE(url, headers={**bearer(b_key), "Last-Event-ID": seen[-1]})
+    seen += [e.id for e in again.messages(3)]
+    sent.append(send(live, a_key, b, "after the reconnect")["message_id"])
+    seen += [e.id for e in again.messages(1)]
+    again.close()
+    assert seen == sent
+
+
+def test_stream_since_replays_from_that_time(live, pair):
+    a, a_key, b, b_key = pair
+    old = send(live, a_key, b, "old")
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key), params={"since": old["created_at"]})
+    stream.until_ready()
+    new = send(live, a_key, b, "new")
+    assert [e.id for e in stream.messages(2)] == [old["message_id"], new["message_id"]]
+    stream.close()
+
+
+def test_stream_filters_like_the_feed(live, pair):
+    a, a_key, b, b_key = pair
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key), params={"q": "invoices"})
+    stream.until_ready()
+    send(live, a_key, b, "nothing to see")
+    match = send(live, a_key, b, "the invoices are late")
+    assert [e.id for e in stream.messages(1)] == [match["message_id"]]
+    stream.close()
+
+
+def test_stream_sends_heartbeats(live, pair):
+    a, a_key, b, b_key = pair
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+    stream.until_ready()
+    for event in stream.events():
+        assert event.event == "comment", event
+        if event.data == "heartbeat":
+            break
+    stream.close()
+
+
+@pytest.mark.parametrize(
+    "headers,params,field",
+    [
+        ({"Last-Event-ID": "garbage"}, {}, "Last-Event-ID"),
+        ({"Last-Event-ID": str(uuid.uuid4())}, {}, "Last-Event-ID"),
+        ({}, {"cursor": "abc"}, "cursor"),
+        ({}, {"limit": "5"}, "limit"),
+        ({}, {"direction": "sideways"}, "direction"),
+    ],
+)
+def test_bad_stream_query_is_422_naming_it(live, pair, headers, params, field):
+    a, a_key, b, b_key = pair
+    resp = requests.get(f"{feed_url(live, b)}/stream", headers={**bearer(b_key), **headers}, params=params, timeout=30)
+    assert resp.status_code == 422, resp.text
+    assert field in resp.json()["error"]["details"], resp.text
+
+
+def test_stream_authorization_is_the_feeds(live, pair):
+    a, a_key, b, b_key = pair
+    url = f"{feed_url(live, b)}/stream"
+    assert requests.get(url, timeout=30).status_code == 401
+    assert requests.get(url, headers=bearer(a_key), timeout=30).status_code == 403
+    ghost = f"{feed_url(live, 'ghost@nowhere')}/stream"
+    assert requests.get(ghost, headers=bearer(b_key), timeout=30).status_code == 404
+
+
+# --------------------------------------------------------------------------- limits and revocation
+
+
+def test_the_per_agent_cap_answers_429_with_retry_after(app, live, pair):
+    a, a_key, b, b_key = pair
+    url = f"{feed_url(live, b)}/stream"
+    streams = [SSE(url, headers=bearer(b_key)) for _ in range(CAP - 1)]
+    for s in streams:
+        s.until_ready()
+    poll = Poll(live, b, b_key, wait=30)  # waits and streams count together
+    wait_until(lambda: slots_held(app, b) == CAP, what=f"{b} holding {CAP} slots")
+    over = requests.get(url, headers=bearer(b_key), timeout=30)
+    assert over.status_code == 429, over.text
+    assert int(over.headers["Retry-After"]) >= 1
+    over_poll = requests.get(feed_url(live, b), headers=bearer(b_key), params={"wait": 5}, timeout=30)
+    assert over_poll.status_code == 429, over_poll.text
+    # Another agent is not counted against bob.
+    assert (
+        requests.get(f"{feed_url(live, a)}/stream", headers=bearer(a_key), stream=True, timeout=30).status_code == 200
+    )
+    streams.pop().close()
+    wait_until(lambda: slots_held(app, b) == CAP - 1, what="the closed stream's slot given back")
+    replacement = SSE(url, headers=bearer(b_key))
+    assert replacement.status_code == 200
+    replacement.close()
+    send(live, a_key, b, "ends the poll")
+    poll.result()
+    for s in streams:
+        s.close()
+
+
+def test_a_revoked_key_has_its_stream_closed(live, pair):
+    a, a_key, b, b_key = pair
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+    stream.until_ready()
+    keys = requests.get(f"{live}/api/v1/identities/{b}/keys", headers=bearer(b_key), timeout=30).json()["items"]
+    assert len(keys) == 1
+    revoked = requests.delete(f"{live}/api/v1/identities/{b}/keys/{keys[0]['key_id']}", headers=bearer(b_key), timeout=30)
+    assert revoked.status_code == 200, revoked.text
+    kinds = [e.event for e in stream.events() if e.event != "comment"]  # to the end of the stream
+    assert kinds == ["error"], kinds
+
+
+def test_a_disabled_agents_long_poll_ends_unauthenticated(app, live, pair):
+    a, a_key, b, b_key = pair
+    poll = Poll(live, b, b_key, wait=30)
+    sql(app, "UPDATE agents SET disabled_at = now() WHERE handle = :h", h=b)
+    resp = poll.result()
+    assert resp.status_code == 401, resp.text
+
+
+# --------------------------------------------------------------------------- holding many, cheaply
+
+
+def test_waiters_hold_no_database_connection(app, live, make_agent, settled):
+    # Each web process's pool holds at most 5 + 10 connections: more waiters than both
+    # pools together would starve if a waiter kept its connection.
+    pool_capacity = 2 * (5 + 10)
+    sender, sender_key = make_agent("sender@acme")
+    agents = [make_agent(f"w{i}@acme") for i in range(pool_capacity // CAP + 2)]
+    polls = [(h, Poll(live, h, k, wait=45, direction="inbound")) for h, k in agents for _ in range(CAP)]
+    assert len(polls) > pool_capacity
+
+    def relay_connections() -> int:
+        return sql(app, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n", n=APP_NAME)[0][0]
+
+    wait_until(
+        lambda: sum(slots_held(app, h) for h, _ in agents) == len(polls),
+        timeout=40,
+        what=f"{len(polls)} long-polls waiting",
+    )
+    assert relay_connections() <= pool_capacity
+    # The relay still answers others while they wait.
+    assert requests.get(f"{live}/api/v1/identities/me", headers=bearer(sender_key), timeout=10).status_code == 200
+    sent = {h: send(live, sender_key, h, f"wake {h}")["message_id"] for h, _ in agents}
+    for handle, poll in polls:
+        items = poll.result().json()["items"]
+        assert [row["id"] for row in items] == [sent[handle]], (handle, items)
