@@ -7,6 +7,8 @@ wait is bounded and fails naming what did not arrive; "not woken" is shown by or
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -14,6 +16,7 @@ import uuid
 import pytest
 import requests
 
+from relay.ops.embedded import free_port
 from tests.conftest import bearer, sql, wait_until
 from tests.live import claimed_redis_db, live_relay
 from tests.sse import SSE
@@ -67,16 +70,19 @@ def feed_url(base: str, handle: str) -> str:
 class Poll(threading.Thread):
     """One long-poll in a thread: ``.response`` once it answered."""
 
-    def __init__(self, base: str, handle: str, key: str, **params):
+    def __init__(self, base: str, handle: str, key: str, read_timeout: float = 90, **params):
         super().__init__(daemon=True)
         self.url, self.key, self.params = feed_url(base, handle), key, params
+        self.read_timeout = read_timeout
         self.response: requests.Response | None = None
         self.error: BaseException | None = None
         self.start()
 
     def run(self):
         try:
-            self.response = requests.get(self.url, headers=bearer(self.key), params=self.params, timeout=90)
+            self.response = requests.get(
+                self.url, headers=bearer(self.key), params=self.params, timeout=(5, self.read_timeout)
+            )
         except BaseException as exc:  # reported by result()
             self.error = exc
 
@@ -315,7 +321,9 @@ def test_a_revoked_key_has_its_stream_closed(live, pair):
     stream.until_ready()
     keys = requests.get(f"{live}/api/v1/identities/{b}/keys", headers=bearer(b_key), timeout=30).json()["items"]
     assert len(keys) == 1
-    revoked = requests.delete(f"{live}/api/v1/identities/{b}/keys/{keys[0]['key_id']}", headers=bearer(b_key), timeout=30)
+    revoked = requests.delete(
+        f"{live}/api/v1/identities/{b}/keys/{keys[0]['key_id']}", headers=bearer(b_key), timeout=30
+    )
     assert revoked.status_code == 200, revoked.text
     kinds = [e.event for e in stream.events() if e.event != "comment"]  # to the end of the stream
     assert kinds == ["error"], kinds
@@ -356,3 +364,132 @@ def test_waiters_hold_no_database_connection(app, live, make_agent, settled):
     for handle, poll in polls:
         items = poll.result().json()["items"]
         assert [row["id"] for row in items] == [sent[handle]], (handle, items)
+
+
+# --------------------------------------------------------------------------- the wake-up path
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_rolled_back_write_wakes_nobody(app, make_agent):
+    from relay.services import threads, wakeup
+    from relay.services.agents import get_agent
+
+    a, _ = make_agent("alice@acme")
+    b, _ = make_agent("bob@acme")
+    m, _ = make_agent("marker@acme")
+    with app.app_context():
+        alice, bob, marker = get_agent(a), get_agent(b), get_agent(m)
+        listener = wakeup.listener()
+        to_bob, to_marker = listener.register((bob.id,)), listener.register((marker.id,))
+        assert listener.subscribed.wait(20), "the listener did not subscribe"
+        to_bob.wait(0), to_marker.wait(0)  # the subscription's wake-everyone
+
+        def boom(session, result):
+            raise Boom()
+
+        params = {"recipient": b, "message": {"parts": [{"type": "text", "text": "never committed"}]}}
+        with pytest.raises(Boom):
+            threads.send_message(alice, params, then=boom)
+        assert sql(app, "SELECT count(*) FROM messages")[0][0] == 0
+        # Two committed markers after it: had the rolled-back write published, its wake-up
+        # would have been handled before the second marker's.
+        for text in ("marker one", "marker two"):
+            threads.send_message(alice, {"recipient": m, "message": {"parts": [{"type": "text", "text": text}]}})
+            assert to_marker.wait(20), f"no wake-up for {text}"
+        assert not to_bob.wait(0), "a rolled-back write woke its recipient's waiters"
+        listener.unregister(to_bob), listener.unregister(to_marker)
+
+
+def test_waiters_get_their_messages_after_postgresql_drops_every_connection(app, live, pair):
+    a, a_key, b, b_key = pair
+    poll = Poll(live, b, b_key, wait=30)
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+    stream.until_ready()
+    wait_until(lambda: slots_held(app, b) == 2, what="bob's poll and stream waiting")
+    # What a restart looks like from the relay: every connection it holds is cut.
+    dropped = sql(
+        app, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = :n", n=APP_NAME
+    )[0][0]
+    assert dropped >= 1
+    sent = send(live, a_key, b, "after the drop")
+    assert [row["id"] for row in poll.result().json()["items"]] == [sent["message_id"]]
+    assert [e.id for e in stream.messages(1)] == [sent["message_id"]]
+    stream.close()
+
+
+@pytest.fixture
+def private_redis():
+    """A Redis server of this test's own on a free port: ``(url, restart)``."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not on PATH"
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+
+    def start():
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        import redis
+
+        client = redis.Redis(port=port, socket_connect_timeout=1)
+        wait_until(lambda: _pings(client), what=f"redis-server on port {port}")
+        client.close()
+
+    def stop():
+        procs[-1].terminate()
+        procs[-1].wait(timeout=20)
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", stop, start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=20)
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_the_listener_resubscribes_after_redis_restarts_and_waiters_get_their_messages(
+    app, base_env, make_agent, private_redis
+):
+    from relay.services import threads
+    from relay.services.agents import get_agent
+
+    # Not ``settled``: its relay and worker are gone when the test ends, and the message
+    # written in-process went to a broker no worker reads; the rows are truncated anyway.
+    redis_url, stop_redis, start_redis = private_redis
+    a, a_key = make_agent("alice@acme")
+    b, b_key = make_agent("bob@acme")
+    # A slow tick far past every wait here: only the listener can wake these waiters.
+    with live_relay(base_env, REDIS_URL=redis_url, RELAY_STREAM_HEARTBEAT="300") as base:
+        LIVE_REDIS[:] = [redis_url]
+        poll = Poll(base, b, b_key, wait=60, read_timeout=45)
+        wait_until(lambda: slots_held(app, b) == 1, what="bob's long-poll waiting")
+        stop_redis()
+        # Written while the relay's Redis is down: its wake-up goes nowhere the relay hears.
+        with app.app_context():
+            missed = threads.send_message(
+                get_agent(a), {"recipient": b, "message": {"parts": [{"type": "text", "text": "while down"}]}}
+            )
+        start_redis()
+        assert [row["id"] for row in poll.result().json()["items"]] == [missed["message_id"]]
+        # And the new subscription carries wake-ups: sent through the relay, after the restart.
+        again = Poll(base, b, b_key, wait=60, read_timeout=45, after=missed["message_id"])
+        wait_until(lambda: slots_held(app, b) == 1, what="bob's second long-poll waiting")
+        sent = send(base, a_key, b, "after the restart")
+        assert [row["id"] for row in again.result().json()["items"]] == [sent["message_id"]]

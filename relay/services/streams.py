@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from flask import current_app
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
@@ -82,27 +82,29 @@ def wait_for_page(
     try:
         # Read again once registered: a message committed between the first read and the
         # registration woke nobody.
-        failed = None
+        check = None
         while True:
             try:
+                if check is not None:
+                    check()
                 result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
-                failed = None
-            except OperationalError as exc:
+                failed = False
+            except DBAPIError as exc:
                 if not is_connection_error(exc):
                     raise
                 db.session.rollback()
-                failed = exc  # PostgreSQL restarting: wait and read again
+                failed = True  # PostgreSQL restarting: wait and read again
             _release_connection()
-            if failed is None and result["items"]:
+            if not failed and result["items"]:
                 return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                if failed is not None:
+                if failed:
                     raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
                 return result
             waiter.wait(min(remaining, tick))
             slot.refresh()
-            still_allowed()
+            check = still_allowed
     finally:
         listener.unregister(waiter)
         slot.release()
@@ -150,7 +152,7 @@ class Stream:
         while True:
             try:
                 rows = feed.page_rows(self.identity, self.flt, after=self.position, limit=STREAM_BATCH, ascending=True)
-            except OperationalError as exc:
+            except DBAPIError as exc:
                 if not is_connection_error(exc):
                     raise
                 db.session.rollback()
@@ -171,6 +173,10 @@ class Stream:
             except RelayError as exc:
                 yield "error", None, exc
                 return
+            except DBAPIError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()  # PostgreSQL restarting: check again on the next tick
             finally:
                 _release_connection()
             yield "heartbeat", None, None
