@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``.
+"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -85,6 +85,16 @@ def main() -> None:
     wh.add_argument("--tenant", action="store_true", help="org A's 20 held endpoints beside org B's one endpoint")
     wh.add_argument("--tenant-rate", type=float, default=20.0, help="org A's messages/s in the tenant drill (20)")
     wh.add_argument("--tenant-hold", type=float, default=12.0, help="seconds org A's receiver holds a request (12)")
+    wake_p = sub.add_parser(
+        "wake", parents=[common], help="long-poll and SSE waiters woken by messages: latency, capacity, RSS, send cost"
+    )
+    wake_p.add_argument("--waiters", type=int, default=500, help="long-polls and streams, half each (default 500)")
+    wake_p.add_argument("--rate", type=float, default=20.0, help="messages/s in the steady phase (default 20)")
+    wake_p.add_argument("--duration", type=float, default=30.0, help="seconds of the steady phase (default 30)")
+    wake_p.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
+    wake_p.add_argument("--worker-class", help="override gunicorn's worker class (e.g. gthread), for comparison")
+    wake_p.add_argument("--threads", type=int, help="threads per worker, with --worker-class gthread")
+    wake_p.add_argument("--throughput-seconds", type=float, default=10.0, help="each send-throughput run (10)")
     args = parser.parse_args()
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
@@ -105,6 +115,21 @@ def main() -> None:
         print_table(results)
         only = f"-{args.only.replace(',', '+')}" if args.only else ""
         name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}{only}.json"
+    elif args.command == "wake":
+        from bench.wake import print_wake, wake
+
+        results = wake(
+            args.waiters,
+            args.rate,
+            args.duration,
+            args.workers,
+            args.worker_class,
+            args.threads,
+            throughput_s=args.throughput_seconds,
+        )
+        print_wake(results)
+        klass = f"-{args.worker_class}" if args.worker_class else ""
+        name = f"{results['date'][:10]}-{results['commit']}-wake-{args.waiters}{klass}.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit

@@ -163,11 +163,11 @@ def cpu_seconds(proc: Proc) -> float:
     return total
 
 
-def gunicorn(app_path: str, env: dict, workers: int) -> tuple[Proc, str]:
-    """Start gunicorn the way the Procfile's web line does; return it and its base URL."""
+def gunicorn(app_path: str, env: dict, workers: int, extra_args: list[str] | None = None) -> tuple[Proc, str]:
+    """Start gunicorn the way the Procfile's web line does (plus ``extra_args``); return it and its base URL."""
     port = free_port()
     proc = Proc(
-        [str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py")],
+        [str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py"), *(extra_args or [])],
         {**env, "PORT": str(port), "WEB_CONCURRENCY": str(workers)},
     )
     url = f"http://127.0.0.1:{port}"
