@@ -8,7 +8,7 @@ runs a real Celery worker and a real loopback receiver (tests/receiver.py).
 Each test checks one rule of the binding: cards, the ``A2A-Version`` check, auth,
 the JSON-RPC envelope, the A2A error shape (``google.rpc.ErrorInfo`` / ``BadRequest``
 in ``error.data``), SendMessage / GetTask / ListTasks / CancelTask, push notification
-configs, the unsupported streaming methods, the rate-limit budget shared with the seed
+configs, the unsupported extended card (streaming: tests/test_a2a_stream.py), the rate-limit budget shared with the seed
 dialect, and the seed dialect (``POST /a2a``) left unchanged.
 """
 
@@ -184,7 +184,7 @@ def test_relay_card_is_public_and_points_to_per_agent_cards(client):
     assert resp.status_code == 200
     assert resp.mimetype == "application/json"
     card = resp.get_json()
-    assert card["capabilities"]["streaming"] is False
+    assert card["capabilities"]["streaming"] is True
     assert card["capabilities"]["pushNotifications"] is True
     assert "http://localhost/a2a/agents/{handle}/.well-known/agent-card.json" in card["description"]
     assert "bearer" in card["securitySchemes"]
@@ -206,7 +206,7 @@ def test_agent_card_parses_with_the_sdk_and_names_the_agent_endpoint(client, bob
     assert card.supported_interfaces[0].url == "http://localhost/a2a/agents/bob@acme"
     assert card.supported_interfaces[0].protocol_binding == "JSONRPC"
     assert card.supported_interfaces[0].protocol_version == "1.0"
-    assert card.capabilities.streaming is False
+    assert card.capabilities.streaming is True
     assert card.capabilities.push_notifications is True
     assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
     assert len(card.skills) >= 1 and card.skills[0].id and card.skills[0].name
@@ -1127,15 +1127,8 @@ def test_push_notifications_are_delivered_with_token_and_credentials(client, to_
 # --------------------------------------------------------------------------- unsupported methods
 
 
-@pytest.mark.parametrize(
-    "method, params",
-    [
-        ("SendStreamingMessage", {"message": message("streamed")}),
-        ("SubscribeToTask", {"id": UNKNOWN_ULID}),
-        ("GetExtendedAgentCard", {}),
-    ],
-)
-def test_streaming_and_extended_card_methods_are_32004(app, to_bob, method, params):
+@pytest.mark.parametrize("method, params", [("GetExtendedAgentCard", {})])
+def test_extended_card_method_is_32004(app, to_bob, method, params):
     error = to_bob.err(method, params, -32004, "unsupported_operation")
     assert error["data"][0]["reason"] == "UNSUPPORTED_OPERATION"
     assert count(app, "threads") == 0

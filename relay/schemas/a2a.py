@@ -168,6 +168,12 @@ class GetTaskRequest(_A2A):
     historyLength = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=0))
 
 
+class SubscribeToTaskRequest(_A2A):
+    """SubscribeToTask: the task's ``id`` (``tenant`` is not used here)."""
+
+    id = fields.String(required=True)
+
+
 class CancelTaskRequest(_A2A):
     id = fields.String(required=True)
     metadata = fields.Dict()
@@ -405,7 +411,7 @@ def agent_card(agent: dict, base_url: str, version: str) -> dict:
         "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
         "provider": {"organization": agent.get("org") or agent["handle"].split("@", 1)[1], "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
-        "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
+        "capabilities": {"streaming": True, "pushNotifications": True, "extendedAgentCard": False},
         "securitySchemes": {
             "bearer": {
                 "httpAuthSecurityScheme": {
@@ -449,7 +455,7 @@ def relay_card(base_url: str, version: str) -> dict:
         "supportedInterfaces": [],
         "provider": {"organization": "handoff relay", "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
-        "capabilities": {"streaming": False, "pushNotifications": True, "extendedAgentCard": False},
+        "capabilities": {"streaming": True, "pushNotifications": True, "extendedAgentCard": False},
         "securitySchemes": {
             "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "bearerFormat": "ah_live_ API key"}}
         },

@@ -1,7 +1,8 @@
 """A2A v1.0 objects rendered from the relay's rows: Task, Message, TaskStatus, StreamResponse.
 
-The A2A transport answers with them and A2A push deliveries carry them, so they live
-below both (the mapping table is in ``relay.schemas.a2a`` and docs/a2a.md).
+The A2A transport answers with them, its task streams (services/task_streams.py) and A2A
+push deliveries carry them, so they live below all three (the mapping table is in
+``relay.schemas.a2a`` and docs/a2a.md).
 Input: the dicts ``relay.services.threads`` returns (``thread_summary``, ``message_row``).
 """
 
@@ -74,18 +75,19 @@ def status_out(task: dict) -> dict:
     return status
 
 
+def artifact_out(row: dict, index: int, artifact: dict) -> dict:
+    """A2A ``Artifact``: the ``index``-th relay artifact of message ``row``, as one ``data`` part."""
+    return {
+        "artifactId": f"{row['id']}:{index}",
+        "name": artifact.get("type", "artifact"),
+        "parts": [{"data": artifact, "mediaType": MEDIA_JSON}],
+        "metadata": {"messageId": row["id"], "sequenceNo": row["sequence_no"]},
+    }
+
+
 def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
     """A2A ``Artifact`` list: each relay artifact as one ``data`` part, in message order."""
-    return [
-        {
-            "artifactId": f"{m['id']}:{i}",
-            "name": a.get("type", "artifact"),
-            "parts": [{"data": a, "mediaType": MEDIA_JSON}],
-            "metadata": {"messageId": m["id"], "sequenceNo": m["sequence_no"]},
-        }
-        for m in messages
-        for i, a in enumerate(m.get("artifacts") or [])
-    ]
+    return [artifact_out(m, i, a) for m in messages for i, a in enumerate(m.get("artifacts") or [])]
 
 
 def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
@@ -138,3 +140,41 @@ def status_update_event(task: dict, transition: dict) -> dict:
 def message_event(row: dict, task: dict) -> dict:
     """A2A ``StreamResponse`` for a new message: ``{"message": Message}``."""
     return {"message": message_out(row, task, opening=row["sequence_no"] == 1)}
+
+
+def status_event(
+    task: dict, state: str, timestamp: str, *, message: dict | None = None, metadata: dict | None = None
+) -> dict:
+    """A2A ``StreamResponse`` of a task stream: ``{"statusUpdate": TaskStatusUpdateEvent}``.
+
+    ``state`` is the relay state the task is in at ``timestamp``; ``message`` (an A2A
+    Message) is the status message: a reply of the agent, or on completion the result
+    summary (added here when none is given).
+    """
+    status: dict[str, Any] = {"state": STATES[state], "timestamp": timestamp}
+    if message is not None:
+        status["message"] = message
+    elif state == "completed" and task.get("result_summary"):
+        status["message"] = _result_message(task)
+    event: dict[str, Any] = {
+        "taskId": task["task_id"],
+        "contextId": _uuid_text(task["context_id"]),
+        "status": status,
+    }
+    if metadata:
+        event["metadata"] = metadata
+    return {"statusUpdate": event}
+
+
+def artifact_event(task: dict, row: dict, index: int, artifact: dict) -> dict:
+    """A2A ``StreamResponse`` for one artifact of a new message: ``{"artifactUpdate": TaskArtifactUpdateEvent}``
+    (each relay artifact is whole: never appended to, always its last chunk)."""
+    return {
+        "artifactUpdate": {
+            "taskId": task["task_id"],
+            "contextId": _uuid_text(task["context_id"]),
+            "artifact": artifact_out(row, index, artifact),
+            "append": False,
+            "lastChunk": True,
+        }
+    }

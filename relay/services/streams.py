@@ -33,7 +33,8 @@ STREAM_BATCH = 100
 RETRY_AFTER_SECONDS = 5
 
 
-def _take_slot(identity: Agent) -> wakeup.Slot:
+def take_slot(identity: Agent) -> wakeup.Slot:
+    """One of ``identity``'s ``RELAY_STREAMS_PER_AGENT`` slots; raises rate_limited (``retry_after``) when all are held."""
     settings = current_app.config["RELAY"]
     # A holder refreshes on every tick: two missed ticks and the slot is free again.
     slot = wakeup.Slot(identity.id, ttl=2 * settings.stream_heartbeat + 5)
@@ -50,6 +51,85 @@ def _take_slot(identity: Agent) -> wakeup.Slot:
 def _release_connection() -> None:
     # The waiter must hold no pool slot while it sleeps (issue 14, "A waiting request holds no database connection").
     db.session.close()
+
+
+# What a long-lived request's loop yields between its reads' items: a heartbeat is due.
+HEARTBEAT = None
+
+
+class Held:
+    """What a long-lived request holds while it waits: one of its agent's slots and a waiter.
+
+    Creating it takes the slot (rate_limited past ``RELAY_STREAMS_PER_AGENT``) and
+    registers the waiter for ``identity``'s wake-ups; :meth:`close` gives both back
+    (calling it twice is harmless). :meth:`rounds` is the loop streams share.
+    """
+
+    def __init__(self, identity: Agent, still_allowed: Callable[[], Any]):
+        self.still_allowed = still_allowed
+        self.tick = current_app.config["RELAY"].stream_heartbeat
+        self.slot = take_slot(identity)
+        self.listener = wakeup.listener()
+        self.waiter = self.listener.register((identity.id,))
+        self._closed = False
+
+    def finished(self) -> bool:
+        """True once the stream has said everything (a subclass's end, e.g. a terminal task)."""
+        return False
+
+    def rounds(self, read: Callable[[], tuple[list, bool]]) -> Iterator[Any]:
+        """Yield the items of each ``read()`` (``(items, read_again_at_once)``), waiting between reads.
+
+        A read follows every wake-up and every tick; each tick also yields
+        :data:`HEARTBEAT`, refreshes the slot and re-authenticates the caller. A
+        RelayError (from ``read`` or the re-authentication) is yielded last and ends it.
+        A read or check that cannot reach PostgreSQL is tried again on the next round.
+        The session is closed after each, so no connection is held while waiting.
+        """
+        next_beat = time.monotonic() + self.tick
+        while True:
+            try:
+                items, again = read()
+            except DBAPIError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()
+                items, again = [], False  # PostgreSQL restarting: read again from the same position
+            except RelayError as exc:
+                yield exc
+                return
+            finally:
+                _release_connection()
+            yield from items
+            if self.finished():
+                return
+            if again:
+                continue
+            remaining = next_beat - time.monotonic()
+            if remaining > 0 and self.waiter.wait(remaining):
+                continue
+            next_beat = time.monotonic() + self.tick
+            self.slot.refresh()
+            try:
+                self.still_allowed()
+            except RelayError as exc:
+                yield exc
+                return
+            except DBAPIError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()  # cannot tell yet: the next tick authenticates again
+            finally:
+                _release_connection()
+            yield HEARTBEAT
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.listener.unregister(self.waiter)
+        self.slot.release()
+        _release_connection()
 
 
 def wait_for_page(
@@ -74,11 +154,8 @@ def wait_for_page(
     result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
     if result["items"]:
         return result
-    tick = current_app.config["RELAY"].stream_heartbeat
     deadline = time.monotonic() + wait
-    slot = _take_slot(identity)
-    listener = wakeup.listener()
-    waiter = listener.register((identity.id,))
+    held = Held(identity, still_allowed)
     try:
         # Read again once registered: a message committed between the first read and the
         # registration woke nobody.
@@ -102,21 +179,19 @@ def wait_for_page(
                 if failed:
                     raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
                 return result
-            waiter.wait(min(remaining, tick))
-            slot.refresh()
+            held.waiter.wait(min(remaining, held.tick))
+            held.slot.refresh()
             check = still_allowed
     finally:
-        listener.unregister(waiter)
-        slot.release()
-        _release_connection()
+        held.close()
 
 
-class Stream:
+class Stream(Held):
     """An open stream of one identity's new messages; create it before the response starts.
 
-    Creating it takes a slot (rate_limited past ``RELAY_STREAMS_PER_AGENT``) and the
-    starting position; :meth:`events` then yields until the caller is no longer allowed
-    or the client goes away, and :meth:`close` (always call it) gives both back.
+    Creating it takes a slot (see :class:`Held`) and the starting position; :meth:`events`
+    then yields until the caller is no longer allowed or the client goes away, and
+    :meth:`close` (always call it) gives the slot back.
     """
 
     def __init__(
@@ -127,11 +202,8 @@ class Stream:
         after: tuple[datetime, uuid.UUID] | None,
         still_allowed: Callable[[], Any],
     ):
-        self.identity, self.flt, self.still_allowed = identity, flt, still_allowed
-        self.tick = current_app.config["RELAY"].stream_heartbeat
-        self.slot = _take_slot(identity)
-        self.listener = wakeup.listener()
-        self.waiter = self.listener.register((identity.id,))
+        super().__init__(identity, still_allowed)
+        self.identity, self.flt = identity, flt
         try:
             if after is None and flt.since is None:
                 # From now: after the newest matching row. Taken once registered, so any
@@ -144,44 +216,13 @@ class Stream:
         self.position = after
         _release_connection()
 
-    def events(self) -> Iterator[tuple[str, str | None, Any]]:
-        """Yield ``(kind, id, data)``: ``("message", message id, feed row)`` oldest first,
-        ``("heartbeat", None, None)`` every tick, and a last ``("error", None, RelayError)``
-        when the caller's key stops being valid."""
-        next_beat = time.monotonic() + self.tick
-        while True:
-            try:
-                rows = feed.page_rows(self.identity, self.flt, after=self.position, limit=STREAM_BATCH, ascending=True)
-            except DBAPIError as exc:
-                if not is_connection_error(exc):
-                    raise
-                db.session.rollback()
-                rows = []  # PostgreSQL restarting: the next tick reads again from the same position
-            _release_connection()
-            for columns in rows:
-                self.position = feed.row_position(columns)
-                yield "message", str(self.position[1]), feed.feed_row(columns)
-            if len(rows) == STREAM_BATCH:
-                continue
-            remaining = next_beat - time.monotonic()
-            if remaining > 0 and self.waiter.wait(remaining):
-                continue
-            next_beat = time.monotonic() + self.tick
-            self.slot.refresh()
-            try:
-                self.still_allowed()
-            except RelayError as exc:
-                yield "error", None, exc
-                return
-            except DBAPIError as exc:
-                if not is_connection_error(exc):
-                    raise
-                db.session.rollback()  # PostgreSQL restarting: check again on the next tick
-            finally:
-                _release_connection()
-            yield "heartbeat", None, None
+    def events(self) -> Iterator[tuple[str, dict] | RelayError | None]:
+        """Yield ``(message id, feed row)`` oldest first, :data:`HEARTBEAT` (None) every tick, and a
+        last RelayError when the caller's key stops being valid."""
+        return self.rounds(self._read)
 
-    def close(self) -> None:
-        self.listener.unregister(self.waiter)
-        self.slot.release()
-        _release_connection()
+    def _read(self) -> tuple[list[tuple[str, dict]], bool]:
+        rows = feed.page_rows(self.identity, self.flt, after=self.position, limit=STREAM_BATCH, ascending=True)
+        if rows:
+            self.position = feed.row_position(rows[-1])
+        return [(str(feed.row_position(r)[1]), feed.feed_row(r)) for r in rows], len(rows) == STREAM_BATCH

@@ -10,11 +10,17 @@ codes (-32001 TaskNotFound, -32002 TaskNotCancelable, -32004 UnsupportedOperatio
 whose ``reason`` is the A2A name and ``metadata.symbol`` the relay's symbol, answered
 with HTTP 200 (the SDK maps only errors it receives with a 2xx). The mapping is in
 relay/schemas/a2a.py and docs/a2a.md.
+
+``SendStreamingMessage`` and ``SubscribeToTask`` answer Server-Sent Events (the stream
+itself is relay/services/task_streams.py): every check (params, the task, the per-agent
+stream cap) runs before the stream starts, so a refusal is an ordinary JSON-RPC error.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
@@ -35,12 +41,14 @@ from relay.schemas.a2a import (
     NoParams,
     PushConfigRef,
     SendMessageRequest,
+    SubscribeToTaskRequest,
 )
 from relay.services import a2a_view as view
-from relay.services import push, threads
+from relay.services import agents, push, task_streams, threads
 from relay.services.agents import get_agent, normalize_handle
 from relay.transport import jsonrpc
-from relay.transport.jsonrpc import Dialect, Method
+from relay.transport.auth import INVALID_KEY, bearer_token
+from relay.transport.jsonrpc import Dialect, Method, Streamed
 
 VERSION_HEADER = "A2A-Version"
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
@@ -150,7 +158,9 @@ def _add_push_config(caller: Agent, config: dict, session, result: dict) -> None
     push.add_config(session, caller, shapes.task_id(result["task_id"], "message.taskId"), config)
 
 
-def _send(caller: Agent, peer: Agent, req: dict) -> dict:
+def _sender(caller: Agent, peer: Agent, req: dict) -> Callable[[], uuid.UUID]:
+    """Translate and check a SendMessageRequest (raising its errors now); return the call that
+    sends it, answering the task's id."""
     params, paths = shapes.send_params(req, peer.handle)
     push_config = (req.get("configuration") or {}).get("taskPushNotificationConfig")
     then = None
@@ -162,13 +172,63 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
             raise shapes.renamed(exc, paths) from None
         params["push_config"] = push_config  # part of the idempotency digest: another config is another call
         then = partial(_add_push_config, caller, push_config)
-    try:
-        sent = threads.send_message(caller, params, peer=peer, adopt_context=True, then=then)
-    except RelayError as exc:
-        raise shapes.renamed(exc, paths) from None
+
+    def send() -> uuid.UUID:
+        try:
+            sent = threads.send_message(caller, params, peer=peer, adopt_context=True, then=then)
+        except RelayError as exc:
+            raise shapes.renamed(exc, paths) from None
+        return shapes.task_id(sent["task_id"], "id")
+
+    return send
+
+
+def _send(caller: Agent, peer: Agent, req: dict) -> dict:
+    task_id = _sender(caller, peer, req)()
     history = (req.get("configuration") or {}).get("historyLength")
-    task = threads.get_thread(caller, shapes.task_id(sent["task_id"], "id"), peer=peer, mark_read=False)
+    task = threads.get_thread(caller, task_id, peer=peer, mark_read=False)
     return {"task": view.task_out(task, history_length=history)}
+
+
+def _still_allowed() -> Callable[[], None]:
+    """A check that this request's key still authenticates (raises unauthenticated once it does not),
+    for the stream's heartbeat tick: a key revoked since the stream began ends it."""
+    token = bearer_token()
+
+    def check() -> None:
+        try:
+            agents.authenticate(token)
+        except RelayError as exc:
+            if exc.symbol == "unauthenticated":  # every bad key gets the same answer (transport/auth.py)
+                raise RelayError("unauthenticated", INVALID_KEY) from None
+            raise
+
+    return check
+
+
+def _streamed(stream: task_streams.TaskStream, opening: Callable[[], Any]) -> Streamed:
+    """Run ``opening`` (the send, the first read) with the stream's slot and waiter held; an
+    error it raises gives them back and is the call's answer (no stream starts)."""
+    try:
+        opening()
+    except BaseException:
+        stream.close()
+        raise
+    return Streamed(stream.events(), stream.close)
+
+
+def _send_streaming(caller: Agent, peer: Agent, req: dict) -> Streamed:
+    send = _sender(caller, peer, req)  # bad params are refused before a slot is taken
+    history = (req.get("configuration") or {}).get("historyLength")
+    # The slot and the waiter come before the send: nothing the recipient does after it is missed.
+    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed())
+    return _streamed(stream, lambda: stream.open(send(), history_length=history))
+
+
+def _subscribe(caller: Agent, peer: Agent, req: dict) -> Streamed:
+    task_id = shapes.task_id(req["id"], "id")
+    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed())
+    return _streamed(stream, lambda: stream.open(task_id, subscribing=True))
 
 
 def _get(caller: Agent, peer: Agent, req: dict) -> dict:
@@ -242,24 +302,14 @@ def _delete_push(caller: Agent, peer: Agent, req: dict) -> dict:
     return {}
 
 
-def _unsupported(what: str):
-    def handler(caller: Agent, peer: Agent, req: dict) -> dict:
-        raise RelayError(
-            "unsupported_operation",
-            f"{what} is not supported by this relay (capabilities.streaming "
-            "is false): call SendMessage, then GetTask or a push notification config",
-        )
-
-    return handler
-
-
 def _extended_card(caller: Agent, peer: Agent, req: dict) -> dict:
     raise RelayError(
         "unsupported_operation", "this agent has no extended agent card (capabilities.extendedAgentCard is false)"
     )
 
 
-# name -> (load schema, handler(caller, peer, params))
+# name -> (load schema, handler(caller, peer, params)); STREAMING answer a Streamed.
+STREAMING = ("SendStreamingMessage", "SubscribeToTask")
 METHODS = {
     "SendMessage": (SendMessageRequest, _send),
     "GetTask": (GetTaskRequest, _get),
@@ -269,8 +319,8 @@ METHODS = {
     "GetTaskPushNotificationConfig": (PushConfigRef, _get_push),
     "ListTaskPushNotificationConfigs": (ListPushConfigsRequest, _list_push),
     "DeleteTaskPushNotificationConfig": (PushConfigRef, _delete_push),
-    "SendStreamingMessage": (NoParams, _unsupported("SendStreamingMessage")),
-    "SubscribeToTask": (NoParams, _unsupported("SubscribeToTask")),
+    "SendStreamingMessage": (SendMessageRequest, _send_streaming),
+    "SubscribeToTask": (SubscribeToTaskRequest, _subscribe),
     "GetExtendedAgentCard": (NoParams, _extended_card),
 }
 
@@ -282,7 +332,10 @@ def dialect_for(peer: Agent) -> Dialect:
         return lambda caller, params: handler(caller, peer, params)
 
     return Dialect(
-        methods={name: Method(schema(), bind(handler)) for name, (schema, handler) in METHODS.items()},
+        methods={
+            name: Method(schema(), bind(handler), streaming=name in STREAMING)
+            for name, (schema, handler) in METHODS.items()
+        },
         code_for=_a2a_code,
         shape_data=_a2a_data,
     )

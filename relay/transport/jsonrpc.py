@@ -3,16 +3,21 @@
 The envelope rules are JSON-RPC 2.0's; the HTTP statuses and error symbols are
 DESIGN.md's ("JSON-RPC endpoint"). A dialect is a table of methods plus a way to shape
 errors, so a second dialect (A2A v1.0) is a new table, not a change to these methods.
+
+A streaming method (A2A's SendStreamingMessage, SubscribeToTask) answers a
+:class:`Streamed`: an error raised before it is returned is an ordinary JSON-RPC error
+response; after, the answer is Server-Sent Events, each ``data:`` one JSON-RPC response
+with the request's id (``event: error`` for the last one when it is an error).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g
+from flask import Blueprint, Response, current_app, g, stream_with_context
 from marshmallow import Schema
 
 from relay.encoding import dumps_bytes
@@ -41,10 +46,28 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Method:
-    """One JSON-RPC method: a marshmallow load schema and a handler calling a service."""
+    """One JSON-RPC method: a marshmallow load schema and a handler calling a service.
+
+    A ``streaming`` method's handler returns a :class:`Streamed`; it is served only as
+    a request of its own (not in a batch).
+    """
 
     schema: Schema
     handler: Callable[[Agent, dict], Any]
+    streaming: bool = False
+
+
+@dataclass
+class Streamed:
+    """A streaming method's answer, sent as ``text/event-stream``.
+
+    ``events`` yields, in order: a result (one JSON-RPC response each), ``None`` (a
+    heartbeat: an SSE comment) or a RelayError (an error response; the stream ends
+    there). ``close`` runs once the response is over, however it ended.
+    """
+
+    events: Iterator[Any]
+    close: Callable[[], None]
 
 
 @dataclass
@@ -176,8 +199,9 @@ def _readable_id(doc: Any) -> Any:
     return None
 
 
-def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
-    """Answer one request object; None for a notification."""
+def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> dict | None:
+    """Answer one request object; None for a notification. ``alone``: not in a batch (a
+    streaming method may then answer with a :class:`Streamed` result)."""
     if not isinstance(obj, dict):
         return _error(
             dialect,
@@ -222,6 +246,15 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
     if method is None:
         answer = _error(dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
         return answer if has_id else None
+    if method.streaming and not alone:
+        answer = _error(
+            dialect,
+            id_,
+            -32600,
+            MESSAGES[-32600],
+            {"symbol": "invalid_request", "reason": f"{name} answers with a stream: send it alone, not in a batch"},
+        )
+        return _count(name, answer, has_id)
     try:
         if isinstance(params, list):
             raise RelayError(
@@ -231,6 +264,8 @@ def _call(dialect: Dialect, caller: Agent, obj: Any) -> dict | None:
             )
         loaded = load_or_invalid(method.schema, params or {})
         result = method.handler(caller, loaded)
+        if isinstance(result, Streamed) and not has_id:
+            result.close()  # a notification: the call was made, nobody reads its stream
         answer = {"jsonrpc": "2.0", "id": id_, "result": result}
     except RelayError as exc:
         answer = _relay_error(dialect, id_, exc)
@@ -346,8 +381,46 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
             )
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
         return _response(answers) if answers else _no_content()
-    answer = _call(dialect, caller, doc)
+    answer = _call(dialect, caller, doc, alone=True)
+    if answer is not None and isinstance(answer.get("result"), Streamed):
+        return _stream_response(dialect, answer["id"], answer["result"])
     return _response(answer) if answer is not None else _no_content()
+
+
+def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response:
+    """The Server-Sent Events answer of a streaming method: one ``data:`` line per JSON-RPC response."""
+
+    def body() -> Iterator[bytes]:
+        try:
+            for item in streamed.events:
+                if item is None:
+                    yield b": heartbeat\n\n"
+                elif isinstance(item, RelayError):
+                    # As a2a-sdk's own server sends it: the SSE event "error", a JSON-RPC error response.
+                    yield b"event: error\ndata: " + dumps_bytes(_relay_error(dialect, id_, item)) + b"\n\n"
+                    return
+                else:
+                    # One line: orjson escapes newlines inside strings, so no data line breaks.
+                    yield b"data: " + dumps_bytes({"jsonrpc": "2.0", "id": id_, "result": item}) + b"\n\n"
+        except Exception:  # a bug mid-stream: the client hears an internal error, not a cut connection
+            try:
+                db.session.rollback()
+            except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
+                pass
+            log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
+            data = {"symbol": "internal_error", "request_id": g.get("request_id")}
+            yield b"event: error\ndata: " + dumps_bytes(_error(dialect, id_, -32603, MESSAGES[-32603], data)) + b"\n\n"
+        finally:
+            streamed.close()
+
+    response = Response(
+        stream_with_context(body()),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+    # Also when the body never started (the client left first): the stream's slot and waiter go back.
+    response.call_on_close(streamed.close)
+    return response
 
 
 def _no_content() -> Response:

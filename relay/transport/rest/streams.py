@@ -20,7 +20,7 @@ import uuid
 from flask import Response, request, stream_with_context
 
 from relay.encoding import dumps_bytes
-from relay.errors import invalid
+from relay.errors import RelayError, invalid
 from relay.schemas.rest import StreamQuery
 from relay.services import feed, streams
 from relay.transport.rest import bp, identity, load_query, still_allowed
@@ -39,14 +39,14 @@ def _last_event_id() -> uuid.UUID | None:
         raise invalid("Last-Event-ID", "is not a message id sent by this stream") from None
 
 
-def _event(kind: str, event_id: str | None, data) -> bytes:
-    if kind == "heartbeat":
+def _event(item) -> bytes:
+    if item is streams.HEARTBEAT:
         return b": heartbeat\n\n"
-    if kind == "error":
-        body = {"code": data.symbol, "message": data.message}
-        return b"event: error\ndata: " + dumps_bytes(body) + b"\n\n"
+    if isinstance(item, RelayError):
+        return b"event: error\ndata: " + dumps_bytes({"code": item.symbol, "message": item.message}) + b"\n\n"
+    event_id, row = item
     # The row is one JSON line: orjson escapes newlines inside strings, so no data line breaks.
-    return b"event: message\nid: " + event_id.encode() + b"\ndata: " + dumps_bytes(data) + b"\n\n"
+    return b"event: message\nid: " + event_id.encode() + b"\ndata: " + dumps_bytes(row) + b"\n\n"
 
 
 @bp.get("/identities/<handle>/a2a/messages/stream")
@@ -64,8 +64,8 @@ def stream_messages(handle: str):
     def body():
         # Sent once the starting position is taken: from here on nothing is missed.
         yield f"retry: {RECONNECT_MS}\n: ready\n\n".encode()
-        for kind, event_id, data in opened.events():
-            yield _event(kind, event_id, data)
+        for item in opened.events():
+            yield _event(item)
 
     response = Response(
         stream_with_context(body()),
