@@ -42,6 +42,7 @@ TOOLS = {
     "cancel",
     "search_messages",
     "catch_up",
+    "wait_for_messages",
 }
 BOUND = 90  # seconds: the outer bound of one test's MCP conversation
 
@@ -103,7 +104,7 @@ def run(test) -> None:
 # --------------------------------------------------------------------------- 1. the tool list
 
 
-def test_stdio_lists_exactly_the_nine_tools_with_schemas_and_descriptions(relay_url, keys):
+def test_stdio_lists_exactly_the_ten_tools_with_schemas_and_descriptions(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
             assert alice.server_info.name == "relay"
@@ -411,7 +412,7 @@ def test_a_bad_key_is_an_unauthenticated_tool_error(relay_url, keys):
         async with stdio_session(relay_url, "ah_live_" + "a" * 32) as nobody:
             text = err(await nobody.call_tool("list_inbox", {}))
             assert text.startswith("unauthenticated: ") and "RELAY_API_KEY" in text
-            assert len((await nobody.list_tools()).tools) == 9  # still serving
+            assert len((await nobody.list_tools()).tools) == len(TOOLS)  # still serving
 
     run(test)
 

@@ -7,9 +7,19 @@ used here, so this command works against any relay the agent can reach.
 Configuration comes from the environment: ``RELAY_URL`` (the relay's root URL) and
 ``RELAY_API_KEY`` (the agent's ``ah_live_...`` key); ``--url``/``--key`` override them.
 
-Exit status: 0 success; 1 the relay answered an error or could not be reached (one
-``error: SYMBOL: message (hint: ...)`` line on stderr); 2 a usage error; 3
-``RELAY_URL``/``RELAY_API_KEY`` missing or malformed.
+Exit status:
+
+====  =====================================================================================
+0     success
+1     the relay answered an error or could not be reached (one ``error: SYMBOL: message
+      (hint: ...)`` line on stderr)
+2     a usage error
+3     ``RELAY_URL``/``RELAY_API_KEY`` missing or malformed
+4     ``wait``: the timeout ran out with no new message (one line on stderr)
+====  =====================================================================================
+
+``hook claude-code`` is the exception: it always exits 0 (a hook must never trap the
+coding agent), reporting problems on stderr only.
 
 A call the relay did not answer (timeout, dropped connection, HTTP 5xx or 429) is retried
 with backoff, each retry announced by one stderr line (``relay-agent: cannot reach URL
@@ -37,6 +47,7 @@ from relay.agent.client import (
     ConfigurationError,
     FeedRow,
     Handoff,
+    InvalidParams,
     Page,
     RateLimited,
     RelayClient,
@@ -44,6 +55,7 @@ from relay.agent.client import (
     RelayError,
     RetryNotice,
     SendResult,
+    StreamUnavailable,
     TaskSummary,
     TransitionResult,
     next_position,
@@ -57,6 +69,7 @@ BEGINNING = "1970-01-01T00:00:00+00:00"
 EXIT_RELAY = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
+EXIT_TIMEOUT = 4
 
 
 # =========================================================================== errors
@@ -77,6 +90,10 @@ class LocalError(Exception):
 
 class OneLineUsage(Exception):
     """A usage error reported as one line (exit 2)."""
+
+
+class NothingNew(Exception):
+    """``wait`` ran out of time with no new message: one stderr line, exit 4."""
 
 
 # A short hint per common error symbol: what the agent should do next.
@@ -560,12 +577,14 @@ def cli(ctx: click.Context, url: str | None, key: str | None) -> None:
       relay-agent complete TASK_ID --summary "Done: ..."  # recipient: accepted -> completed
       relay-agent cancel TASK_ID                          # sender: pending -> cancelled
       relay-agent watch                                   # print new messages as they come
+      relay-agent wait --timeout 300                      # block until someone writes to you
 
     \b
-    Every command takes --json for scripts (one JSON document; watch: one per line).
+    Every command takes --json for scripts (one JSON document; watch, wait: one per line).
     Exit status: 0 ok; 1 the relay refused or could not be reached (one 'error:
     SYMBOL: message (hint: ...)' line on stderr); 2 usage error; 3 RELAY_URL or
-    RELAY_API_KEY missing.
+    RELAY_API_KEY missing; 4 wait: nothing new before --timeout. 'relay-agent hook
+    claude-code' always exits 0.
     """
     ctx.ensure_object(dict).update(url=url, key=key, client=None)
 
@@ -918,17 +937,25 @@ def search(ctx: click.Context, query: str, limit: int, as_json: bool) -> None:
     )
 
 
-# --------------------------------------------------------------------------- watch
+# --------------------------------------------------------------------------- watch, wait: the saved position
 
 
-def default_state_file(handle: str) -> Path:
-    """``$XDG_STATE_HOME/relay-agent/<handle>.json``, else ``~/.local/state/relay-agent/<handle>.json``."""
+def default_state_file(handle: str, kind: str = "") -> Path:
+    """``$XDG_STATE_HOME/relay-agent/<handle>[.kind].json``, else under ``~/.local/state/relay-agent/``.
+
+    ``watch`` and ``wait`` share ``<handle>.json``; ``hook claude-code`` keeps ``<handle>.hook.json``.
+    """
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "relay-agent" / f"{handle}.json"
+    return Path(base) / "relay-agent" / f"{handle}{'.' + kind if kind else ''}.json"
 
 
 def load_state(path: Path) -> dict | None:
-    """The saved position ``{"since": ISO, "seen": [ids at exactly since]}``, or None if there is none."""
+    """The saved position, or None if there is none.
+
+    ``{"since": ISO, "seen": [ids at exactly since], "after": message id}``: ``after`` is the
+    last message taken (the stream's ``Last-Event-ID``; absent in files written before it
+    existed, which then resume from ``since`` and ``seen``).
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -940,6 +967,8 @@ def load_state(path: Path) -> dict | None:
         datetime.fromisoformat(state["since"])
         if not isinstance(state.get("seen", []), list):
             raise ValueError("seen")
+        if not isinstance(state.get("after", ""), str | None):
+            raise ValueError("after")
     except (ValueError, KeyError, TypeError):
         raise LocalError(
             f"the state file {path} is not a relay-agent watch state", "delete it to start over, or pass --state-file"
@@ -964,9 +993,29 @@ def save_state(path: Path, state: dict) -> None:
 
 
 def advance(state: dict, rows: list[FeedRow]) -> dict:
-    """The watch state after ``rows`` (oldest first): relay.agent.client.next_position, saved."""
+    """The state after ``rows`` (oldest first): next_position's ``since``/``seen``, and the last row as ``after``."""
     since, seen = next_position(rows, state["since"], state.get("seen", []))
-    return {**state, "since": since, "seen": seen}
+    moved = {"after": rows[-1].id} if rows else {}
+    return {**state, "since": since, "seen": seen, **moved}
+
+
+def _position(state: dict) -> dict:
+    """The state as RelayClient.wait/stream arguments: ``after`` when it is known, else ``since`` and ``seen``."""
+    if state.get("after"):
+        return {"after": state["after"]}
+    return {"since": state["since"], "seen": state.get("seen", [])}
+
+
+def _stale_after(exc: RelayError, state: dict) -> bool:
+    """The relay no longer knows the saved ``after`` message (its agent was deleted, say): resume from ``since``."""
+    fields = exc.data if isinstance(exc.data, dict) else {}
+    return (
+        isinstance(exc, InvalidParams) and bool(state.get("after")) and ("after" in fields or "Last-Event-ID" in fields)
+    )
+
+
+def _without_after(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "after"}
 
 
 def _parse_since(value: str, client: RelayClient) -> dict:
@@ -975,7 +1024,11 @@ def _parse_since(value: str, client: RelayClient) -> dict:
         newest = next(iter(client.messages(limit=1)), None)
         if newest is None:
             return {"since": BEGINNING, "seen": []}
-        return {"since": newest.raw.get("created_at") or newest.created_at.isoformat(), "seen": [newest.id]}
+        return {
+            "since": newest.raw.get("created_at") or newest.created_at.isoformat(),
+            "seen": [newest.id],
+            "after": newest.id,
+        }
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
     except ValueError:
@@ -998,6 +1051,17 @@ def _print_row(row: FeedRow, as_json: bool) -> None:
 _TRANSIENT = ("connection_error", "rate_limited", "service_unavailable", "internal_error")
 
 
+def _state_file_option(kind: str = "") -> Callable:
+    name = f"HANDLE.{kind}.json" if kind else "HANDLE.json"
+    return click.option(
+        "--state-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="PATH",
+        help=f"Where the position is saved (default: $XDG_STATE_HOME/relay-agent/{name}, "
+        f"else ~/.local/state/relay-agent/{name}).",
+    )
+
+
 @cli.command(short_help="Print new messages as they arrive.")
 @click.option(
     "--interval",
@@ -1005,15 +1069,9 @@ _TRANSIENT = ("connection_error", "rate_limited", "service_unavailable", "intern
     default=5.0,
     show_default=True,
     metavar="SECONDS",
-    help="Seconds between polls.",
+    help="Seconds between polls, when polling (--poll, --once, or a relay without the stream).",
 )
-@click.option(
-    "--state-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="PATH",
-    help="Where the position is saved "
-    "(default: $XDG_STATE_HOME/relay-agent/HANDLE.json, else ~/.local/state/relay-agent/HANDLE.json).",
-)
+@_state_file_option()
 @click.option(
     "--since",
     metavar="TIME",
@@ -1022,6 +1080,7 @@ _TRANSIENT = ("connection_error", "rate_limited", "service_unavailable", "intern
 )
 @click.option("--include-own", is_flag=True, help="Print your own messages too (default: only the other sides').")
 @click.option("--once", is_flag=True, help="Poll once, print what is new, save the position and exit (cron, scripts).")
+@click.option("--poll", is_flag=True, help="Poll the feed every --interval seconds instead of reading its stream.")
 @click.option("--json", "as_json", is_flag=True, help="Print each message as one JSON object per line (a feed row).")
 @click.pass_context
 def watch(
@@ -1031,15 +1090,19 @@ def watch(
     since: str | None,
     include_own: bool,
     once: bool,
+    poll: bool,
     as_json: bool,
 ) -> None:
     """Print new messages on your threads as they arrive, oldest first, each once.
 
-    Polls the messages feed every --interval seconds. After every batch the position
-    (the newest message time plus the ids at exactly that time) is saved to the state
-    file, so a restarted watch resumes where it stopped: nothing is printed twice and
-    nothing is missed. Ctrl-C stops it (exit 0). Transient relay errors are reported
-    on stderr and retried at the next poll; with --once they end the command (exit 1).
+    Reads the feed's stream (Server-Sent Events): a message is printed as soon as it is
+    written. After every message the position (its id, its time and the ids at exactly
+    that time) is saved to the state file, so a restarted watch resumes where it stopped:
+    nothing is printed twice and nothing is missed. A dropped stream is reopened from
+    there. If the relay has no stream (an older relay: HTTP 404/405/501) or it keeps
+    failing, watch says so in one stderr line and polls the feed every --interval seconds
+    instead. Ctrl-C stops it (exit 0). Transient relay errors are reported on stderr and
+    retried; with --once they end the command (exit 1).
     """
     client = _client(ctx)
     me = client.handle
@@ -1049,40 +1112,305 @@ def watch(
         state = {"since": BEGINNING, "seen": []}
     state = {"handle": me, "url": client.base_url, **state}
 
+    def show(rows: list[FeedRow]) -> None:
+        for row in rows:
+            if include_own or row.author != me:
+                _print_row(row, as_json)
+
     try:
-        while True:
-            try:
-                rows = client.catch_up(state["since"], seen=state.get("seen", []), limit=100)
-            except RelayError as exc:
-                if once or exc.symbol not in _TRANSIENT:
-                    raise
-                click.echo(
-                    format_error(exc, client.base_url).replace("error:", "warning:", 1)
-                    + f" [retrying in {interval:g} s]",
-                    err=True,
-                )
-                rows = None
-            if rows is not None:
-                for row in rows:
-                    if include_own or row.author != me:
-                        _print_row(row, as_json)
-                state = advance(state, rows)
-                save_state(path, state)
-            if once:
-                return
-            time.sleep(interval)
+        if not (once or poll):
+            state, why = _watch_stream(client, state, path, show)
+            click.echo(f"relay-agent: {why}; polling every {interval:g} s instead", err=True)
+        _watch_poll(client, state, path, show, interval, once)
     except KeyboardInterrupt:
         return
+
+
+def _watch_stream(client: RelayClient, state: dict, path: Path, show: Callable) -> tuple[dict, str]:
+    """Print from the stream, saving the position after each message, until it gives way to
+    polling: return the position and why (the stream never ends by itself)."""
+    holder = [state]
+    for _ in range(2):  # the second time without a stale `after`
+        try:
+            for row in client.stream(**_position(holder[0]), on_ready=lambda: save_state(path, holder[0])):
+                show([row])
+                holder[0] = advance(holder[0], [row])
+                save_state(path, holder[0])
+        except StreamUnavailable as exc:
+            return holder[0], f"the relay at {client.base_url} has no message stream (HTTP {exc.http_status})"
+        except RelayError as exc:
+            if _stale_after(exc, holder[0]):
+                holder[0] = _without_after(holder[0])
+                continue
+            if exc.symbol not in _TRANSIENT:
+                raise
+            return holder[
+                0
+            ], f"the message stream failed ({format_error(exc, client.base_url).removeprefix('error: ')})"
+    raise AssertionError("unreachable: the stream ends only by raising")  # pragma: no cover
+
+
+def _watch_poll(client: RelayClient, state: dict, path: Path, show: Callable, interval: float, once: bool) -> None:
+    """The polling watch: catch_up every ``interval`` seconds (or once); since/seen only, which every relay reads."""
+    while True:
+        try:
+            rows = client.catch_up(state["since"], seen=state.get("seen", []), limit=100)
+        except RelayError as exc:
+            if once or exc.symbol not in _TRANSIENT:
+                raise
+            click.echo(
+                format_error(exc, client.base_url).replace("error:", "warning:", 1) + f" [retrying in {interval:g} s]",
+                err=True,
+            )
+            rows = None
+        if rows is not None:
+            show(rows)
+            state = advance(state, rows)
+            save_state(path, state)
+        if once:
+            return
+        time.sleep(interval)
+
+
+@cli.command(short_help="Block until someone writes to you; print it and exit.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up after this long: exit 4, nothing printed. 0 checks once without waiting.",
+)
+@_state_file_option()
+@click.option(
+    "--since",
+    metavar="TIME",
+    help="Start at TIME (ISO 8601 with a zone) or 'now' instead of the saved position "
+    "(without one, wait starts at now).",
+)
+@click.option("--include-own", is_flag=True, help="Wake on your own messages too (default: only the other sides').")
+@click.option("--json", "as_json", is_flag=True, help="Print each message as one JSON object per line (a feed row).")
+@click.pass_context
+def wait(
+    ctx: click.Context,
+    timeout: float,
+    state_file: Path | None,
+    since: str | None,
+    include_own: bool,
+    as_json: bool,
+) -> None:
+    """Block until new messages arrive on your threads, print them (as watch does) and exit.
+
+    Waits on the relay (a long-poll: no polling, no delay) for the other side's next
+    message after the saved position, the one watch keeps too: a new handoff to you, a
+    reply, a result. Everything new is printed oldest first and the position saved, so
+    the next wait or watch goes on from there. Your own messages move the position but
+    do not wake it. Without a saved position it starts at now.
+
+    \b
+    Exit status: 0 messages printed; 4 --timeout ran out with nothing new (one line on
+    stderr, nothing on stdout); 1 the relay refused or could not be reached; 2 usage
+    error; 3 RELAY_URL or RELAY_API_KEY missing.
+
+    \b
+    Example, an agent with no public URL waiting for its reviewer:
+      relay-agent send bob@acme "Please review" && relay-agent wait --timeout 600
+    """
+    client = _client(ctx)
+    me = client.handle
+    path = state_file or default_state_file(me)
+    state = _parse_since(since, client) if since is not None else load_state(path)
+    if state is None:
+        state = _parse_since("now", client)
+    state = {"handle": me, "url": client.base_url, **state}
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            rows = client.wait(**_position(state), timeout=remaining)
+        except RelayError as exc:
+            if not _stale_after(exc, state):
+                raise
+            state = _without_after(state)
+            continue
+        state = advance(state, rows)
+        shown = [r for r in rows if include_own or r.author != me]
+        if rows:
+            for row in shown:
+                _print_row(row, as_json)
+            save_state(path, state)
+        if shown:
+            return
+        if time.monotonic() >= deadline:
+            save_state(path, state)
+            raise NothingNew(f"no new messages within {timeout:g} s")
+
+
+# --------------------------------------------------------------------------- hook
+
+HOOK_LIST = 10  # messages listed one by one in a hook's reason; the rest are counted
+
+
+def _first_line(text: str, width: int = 160) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def hook_reason(me: str, rows: list[FeedRow]) -> str:
+    """What a Stop hook tells the agent about ``rows`` (the other side's new messages, oldest first)."""
+    lines = [f"New work arrived on the handoff relay for {me} while you were busy ({len(rows)} new message(s)):"]
+    for row in rows[:HOOK_LIST]:
+        new = row.sequence_no == 1 and row.target is not None and row.target.handle == me
+        what = "new handoff" if new else f"message #{row.sequence_no}"
+        state = f", {row.task_state}" if row.task_state else ""
+        lines.append(
+            f"- {what} from {row.author or '?'} on task {row.task_id}{state}: "
+            f'"{_first_line(row.body)}" (open it: relay-agent show {row.task_id})'
+        )
+    if len(rows) > HOOK_LIST:
+        lines.append(f"- and {len(rows) - HOOK_LIST} more: relay-agent inbox lists them")
+    lines.append(
+        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / reply / complete) "
+        "or tell the user why not, before you stop."
+    )
+    return "\n".join(lines)
+
+
+OPEN_STATES = ("pending", "accepted")  # threads that can still ask something of the agent
+
+
+def unread_reason(me: str, threads: list[TaskSummary]) -> str:
+    """What a first Stop hook run tells the agent about open threads with unread messages."""
+    lines = [f"Unread work is waiting on the handoff relay for {me} ({len(threads)} thread(s)):"]
+    for t in threads[:HOOK_LIST]:
+        other = t.sender if t.recipient is not None and t.recipient.handle == me else t.recipient
+        lines.append(
+            f"- task {t.task_id} ({t.state}) with {other.handle if other else '?'}, {t.unread_messages} unread: "
+            f'"{_first_line(t.summary_preview or "")}" (open it: relay-agent show {t.task_id})'
+        )
+    if len(threads) > HOOK_LIST:
+        lines.append(f"- and {len(threads) - HOOK_LIST} more: relay-agent inbox lists them")
+    lines.append(
+        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / reply / complete) "
+        "or tell the user why not, before you stop."
+    )
+    return "\n".join(lines)
+
+
+def _hook_input() -> dict:
+    """The hook's JSON object from stdin ({} when there is none, say run by hand); ValueError when it is not one."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return {}
+    text = sys.stdin.read()
+    if not text.strip():
+        return {}
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+@cli.group(short_help="Hooks for coding agents (Claude Code's Stop hook).")
+def hook() -> None:
+    """Commands a coding agent runs as a hook, so new handoffs reach it without a public URL."""
+
+
+@hook.command("claude-code", short_help="Claude Code Stop hook: keep going when new work has arrived.")
+@_state_file_option("hook")
+@click.pass_context
+def hook_claude_code(ctx: click.Context, state_file: Path | None) -> None:
+    """A Claude Code Stop hook: when the agent is about to stop and new messages have arrived
+    for it since the hook last looked, print {"decision": "block", "reason": ...} so it reads
+    them and carries on. Otherwise print nothing.
+
+    Reads Claude Code's hook input (JSON) on stdin. When "stop_hook_active" is true (the
+    agent is already continuing because of a Stop hook) it does nothing, so it can never
+    keep the agent in a loop; what arrived is reported at the next stop.
+
+    The hook keeps its own position (HANDLE.hook.json next to watch's state), so it never
+    makes 'relay-agent watch' or 'wait' skip a message; each message is reported by the
+    hook once. Its first run reports the open threads the relay still counts unread
+    (handoffs not yet opened, replies not yet read), then records where the feed is.
+
+    Always exits 0: when the relay cannot be reached, or RELAY_URL/RELAY_API_KEY are not
+    set, it prints one line on stderr and lets the agent stop.
+
+    \b
+    In .claude/settings.json:
+      {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "relay-agent hook claude-code"}]}]}}
+    """
+    obj = ctx.find_root().ensure_object(dict)
+    try:
+        try:
+            given = _hook_input()
+        except (ValueError, UnicodeDecodeError) as exc:
+            click.echo(f"relay-agent hook: the hook input on stdin is not JSON ({exc}); not checking", err=True)
+            return
+        if given.get("stop_hook_active") is True:
+            return
+        url, key = obj.get("url"), obj.get("key")
+        if not url or not key:
+            click.echo("relay-agent hook: RELAY_URL and RELAY_API_KEY must be set; not checking", err=True)
+            return
+        # Quick and quiet: the agent waits on this hook, and an answer later than a few seconds helps no one.
+        with RelayClient(url, key, timeout=5.0, max_retries=1, backoff=0.2) as client:
+            me = client.handle
+            path = state_file or default_state_file(me, "hook")
+            state = load_state(path)
+            if state is None:
+                # First run: from here on the position says what is new; what came before is
+                # reported if the relay still counts it unread (threads not yet opened).
+                save_state(path, {"handle": me, "url": client.base_url, **_parse_since("now", client)})
+                unread = [
+                    t
+                    for page in (client.inbox(status=OPEN_STATES, limit=50), client.sent(status=OPEN_STATES, limit=50))
+                    for t in page.items
+                    if t.unread_messages
+                ]
+                if unread:
+                    click.echo(
+                        json.dumps({"decision": "block", "reason": unread_reason(me, unread)}, ensure_ascii=False)
+                    )
+                    sys.stdout.flush()
+                return
+            rows = client.catch_up(state["since"], seen=state.get("seen", []), limit=100)
+            work = [r for r in rows if r.author != me]
+            if work:
+                click.echo(json.dumps({"decision": "block", "reason": hook_reason(me, work)}, ensure_ascii=False))
+                sys.stdout.flush()
+            if rows:
+                save_state(path, advance(state, rows))
+    except RelayError as exc:
+        click.echo(f"relay-agent hook: {format_error(exc, obj.get('url'))} (not checking)", err=True)
+    except (ConfigurationError, LocalError) as exc:
+        click.echo(f"relay-agent hook: {getattr(exc, 'message', exc)} (not checking)", err=True)
+    except Exception as exc:  # a bug here must not trap the agent either
+        click.echo(f"relay-agent hook: internal: {type(exc).__name__}: {_one_line(str(exc))[:300]}", err=True)
 
 
 # =========================================================================== entry point
 
 
+def _is_hook(args: Sequence[str]) -> bool:
+    """Whether ``args`` run the ``hook`` group (its first word once --url/--key and their values are skipped)."""
+    words = iter(args)
+    for word in words:
+        if word in ("--url", "--key"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word == "hook"
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``relay-agent`` console script: run the command, map every failure to one stderr line."""
     code = 0
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="relay-agent", standalone_mode=False, obj={})
+        cli.main(args=args, prog_name="relay-agent", standalone_mode=False, obj={})
+    except NothingNew as exc:
+        click.echo(f"relay-agent: {exc}", err=True)
+        code = EXIT_TIMEOUT
     except RelayError as exc:
         click.echo(format_error(exc, _SEEN.get("url")), err=True)
         code = EXIT_RELAY
@@ -1100,6 +1428,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         hint = f" (hint: {where} --help)" if isinstance(exc, click.UsageError) else ""
         click.echo(f"error: {_one_line(exc.format_message())}{hint}", err=True)
         code = exc.exit_code
+        if code == EXIT_USAGE and _is_hook(args):
+            # Exit 2 from a Claude Code Stop hook blocks the stop: a mistyped hook command must not trap the agent.
+            code = EXIT_RELAY
     except (click.Abort, KeyboardInterrupt):
         code = 130
     except BrokenPipeError:

@@ -21,6 +21,16 @@ The messages feed of seed 004 (``GET /api/v1/identities/{handle}/a2a/messages``)
 :meth:`RelayClient.messages`, :meth:`RelayClient.search` and
 :meth:`RelayClient.catch_up` (the seed's recovery loop after downtime).
 
+Waking an agent that has no public URL (no webhook receiver): :meth:`RelayClient.wait`
+long-polls the feed until a message arrives after a position, and
+:meth:`RelayClient.stream` reads the feed's Server-Sent Events stream
+(``.../a2a/messages/stream``), reconnecting with ``Last-Event-ID`` after a drop::
+
+    with RelayClient(url, key) as bob:
+        rows = bob.wait(after=last_id, timeout=300)        # [] when nothing came in 300 s
+        for row in bob.stream(after=last_id):              # runs until an error is raised
+            last_id = row.id
+
 Errors: every failure the relay answers raises a subclass of :class:`RelayError`, one
 per error symbol (``ThreadNotFound`` for ``thread_not_found``, ...), for both
 transports. Transient failures (dropped connections, timeouts, HTTP 5xx, HTTP 429) are
@@ -32,11 +42,17 @@ Webhooks: :func:`verify_webhook` checks a delivery's Standard Webhooks signature
 
 from __future__ import annotations
 
+import codecs
+import http.client
 import itertools
+import json
+import math
 import random
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -44,6 +60,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
+import urllib3.exceptions  # requests' own transport
 
 __all__ = [
     "RelayClient",
@@ -59,9 +76,13 @@ __all__ = [
     "TransitionResult",
     "FeedRow",
     "Page",
+    "next_position",
+    "SSEParser",
     # errors
     "RelayError",
     "RelayConnectionError",
+    "BadResponse",
+    "StreamUnavailable",
     "WebhookVerificationError",
     "ERROR_SYMBOLS",
     "error_class",
@@ -204,6 +225,15 @@ class BadResponse(RelayError):
     such as a page cursor it already returned (following it would loop forever)."""
 
     default_symbol = "bad_response"
+
+
+class StreamUnavailable(RelayError):
+    """The relay has no message stream: ``.../a2a/messages/stream`` answered HTTP 404, 405 or 501
+    (a relay older than the stream), or a 200 that is not ``text/event-stream`` (a proxy in
+    the way). Poll the feed instead (:meth:`RelayClient.catch_up`); ``http_status`` says what
+    came back."""
+
+    default_symbol = "stream_unavailable"
 
 
 def _next_cursor(cursor: str, used: set[str]) -> str:
@@ -785,6 +815,95 @@ class Page(Generic[T]):
         return len(self.items)
 
 
+# =========================================================================== Server-Sent Events
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class SSEParser:
+    """An incremental ``text/event-stream`` parser (the WHATWG HTML "event stream" rules).
+
+    :meth:`feed` takes the body's bytes as they arrive, in chunks of any size (a chunk may
+    end inside a UTF-8 sequence or between ``\\r`` and ``\\n``), and returns what they
+    completed: ``("comment", text)`` for a ``:`` line and ``("event", type, data, id)``
+    for each dispatched event, where ``type`` defaults to ``"message"``, ``data`` is the
+    ``data:`` lines joined with ``\\n`` and ``id`` the last event ID seen so far (it
+    persists across events, as the standard says). An event with no ``data`` line is not
+    dispatched. ``retry`` holds the last valid ``retry:`` value, in milliseconds.
+    """
+
+    def __init__(self) -> None:
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._buffer = ""
+        self._started = False
+        self._type = ""
+        self._data: list[str] = []
+        self.last_id: str | None = None
+        self.retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple]:
+        text = self._decode(chunk)
+        if not self._started and text:
+            self._started = True
+            text = text.removeprefix("\ufeff")
+        self._buffer += text
+        out: list[tuple] = []
+        pos = 0
+        while (m := _LINE_END.search(self._buffer, pos)) is not None:
+            if m.group() == "\r" and m.end() == len(self._buffer):
+                break  # a "\r\n" may be split across chunks: wait for the next one
+            item = self._line(self._buffer[pos : m.start()])
+            if item is not None:
+                out.append(item)
+            pos = m.end()
+        self._buffer = self._buffer[pos:]
+        return out
+
+    def _line(self, line: str) -> tuple | None:
+        if not line:
+            if not self._data:
+                self._type = ""
+                return None
+            event = ("event", self._type or "message", "\n".join(self._data), self.last_id)
+            self._type, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return ("comment", line[1:].strip())
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._type = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id" and "\x00" not in value:
+            self.last_id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self.retry = int(value)
+        return None
+
+
+def _body_chunks(resp: requests.Response) -> Iterator[bytes]:
+    """The response body as it arrives: whatever the socket has, never waiting for a full buffer.
+
+    ``iter_content(chunk_size=None)`` waits for the end of a body sent without chunked
+    encoding (a proxy may de-chunk a stream), so read ``read1`` where urllib3 has it (2.x).
+    """
+    raw = resp.raw
+    if hasattr(raw, "read1"):
+        while chunk := raw.read1(65536, decode_content=True):
+            yield chunk
+    else:  # urllib3 1.26
+        yield from resp.iter_content(chunk_size=None)
+
+
+# Raised while a streamed body is read (read1 bypasses requests, so urllib3's errors arrive unwrapped).
+_READ_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+
+#: the feed's longest single wait, seconds (the relay refuses more)
+MAX_WAIT_SECONDS = 60
+
+
 # =========================================================================== the client
 
 
@@ -816,6 +935,39 @@ def _retry_after(resp: requests.Response) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+class _StreamPosition:
+    """Where a :meth:`RelayClient.stream` is, across its reconnects."""
+
+    def __init__(self, url: str, after: str | None, skip: set[str], on_ready: Callable[[], None] | None):
+        self.url = url
+        self.last_id = after  # sent as Last-Event-ID
+        self.skip = skip  # the caller's seen ids (a since replay yields them again)
+        self.recent: deque[str] = deque(maxlen=1000)  # ids yielded lately: a repeat is dropped
+        self.on_ready = on_ready
+        self.retry_ms: int | None = None  # the relay's "retry:" field
+        self.opened = False  # any connection got a 200 text/event-stream
+        self.ready = False  # this connection has its start position
+
+    def mark_ready(self) -> None:
+        if not self.ready:
+            self.ready = True
+            if self.on_ready is not None:
+                self.on_ready()
+
+    def take(self, data: str, event_id: str | None) -> FeedRow | None:
+        """The row a message event carries, or None when it was yielded or seen already."""
+        try:
+            row = FeedRow.from_json(json.loads(data))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BadResponse(f"{self.url} sent an event that is not a feed row: {exc}") from None
+        self.last_id = event_id or row.id
+        self.mark_ready()  # a relay that sends no ': ready' comment: the first event says it
+        if row.id in self.skip or row.id in self.recent:
+            return None
+        self.recent.append(row.id)
+        return row
 
 
 class RelayClient:
@@ -1171,6 +1323,275 @@ class RelayClient:
         rows.reverse()
         return rows
 
+    def wait(
+        self,
+        *,
+        after: str | None = None,
+        since: datetime | str | None = None,
+        seen: Iterable[str] = (),
+        timeout: float = 60.0,
+        handle: str | None = None,
+        limit: int = 100,
+        **filters: Any,
+    ) -> list[FeedRow]:
+        """Block until messages arrive after a position; return them **oldest first**, [] on timeout.
+
+        A long-poll of the feed (``GET .../a2a/messages?wait=N``): the relay holds each
+        request until a matching message commits (at most 60 s a request, so a longer
+        ``timeout`` is several requests in a row) and answers at once when one is already
+        there. The position is one of:
+
+        * ``after``: a message id; only messages after it in the feed (exclusive).
+        * ``since`` (an aware datetime or ISO 8601 string; inclusive) with ``seen``, the ids
+          already processed at exactly that time, as :func:`next_position` returns them.
+          Ignored when ``after`` is given.
+        * neither: "now", the newest message matching ``filters`` when the call starts (one
+          extra request).
+
+        ``timeout`` is in seconds (the relay waits in whole seconds, so the call may end up
+        to a second late; the client's retries of a failed request come on top); 0 reads
+        once without waiting. What is returned is :meth:`catch_up`'s: every
+        page followed, each message once, ``seen`` left out. The next position is the last
+        row's ``id`` (or :func:`next_position` of the rows). ``filters`` are
+        :meth:`messages`'s (``direction``, ``role``, ``task_id``, ...); ``limit`` is rows
+        per page (1-100).
+
+        Raises :class:`InvalidParams` (``after`` is not a message of this feed, a bad
+        filter), :class:`RateLimited` (the agent already holds the relay's limit of waits
+        and streams, ``RELAY_STREAMS_PER_AGENT``, still so after the client's retries),
+        :class:`Unauthenticated` (the key was revoked, even mid-wait), or a transport error.
+        """
+        if timeout < 0:
+            raise ValueError("timeout must be >= 0 seconds")
+        deadline = time.monotonic() + timeout
+        path = f"{self._identity_path(handle)}/a2a/messages"
+        query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+        if "cursor" in query:
+            raise TypeError("wait takes no cursor: it waits for what comes after a position")
+        query["limit"] = limit
+        if after is not None:
+            query["after"] = after
+        elif since is not None:
+            query["since"] = _when(since, "since")
+        else:
+            newest = self._rest("GET", path, params={**query, "limit": 1}).get("items") or []
+            if newest:
+                query["after"] = newest[0]["id"]
+        skip = set(seen)
+        while True:
+            remaining = deadline - time.monotonic()
+            seconds = min(MAX_WAIT_SECONDS, math.ceil(remaining)) if remaining > 0 else 0
+            first = {**query, "wait": seconds} if seconds else query
+            # The read timeout outlasts the relay's wait; the connect timeout stays the client's.
+            body = self._rest("GET", path, params=first, timeout=(self.timeout, seconds + self.timeout))
+            items = body.get("items") or []
+            if items:
+                rows = [FeedRow.from_json(r) for r in items]
+                cursor, used = body.get("next_cursor"), set()
+                while cursor:  # a short page is not the end (seed 004)
+                    cursor = _next_cursor(cursor, used)
+                    page = self._rest("GET", path, params={**query, "cursor": cursor})
+                    rows += [FeedRow.from_json(r) for r in page.get("items") or []]
+                    cursor = page.get("next_cursor")
+                fresh: list[FeedRow] = []
+                for row in rows:
+                    if row.id not in skip:
+                        skip.add(row.id)
+                        fresh.append(row)
+                if fresh:
+                    fresh.reverse()
+                    return fresh
+                # Only rows already seen (since is inclusive): wait after the newest of them.
+                query.pop("since", None)
+                query["after"] = rows[0].id
+            if remaining <= 0:
+                return []
+
+    def stream(
+        self,
+        *,
+        after: str | None = None,
+        since: datetime | str | None = None,
+        seen: Iterable[str] = (),
+        handle: str | None = None,
+        idle_timeout: float = 45.0,
+        max_failures: int | None = 5,
+        on_ready: Callable[[], None] | None = None,
+        **filters: Any,
+    ) -> Iterator[FeedRow]:
+        """The feed's new messages as they commit, **oldest first**, each once: an endless iterator.
+
+        Reads ``GET .../a2a/messages/stream`` (Server-Sent Events; ``filters`` as
+        :meth:`messages`'s, e.g. ``direction="inbound"``). Where it starts:
+
+        * ``after``: a message id; messages after it (sent as ``Last-Event-ID``).
+        * ``since`` (inclusive) with ``seen`` (ids at exactly that time to leave out): a
+          replay from that time, then new messages. Ignored when ``after`` is given.
+        * neither: new messages only, from the newest one when the relay takes the position.
+
+        When the connection drops, the relay closes it, no byte (not even the relay's
+        heartbeat, every 15 s by default) arrives for ``idle_timeout`` seconds, or the
+        relay answers 5xx or 429, the iterator reconnects with ``Last-Event-ID`` set to the
+        last message it yielded, so nothing is skipped and nothing repeated. It first
+        waits the relay's ``retry:`` time (2 s), doubling after each failed attempt in a
+        row up to ``max_backoff`` (30 s), with jitter, or the ``Retry-After`` of a 429 if
+        longer; ``on_retry`` (see the class) hears of each reconnect. When ``max_failures``
+        reconnects in a row have failed (no stream opened; None: no limit) the last error
+        is raised: :class:`RelayConnectionError`, :class:`RateLimited`,
+        :class:`ServiceUnavailable`, :class:`InternalError`. A refused connection on the
+        very first attempt is raised at once unless ``retry_refused``.
+
+        ``on_ready`` is called each time a connection is open and the relay has taken its
+        start position (its ``: ready`` comment): a message committed from then on will be
+        yielded.
+
+        Lazy: nothing is sent until the first ``next()``. Raises :class:`StreamUnavailable`
+        (no stream at this relay: HTTP 404/405/501, or not ``text/event-stream``; poll
+        instead), :class:`Unauthenticated`/:class:`Forbidden`/:class:`IdentityNotFound`/
+        :class:`InvalidParams` as the relay answers them, and, mid-stream, the class of the
+        relay's final ``event: error`` (``unauthenticated`` once the key is revoked or the
+        agent disabled). Closing the iterator (``close()``, or leaving a ``for`` loop)
+        closes the connection.
+        """
+        return self._stream_rows(
+            handle,
+            after,
+            _when(since, "since") if after is None else None,
+            set(seen),
+            idle_timeout,
+            max_failures,
+            on_ready,
+            {k: v for k, v in filters.items() if v is not None},
+        )
+
+    def _stream_rows(
+        self,
+        handle: str | None,
+        after: str | None,
+        since: str | None,
+        skip: set[str],
+        idle_timeout: float,
+        max_failures: int | None,
+        on_ready: Callable[[], None] | None,
+        filters: dict[str, Any],
+    ) -> Iterator[FeedRow]:
+        path = f"{self._identity_path(handle)}/a2a/messages/stream"
+        at = _StreamPosition(self.base_url + path, after, skip, on_ready)
+        failures = 0  # connections in a row that ended before the stream was open and ready
+        while True:
+            at.ready = False
+            error, asked = yield from self._stream_once(path, at, since, idle_timeout, filters)
+            failures = 1 if at.ready else failures + 1
+            if not at.opened and getattr(error, "reason", "") == "connection refused" and not self.retry_refused:
+                raise error  # nothing listens at the URL: said at once, as for every other call
+            if max_failures is not None and failures > max_failures:
+                error.attempts = failures
+                raise error
+            base = at.retry_ms / 1000 if at.retry_ms is not None else max(self.backoff, 0.1)
+            delay = min(self.max_backoff, base * 2 ** (failures - 1))
+            delay = max(delay + random.uniform(0, delay / 4), asked or 0.0)
+            if self.on_retry is not None:
+                reason = getattr(error, "reason", None) or error.symbol or "error"
+                connection = error.symbol == "connection_error"
+                self.on_retry(RetryNotice("GET", at.url, failures, max_failures or 0, delay, reason, connection))
+            self._sleep(delay)
+
+    def _stream_once(
+        self, path: str, at: _StreamPosition, since: str | None, idle_timeout: float, filters: dict[str, Any]
+    ) -> Generator[FeedRow, None, tuple[RelayError, float | None]]:
+        """One connection of :meth:`stream`: yield its rows; return ``(error, retry_after)`` once it
+        ends in a way a reconnect may mend. Errors no reconnect mends are raised."""
+        headers = {**self._headers(), "Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        params = dict(filters)
+        if at.last_id is not None:
+            headers["Last-Event-ID"] = at.last_id
+        elif since is not None:
+            params["since"] = since
+        try:
+            resp = self.session.get(
+                at.url,
+                params=params,
+                headers=headers,
+                stream=True,
+                timeout=(self.timeout, idle_timeout),
+                allow_redirects=False,
+            )
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            error = RelayConnectionError(f"GET {at.url} failed: {exc}", reason=transport_reason(exc))
+            error.__cause__ = exc
+            return error, None
+        try:
+            request_id = resp.headers.get("X-Request-Id")
+            if resp.status_code != 200:
+                error = self._answer_error(resp, 1, "GET", path)
+                if resp.status_code == 429:
+                    error.reason = "rate limited (HTTP 429)"  # type: ignore[attr-defined]
+                    return error, getattr(error, "retry_after", None)
+                if resp.status_code >= 500:
+                    error.reason = f"HTTP {resp.status_code}"  # type: ignore[attr-defined]
+                    return error, None
+                if resp.status_code in (404, 405, 501) and error.symbol != "identity_not_found":
+                    raise StreamUnavailable(
+                        f"{at.url} answered HTTP {resp.status_code}: this relay has no message stream",
+                        http_status=resp.status_code,
+                        request_id=request_id,
+                    )
+                raise error
+            kind = resp.headers.get("Content-Type", "")
+            if not kind.startswith("text/event-stream"):
+                raise StreamUnavailable(
+                    f"{at.url} answered {kind or 'no Content-Type'}, not text/event-stream",
+                    http_status=resp.status_code,
+                    request_id=request_id,
+                )
+            at.opened = True
+            parser = SSEParser()
+            chunks = _body_chunks(resp)
+            while True:
+                try:
+                    chunk = next(chunks, b"")
+                except _READ_ERRORS as exc:
+                    error = RelayConnectionError(f"the stream from {at.url} broke: {exc}", reason=transport_reason(exc))
+                    error.__cause__ = exc
+                    return error, None
+                if not chunk:
+                    return RelayConnectionError(
+                        f"{at.url} ended the stream", reason="the relay closed the stream"
+                    ), None
+                for item in parser.feed(chunk):
+                    if item[0] == "comment":
+                        if item[1] == "ready":
+                            at.mark_ready()
+                        continue
+                    _, event, data, event_id = item
+                    if event == "error":
+                        raise self._stream_error(resp, data)
+                    if event == "message":
+                        row = at.take(data, event_id)
+                        if row is not None:
+                            yield row
+                if parser.retry is not None:
+                    at.retry_ms = parser.retry
+        finally:
+            resp.close()
+
+    def _stream_error(self, resp: requests.Response, data: str) -> RelayError:
+        """The exception for a stream's final ``event: error`` (``data: {"code", "message"}``)."""
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return BadResponse(f"the stream ended with an error event that is not JSON: {data[:200]}")
+        symbol = doc.get("code") if isinstance(doc.get("code"), str) else None
+        return error_class(symbol)(
+            str(doc.get("message") or "the relay ended the stream"),
+            symbol=symbol,
+            data=doc,
+            request_id=resp.headers.get("X-Request-Id"),
+            http_status=resp.status_code,
+        )
+
     # ------------------------------------------------------------------ internals
 
     def _send_message(
@@ -1279,16 +1700,30 @@ class RelayClient:
             None,
         )
 
-    def _rest(self, verb: str, path: str, params: Mapping[str, Any] | None = None, json_body: Any = None) -> Any:
-        """One REST call; return its JSON body (None for 204) or raise the error's class."""
-        resp, attempts = self._exchange(verb, path, params=params, json_body=json_body)
+    def _rest(
+        self,
+        verb: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        *,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
+        """One REST call; return its JSON body (None for 204) or raise the error's class.
+
+        ``timeout`` overrides the client's for this call (a long-poll waits longer than that)."""
+        resp, attempts = self._exchange(verb, path, params=params, json_body=json_body, timeout=timeout)
         if 200 <= resp.status_code < 300:
             return self._json(resp) if resp.content else None
+        raise self._answer_error(resp, attempts, verb, path)
+
+    def _answer_error(self, resp: requests.Response, attempts: int, verb: str, path: str) -> RelayError:
+        """The exception for a REST answer that is not 2xx: its envelope's symbol, else its status's."""
         doc = self._json(resp)
         err = doc.get("error") if isinstance(doc, dict) else None
         if isinstance(err, dict):
             symbol = err.get("code") if isinstance(err.get("code"), str) else None
-            raise self._make_error(
+            return self._make_error(
                 resp,
                 attempts,
                 symbol or _STATUS_SYMBOL.get(resp.status_code),
@@ -1296,7 +1731,7 @@ class RelayClient:
                 str(err.get("message") or ""),
                 err.get("details"),
             )
-        raise self._make_error(
+        return self._make_error(
             resp,
             attempts,
             _STATUS_SYMBOL.get(resp.status_code),
@@ -1337,6 +1772,7 @@ class RelayClient:
         params: Mapping[str, Any] | None = None,
         json_body: Any = None,
         retry_also: Callable[[requests.Response], bool] | None = None,
+        timeout: float | tuple[float, float] | None = None,
     ) -> tuple[requests.Response, int]:
         """Make the HTTP request, retrying transient failures; return the last answer and the attempt count.
 
@@ -1361,7 +1797,7 @@ class RelayClient:
                     params=params,
                     json=json_body,
                     headers=self._headers(),
-                    timeout=self.timeout,
+                    timeout=self.timeout if timeout is None else timeout,
                     allow_redirects=False,
                 )
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:

@@ -1,8 +1,10 @@
 """relay-mcp: the handoff relay as Model Context Protocol tools for a coding agent.
 
-An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets nine
+An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets ten
 tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``accept``,
-``complete``, ``cancel``, ``search_messages`` and ``catch_up``. Each one is a call of
+``complete``, ``cancel``, ``search_messages``, ``catch_up`` and ``wait_for_messages``
+(block until the other side writes: an agent with no public URL waits for work with
+it; the position is this process's, from the newest message when it started). Each one is a call of
 :class:`relay.agent.client.RelayClient` on the relay's public HTTP API, made with the agent's
 own key; this module imports nothing of the server (no services, models or Flask).
 
@@ -34,6 +36,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -44,7 +47,15 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relay.agent.client import ConfigurationError, FeedRow, RelayClient, RelayError, TaskSummary, next_position
+from relay.agent.client import (
+    ConfigurationError,
+    FeedRow,
+    InvalidParams,
+    RelayClient,
+    RelayError,
+    TaskSummary,
+    next_position,
+)
 
 __all__ = ["build_server", "main", "TOOL_NAMES"]
 
@@ -61,7 +72,10 @@ TOOL_NAMES = (
     "cancel",
     "search_messages",
     "catch_up",
+    "wait_for_messages",
 )
+#: wait_for_messages's bounds on timeout_seconds
+WAIT_MIN_SECONDS, WAIT_MAX_SECONDS = 1, 600
 #: feed rows (search_messages, catch_up) carry at most this much of each message's text
 BODY_PREVIEW = 2000
 #: artifact fields left out of feed rows (get_thread returns them whole)
@@ -75,7 +89,8 @@ handoff (accept), does the work, then completes it with a result summary (comple
 cancel it while it is still pending (cancel). States: pending -> accepted -> completed, or pending -> \
 cancelled; completed and cancelled are final. Check your inbox with list_inbox, read a whole thread with \
 get_thread (this marks it read), find old messages with search_messages, and after a break fetch \
-everything new with catch_up. Errors come back as one line: "symbol: message (hint: ...)"."""
+everything new with catch_up. To wait for the other side (a reply, a new handoff) without polling, call \
+wait_for_messages. Errors come back as one line: "symbol: message (hint: ...)"."""
 
 
 # =========================================================================== tool argument types
@@ -543,14 +558,90 @@ class _PerThreadClient:
         return getattr(self._client(), name)
 
 
+# The feed's oldest possible position: "after nothing", for a feed that was empty at the start.
+_BEGINNING = "1970-01-01T00:00:00+00:00"
+
+
+class _WaitPosition:
+    """Where wait_for_messages goes on from, for the whole relay-mcp process (not saved anywhere).
+
+    It starts at the newest message when the server starts (taken on a thread, so a slow
+    or absent relay does not hold the server's start-up; failing that, at the first call),
+    and moves past every message a call returns. One call waits at a time, so two calls
+    never return the same message.
+    """
+
+    def __init__(self, client: RelayClient):
+        self.client = client
+        self.lock = threading.Lock()
+        self.after: str | None = None  # the last message taken
+        self.since, self.seen = _BEGINNING, []  # its time and the ids at that time, should it be gone
+        self._started = threading.Event()
+        self._starter = threading.Thread(target=self._start, name="relay-mcp-wait-position", daemon=True)
+        self._starter.start()
+
+    def _start(self) -> None:
+        try:
+            self._take()
+        except RelayError as exc:  # the first call takes it instead
+            log.warning("relay-mcp: wait_for_messages starts at its first call: %s", error_line(exc))
+        except Exception:
+            log.warning("relay-mcp: wait_for_messages starts at its first call", exc_info=True)
+
+    def _take(self) -> None:
+        if self._started.is_set():
+            return
+        with RelayClient(
+            self.client.base_url, self.client.api_key, timeout=self.client.timeout, max_retries=1
+        ) as reader:
+            newest = next(iter(reader.messages(limit=1)), None)
+        if newest is not None:
+            self.after = newest.id
+            self.since, self.seen = next_position([newest], _BEGINNING)
+        self._started.set()
+
+    def wait(self, client: RelayClient, timeout: float) -> tuple[list[FeedRow], bool]:
+        """The other side's next messages (oldest first) and whether the time ran out first."""
+        deadline = time.monotonic() + timeout
+        if not self.lock.acquire(timeout=timeout):
+            return [], True
+        try:
+            self._starter.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self._starter.is_alive():
+                return [], True
+            self._take()  # if the start-up read failed: the position is "now" (raises if the relay is away)
+            me = client.handle
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                where = {"after": self.after} if self.after else {"since": self.since, "seen": self.seen}
+                try:
+                    rows = client.wait(**where, timeout=remaining)
+                except InvalidParams as exc:
+                    if not (self.after and isinstance(exc.data, dict) and "after" in exc.data):
+                        raise
+                    self.after = None  # that message is gone (its agent deleted): go on from its time
+                    continue
+                if rows:
+                    self.after = rows[-1].id
+                    self.since, self.seen = next_position(rows, self.since, self.seen)
+                theirs = [row for row in rows if row.author != me]
+                if theirs:
+                    return theirs, False
+                if time.monotonic() >= deadline:
+                    return [], True
+        finally:
+            self.lock.release()
+
+
 def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServer:
-    """An MCPServer whose nine tools call ``client`` (one client for the whole process).
+    """An MCPServer whose ten tools call ``client`` (one client for the whole process).
 
     ``RelayClient`` is synchronous and its ``requests.Session`` is not thread-safe, so
     every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
     loop free for other sessions) with that thread's own client (_PerThreadClient).
     """
     server = _RelayMCPServer("relay", instructions=INSTRUCTIONS, version=_version(), log_level=log_level)  # type: ignore[arg-type]
+    position = _WaitPosition(client)
     client = _PerThreadClient(client)  # type: ignore[assignment]
 
     async def run(call: Callable[[], dict[str, Any]]) -> CallToolResult:
@@ -567,13 +658,15 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 )
             )
 
-    def tool(title: str, *, read_only: bool = False, destructive: bool = False) -> Callable[[Any], Any]:
+    def tool(
+        title: str, *, read_only: bool = False, destructive: bool = False, idempotent: bool | None = None
+    ) -> Callable[[Any], Any]:
         # The docstring, dedented, is the description the model reads.
         hints = ToolAnnotations(
             title=title,
             read_only_hint=read_only,
             destructive_hint=destructive if not read_only else None,
-            idempotent_hint=read_only,
+            idempotent_hint=read_only if idempotent is None else idempotent,
             open_world_hint=True,
         )
 
@@ -834,6 +927,36 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 "next_since": next_since,
                 "next_seen_ids": next_seen,
             }
+
+        return await run(call)
+
+    @tool("Wait for messages", read_only=True, idempotent=False)
+    async def wait_for_messages(
+        timeout_seconds: Annotated[
+            int,
+            Field(
+                ge=WAIT_MIN_SECONDS,
+                le=WAIT_MAX_SECONDS,
+                description=f"How long to wait at most, in whole seconds ({WAIT_MIN_SECONDS}-{WAIT_MAX_SECONDS}).",
+            ),
+        ] = 60,
+    ) -> CallToolResult:
+        """Wait until another agent writes to you (a new handoff, a reply, a result), then return the new messages.
+
+        Blocks on the relay for up to timeout_seconds (no polling) and returns as soon as something arrives.
+        Each call returns only messages after the last one a call returned, each once: this relay-mcp
+        process keeps the position (not saved; it starts at the newest message when relay-mcp started,
+        so what arrives between calls is not missed). Your own messages are skipped. Returns
+        {messages: [{id, task_id, context_id, task_state, sequence_no, role, from, caller, target, body,
+        created_at, artifacts?}], count, timed_out}: messages oldest first; timed_out true (messages [])
+        when nothing arrived in time; call again to keep waiting. Bodies are cut at 2000 characters;
+        get_thread(task_id) has everything. Errors: invalid_params (timeout_seconds not an integer
+        from 1 to 600), rate_limited (this agent holds too many waits and streams), connection_error.
+        """
+
+        def call() -> dict[str, Any]:
+            rows, timed_out = position.wait(client, float(timeout_seconds))
+            return {"messages": [_feed_row(r) for r in rows], "count": len(rows), "timed_out": timed_out}
 
         return await run(call)
 
