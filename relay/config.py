@@ -7,6 +7,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# RELAY_SECRET_KEY outside production when unset. Public, so nothing it signs can be trusted:
+# the console refuses sign-ins under it, and `relay up` keeps a generated key instead.
+DEV_SECRET_KEY = "dev-insecure-secret-key"
+
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
@@ -35,6 +39,9 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_CIRCUIT_OPEN": "30",
     "RELAY_WEBHOOK_SLOW_MS": "2000",
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
+    "RELAY_CONSOLE_SESSION_HOURS": "12",
+    "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
+    "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "30/minute",
 }
 
 
@@ -145,6 +152,11 @@ class Settings:
     body_timeout: float = 30.0
     client_idle_timeout: float = 30.0
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
+    # The operator console (relay/transport/console): how long a sign-in lasts, and the
+    # sign-in attempts allowed per email and per client address.
+    console_session_hours: float = 12.0
+    console_login_limit: str = "10/minute"
+    console_login_address_limit: str = "30/minute"
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -190,7 +202,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if not secret:
         if relay_env == "production":
             raise ConfigError("RELAY_SECRET_KEY is required when RELAY_ENV=production")
-        secret = "dev-insecure-secret-key"
+        secret = DEV_SECRET_KEY
     return Settings(
         database_url=normalize_database_url(db),
         redis_url=redis_url,
@@ -224,7 +236,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),
+        console_session_hours=_hours(env, "RELAY_CONSOLE_SESSION_HOURS"),
+        console_login_limit=_rate(env, "RELAY_CONSOLE_LOGIN_LIMIT"),
+        console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
     )
+
+
+def _hours(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name, "") or DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of hours, got {raw!r}") from None
+    if not 0 < value <= 24 * 366:
+        raise ConfigError(f"{name} must be more than 0 and at most {24 * 366} hours, got {raw!r}")
+    return value
 
 
 def _public_url(env: Mapping[str, str]) -> str:
