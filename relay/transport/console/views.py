@@ -160,6 +160,8 @@ def _relay_error(exc: RelayError):
 
 @bp.errorhandler(HTTPException)
 def _http_error(exc: HTTPException):
+    if exc.response is not None:  # already shaped: the sign-in limits' 429 page
+        return exc.response
     if exc.code == 404:
         return _error_page(404, "Not found", "Nothing of that name exists in your org.")
     return _error_page(exc.code or 500, exc.name, exc.description)
