@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "tests/test_fuzz.py",
     "tests/test_agent_cli.py",
     "tests/test_webhooks.py",
+    "tests/test_console_browser.py",
     "tests/test_cli.py",
     "tests/test_client.py",
     "tests/test_webhook_isolation.py",

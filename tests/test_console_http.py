@@ -596,3 +596,18 @@ def test_cli_plain_create_prints_the_password_once(relay_cli):
     lines = proc.stdout.splitlines()
     assert lines[0] == "created operator plain@example.com of org acme"
     assert re.fullmatch(r"password \(shown once\): [A-Za-z0-9_-]{24}", lines[1])
+
+
+def test_relay_up_keeps_a_generated_secret_key_per_home(tmp_path):
+    from relay.config import DEV_SECRET_KEY
+    from relay.ops.embedded import secret_key
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    made = secret_key(fresh)
+    assert len(made) >= 40 and made != DEV_SECRET_KEY
+    assert secret_key(fresh) == made  # the same key on every start: sessions and webhook secrets survive
+    assert (fresh / "secret_key").stat().st_mode & 0o777 == 0o600
+    older = tmp_path / "older"
+    (older / "pg").mkdir(parents=True)  # a home whose database already holds secrets under the old value
+    assert secret_key(older) == DEV_SECRET_KEY

@@ -8,6 +8,8 @@
     hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short"
   });
 
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+
   function localize(root) {
     var times = (root || document).querySelectorAll("time[datetime]:not([data-local])");
     for (var i = 0; i < times.length; i++) {
@@ -22,6 +24,15 @@
     var offsets = (root || document).querySelectorAll("input.tz-offset");
     for (var j = 0; j < offsets.length; j++) {
       offsets[j].value = String(new Date().getTimezoneOffset());
+    }
+    // An empty "since" starts at an hour ago, in the viewer's zone.
+    var since = (root || document).querySelectorAll("input[type=datetime-local][data-default-hours-ago]");
+    for (var k = 0; k < since.length; k++) {
+      if (since[k].value) { continue; }
+      var hours = Number(since[k].getAttribute("data-default-hours-ago")) || 1;
+      var t = new Date(Date.now() - hours * 3600e3);
+      since[k].value = t.getFullYear() + "-" + pad(t.getMonth() + 1) + "-" + pad(t.getDate()) + "T" +
+        pad(t.getHours()) + ":" + pad(t.getMinutes()) + ":" + pad(t.getSeconds());
     }
   }
 
