@@ -79,6 +79,7 @@ PAGES = [
     "/console/agents/{bob}/webhooks",
     "/console/agents/{bob}/webhooks?endpoint={webhook}",
     "/console/agents/{bob}/keys",
+    "/console/logout",
 ]
 # Pages that name a thing of acme: another org's operator gets 404 for each.
 ORG_PAGES = [p for p in PAGES if "{" in p]

@@ -310,6 +310,12 @@ def limit_sign_in(app: Flask) -> None:
     app.view_functions["console.login_submit"] = view
 
 
+@bp.get("/logout")
+def logout_page():
+    """A page with the sign-out button (a link or a typed URL cannot sign out: that is a POST)."""
+    return render_template("console/logout.html")
+
+
 @bp.post("/logout")
 def logout():
     """Sign out: this and every other session of the operator end."""
