@@ -445,7 +445,7 @@ def test_a_failing_webhook_redriven_and_recovered(acme, b, console_url, app):
         assert b.one(f"#since-{endpoint}").get_attribute("value")
         assert b.one(f"#endpoint-{endpoint} input.tz-offset").get_attribute("value") in ("240", "300")
         b.button("Recover", f"#endpoint-{endpoint} form.recover")
-        b.wait_text("1 failed deliveries queued again, 1 events never sent queued", ".flashes")
+        b.wait_text("1 failed delivery queued again, 1 event never sent queued", ".flashes")
         got = rx.wait_for(5, timeout=WAIT, path="/hook")[3:]
         ids = {r.header("webhook-id") for r in got}
         assert failed_again.header("webhook-id") in ids  # the failed one, with its own id again

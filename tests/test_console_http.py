@@ -46,7 +46,10 @@ def world(app, make_agent, client):
         event = sql(app, "SELECT id FROM events WHERE type = 'message.created' AND agent_id = :a", a=bob_agent.id)[0][0]
         [(delivery_id, _endpoint)] = delivery.fan_out_many([event])
         key_id = str(list_keys(bob_agent)[0].id)
-    sql(app, "UPDATE webhook_deliveries SET status = 'failed', next_attempt_at = NULL, completed_at = now()")
+    sql(
+        app,
+        "UPDATE webhook_deliveries SET status = 'failed', attempt_count = 4, next_attempt_at = NULL, completed_at = now()",
+    )
     passwords = {ACME: make_operator(app, ACME, "acme"), GLOBEX: make_operator(app, GLOBEX, "globex")}
     return {
         "bob": bob,
@@ -500,7 +503,7 @@ def test_recover_sends_events_the_endpoint_never_got(app, world, client):
         data={"since": "2020-01-01T00:00:00", "tz_offset": "0", "csrf_token": token_of(console)},
     )
     page = console.get(resp.headers["Location"]).get_data(as_text=True)
-    assert "1 failed deliveries queued again, 1 events never sent queued" in page
+    assert "1 failed delivery queued again, 1 event never sent queued" in page
     rows = sql(app, "SELECT status, count(*) FROM webhook_deliveries GROUP BY status")
     assert rows == [("pending", 2)]
 

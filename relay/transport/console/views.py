@@ -264,9 +264,9 @@ def login_submit():
         return _login_page(form, 422)
     try:
         operator = operators.authenticate(form.email.data, form.password.data)
-    except RelayError:
+    except RelayError as exc:  # one message for every reason (operators.authenticate)
         log.info("console sign-in refused", extra={"request_id": g.get("request_id"), "client": client_address()})
-        return _login_page(form, 401, operators.WRONG_CREDENTIALS)
+        return _login_page(form, 401, exc.message)
     session.clear()  # nothing of the anonymous session (its CSRF token) carries over
     session.permanent = True
     session["op"] = {"id": str(operator.id), "v": operator.session_version, "at": int(time.time())}
@@ -526,9 +526,16 @@ def recover_webhook(handle: str, webhook_id: str):
     def done(r):
         if not r["requeued"] and not r["created"]:
             return "Nothing to recover: every event since then was delivered or is on its way."
-        return f"Recovering: {r['requeued']} failed deliveries queued again, {r['created']} events never sent queued."
+        return (
+            f"Recovering: {_count(r['requeued'], 'failed delivery', 'failed deliveries')} queued again, "
+            f"{_count(r['created'], 'event never sent', 'events never sent')} queued."
+        )
 
     return _act(_webhooks_back(subject), run, done)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 @bp.route("/<path:anything>", methods=["GET", "POST"])
