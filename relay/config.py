@@ -97,13 +97,19 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
 
 def seconds(env: Mapping[str, str], name: str) -> float:
     """A positive number of seconds from ``env[name]`` (default from DEFAULTS); ConfigError naming it."""
+    return _positive(env, name, "seconds")
+
+
+def _positive(env: Mapping[str, str], name: str, unit: str, at_most: float | None = None) -> float:
     raw = env.get(name, "") or DEFAULTS[name]
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, got {raw!r}") from None
     if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+        raise ConfigError(f"{name} must be a positive number of {unit}, got {raw!r}")
+    if at_most is not None and value > at_most:
+        raise ConfigError(f"{name} must be at most {at_most:g} {unit}, got {raw!r}")
     return value
 
 
@@ -243,14 +249,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _hours(env: Mapping[str, str], name: str) -> float:
-    raw = env.get(name, "") or DEFAULTS[name]
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of hours, got {raw!r}") from None
-    if not 0 < value <= 24 * 366:
-        raise ConfigError(f"{name} must be more than 0 and at most {24 * 366} hours, got {raw!r}")
-    return value
+    return _positive(env, name, "hours", at_most=24 * 366)
 
 
 def _public_url(env: Mapping[str, str]) -> str:

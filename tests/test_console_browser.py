@@ -385,7 +385,7 @@ def test_search_the_orgs_messages(acme, b, console_url):
     assert len(b.css(".hit")) == 1
     b.shot("search")
     b.click(".hit-link")
-    b.wait(lambda d: f"/console/threads/{task}" in d.current_url, "the hit to open its thread")
+    b.wait(lambda d: d.current_url.endswith(f"/console/threads/{task}#m1"), "the hit to open its thread at the message")
     b.go("/console/search?q=zebrafish")
     assert "No message" in b.text("#no-hits")
 

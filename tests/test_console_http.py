@@ -615,3 +615,20 @@ def test_relay_up_keeps_a_generated_secret_key_per_home(tmp_path):
     older = tmp_path / "older"
     (older / "pg").mkdir(parents=True)  # a home whose database already holds secrets under the old value
     assert secret_key(older) == DEV_SECRET_KEY
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("RELAY_CONSOLE_SESSION_HOURS", "0", "RELAY_CONSOLE_SESSION_HOURS must be a positive number of hours"),
+        ("RELAY_CONSOLE_SESSION_HOURS", "soon", "RELAY_CONSOLE_SESSION_HOURS must be a number of hours"),
+        ("RELAY_CONSOLE_SESSION_HOURS", "100000", "RELAY_CONSOLE_SESSION_HOURS must be at most 8784 hours"),
+        ("RELAY_CONSOLE_LOGIN_LIMIT", "often", "RELAY_CONSOLE_LOGIN_LIMIT must be a rate such as '60/minute'"),
+        ("RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT", "x", "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT must be a rate"),
+    ],
+)
+def test_console_settings_are_checked_naming_the_variable(base_env, name, value, message):
+    from relay.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings({**base_env, name: value})

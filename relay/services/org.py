@@ -162,7 +162,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
     """Messages of the org's threads matching ``q`` (full text, as the feed's ``q``), newest first.
 
     A message counts when its sender or recipient side is an agent of the org. Shape:
-    ``{"items": [{id, created_at, from, role, snippet, task_id, task_state, caller,
+    ``{"items": [{id, sequence_no, created_at, from, role, snippet, task_id, task_state, caller,
     target, summary_preview}], "next_cursor": str | None}``; the cursor is
     ``(created_at, id)`` of the last row.
     """
@@ -171,6 +171,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
     stmt = (
         select(
             Message.id,
+            Message.sequence_no,
             Message.created_at,
             Message.role,
             Message.body,
@@ -196,6 +197,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
     items = [
         {
             "id": str(r.id),
+            "sequence_no": r.sequence_no,
             "created_at": iso(r.created_at),
             "from": r.author,
             "role": r.role,

@@ -295,18 +295,16 @@ def limit_sign_in(app: Flask) -> None:
     """Put the sign-in limits on ``POST /console/login``: per email and per client address (flask-limiter)."""
     limiter = app.extensions["relay_limiter"]
     view = app.view_functions["console.login_submit"]
-    view = limiter.limit(
-        lambda: current_app.config["RELAY"].console_login_limit,
-        key_func=lambda: "console-email:" + _form_email(),
-        scope="console-login-email",
-        on_breach=_too_many,
-    )(view)
-    view = limiter.limit(
-        lambda: current_app.config["RELAY"].console_login_address_limit,
-        key_func=lambda: "console-address:" + client_address(),
-        scope="console-login-address",
-        on_breach=_too_many,
-    )(view)
+    for setting, kind, key in (
+        ("console_login_limit", "email", _form_email),
+        ("console_login_address_limit", "address", client_address),
+    ):
+        view = limiter.limit(
+            lambda setting=setting: getattr(current_app.config["RELAY"], setting),
+            key_func=lambda kind=kind, key=key: f"console-{kind}:{key()}",
+            scope=f"console-login-{kind}",
+            on_breach=_too_many,
+        )(view)
     app.view_functions["console.login_submit"] = view
 
 
