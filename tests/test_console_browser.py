@@ -360,6 +360,7 @@ def test_follow_a_handoff_from_send_to_completion_with_its_diff(acme, b, console
     b.wait_text("Client paginates with next_cursor", "#audit")
     assert "session-42" in b.text("#audit")
     assert b.same_document(), "the page reloaded"
+    b.wait(lambda d: not d.find_elements(By.ID, "live"), "polling to stop once the handoff is completed")
     b.shot("thread-completed")
 
 

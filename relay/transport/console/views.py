@@ -461,8 +461,10 @@ def create_key(handle: str):
     try:
         issued = agents.create_key(subject.handle, _form(KeyForm())["label"])
     except RelayError as exc:
+        _log_action(exc.symbol)
         flash(exc.message, "error")
         return redirect(url_for(".agent_keys", handle=subject.handle), 303)
+    _log_action("ok")
     page = render_template("console/keys.html", agent=subject, keys=agents.list_keys(subject), issued=issued)
     return page, 201
 
