@@ -7,6 +7,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# RELAY_SECRET_KEY outside production when unset. Public, so nothing it signs can be trusted:
+# the console refuses sign-ins under it, and `relay up` keeps a generated key instead.
+DEV_SECRET_KEY = "dev-insecure-secret-key"
+
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
@@ -37,6 +41,9 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
     "RELAY_STREAMS_PER_AGENT": "10",
     "RELAY_STREAM_HEARTBEAT": "15",
+    "RELAY_CONSOLE_SESSION_HOURS": "12",
+    "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
+    "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "30/minute",
 }
 
 
@@ -92,13 +99,19 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
 
 def seconds(env: Mapping[str, str], name: str) -> float:
     """A positive number of seconds from ``env[name]`` (default from DEFAULTS); ConfigError naming it."""
+    return _positive(env, name, "seconds")
+
+
+def _positive(env: Mapping[str, str], name: str, unit: str, at_most: float | None = None) -> float:
     raw = env.get(name, "") or DEFAULTS[name]
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, got {raw!r}") from None
     if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+        raise ConfigError(f"{name} must be a positive number of {unit}, got {raw!r}")
+    if at_most is not None and value > at_most:
+        raise ConfigError(f"{name} must be at most {at_most:g} {unit}, got {raw!r}")
     return value
 
 
@@ -151,6 +164,11 @@ class Settings:
     # heartbeats (also a waiter's re-check and re-authentication: issue 14).
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
+    # The operator console (relay/transport/console): how long a sign-in lasts, and the
+    # sign-in attempts allowed per email and per client address.
+    console_session_hours: float = 12.0
+    console_login_limit: str = "10/minute"
+    console_login_address_limit: str = "30/minute"
 
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
@@ -196,7 +214,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if not secret:
         if relay_env == "production":
             raise ConfigError("RELAY_SECRET_KEY is required when RELAY_ENV=production")
-        secret = "dev-insecure-secret-key"
+        secret = DEV_SECRET_KEY
     return Settings(
         database_url=normalize_database_url(db),
         redis_url=redis_url,
@@ -232,7 +250,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),
+        console_session_hours=_hours(env, "RELAY_CONSOLE_SESSION_HOURS"),
+        console_login_limit=_rate(env, "RELAY_CONSOLE_LOGIN_LIMIT"),
+        console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
     )
+
+
+def _hours(env: Mapping[str, str], name: str) -> float:
+    return _positive(env, name, "hours", at_most=24 * 366)
 
 
 def _public_url(env: Mapping[str, str]) -> str:

@@ -349,3 +349,27 @@ class WebhookAttempt(db.Model):
     status_code: Mapped[int | None]
     error: Mapped[str | None] = mapped_column(Text)
     duration_ms: Mapped[int] = mapped_column(Integer)
+
+
+class Operator(db.Model):
+    """A human who signs in to the console (relay/transport/console); sees one org's agents.
+
+    Only an argon2 hash of the password is stored. ``session_version`` is written into
+    each sign-in's session: a password reset or a disable moves it on, which ends every
+    session signed in before.
+    """
+
+    __tablename__ = "operators"
+    __table_args__ = (CheckConstraint("email = lower(email)", name="email_lower"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    org: Mapped[str] = mapped_column(String(255), index=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    session_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    password_changed_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    last_sign_in_at: Mapped[datetime | None] = mapped_column(TZ)
+    disabled_at: Mapped[datetime | None] = mapped_column(TZ)
+
+    __mapper_args__ = {"eager_defaults": True}

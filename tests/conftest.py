@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "tests/test_fuzz.py",
     "tests/test_agent_cli.py",
     "tests/test_webhooks.py",
+    "tests/test_console_browser.py",
     "tests/test_cli.py",
     "tests/test_client.py",
     "tests/test_webhook_isolation.py",
@@ -226,6 +227,9 @@ def base_env(database_url, redis_url):
             "RELAY_REST_RATE_LIMIT": "100000/minute",
             # Tests send bad keys from 127.0.0.1 on purpose; tests/test_auth_failures.py sets its own.
             "RELAY_AUTH_FAILURE_LIMIT": "100000/minute",
+            # Console sign-ins come from 127.0.0.1 with a few emails; tests/test_console_http.py sets its own.
+            "RELAY_CONSOLE_LOGIN_LIMIT": "100000/minute",
+            "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "100000/minute",
             # Test receivers listen on 127.0.0.1 over plain http.
             "RELAY_WEBHOOK_ALLOW_PRIVATE": "1",
             "RELAY_WEBHOOK_ALLOW_HTTP": "1",

@@ -181,6 +181,7 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
         status, me = _get_json(f"http://127.0.0.1:{port}/api/v1/identities/me", {"Authorization": f"Bearer {api_key}"})
         assert status == 200
         assert me["handle"] == "frank@acme"
+        _sign_in_to_the_console(env, tmp_path, port, home)
 
         # Again just before the stop: a worker or backend started since is counted too.
         ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
@@ -198,3 +199,30 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_sigterm(tmp_pa
         ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
         _kill_ours(up, ours)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _sign_in_to_the_console(env, cwd, port, home) -> None:
+    """The README's two console commands: ``relay operators create``, then sign in at /console/login."""
+    import re
+
+    import requests
+
+    created = subprocess.run(
+        _relay_cmd("operators", "create", "you@example.com", "--org", "acme", "--json"),
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    password = json.loads(created.stdout)["password"]
+    # relay up made RELAY_SECRET_KEY for this home (the console refuses the public development key).
+    assert (home / "secret_key").stat().st_mode & 0o777 == 0o600
+    with requests.Session() as browser:
+        page = browser.get(f"http://127.0.0.1:{port}/console/login", timeout=30).text
+        token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page).group(1)
+        form = {"email": "you@example.com", "password": password, "csrf_token": token}
+        signed_in = browser.post(f"http://127.0.0.1:{port}/console/login", data=form, timeout=30, allow_redirects=False)
+        assert (signed_in.status_code, signed_in.headers["Location"]) == (303, "/console/")
+        assert "frank@acme" in browser.get(f"http://127.0.0.1:{port}/console/", timeout=30).text

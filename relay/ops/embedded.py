@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from contextlib import closing
 from pathlib import Path
@@ -71,3 +72,24 @@ def read_env_file(home: Path) -> dict[str, str]:
         return {}
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     return {k: v for k, v in pairs}
+
+
+SECRET_KEY_FILE = "secret_key"
+
+
+def secret_key(home: Path) -> str:
+    """``RELAY_SECRET_KEY`` for ``relay up`` when unset: kept in ``home/secret_key`` (mode 0600).
+
+    Made once, at random. A ``home`` whose embedded database predates the file keeps the old
+    development value instead, so the webhook secrets it encrypted with it still decrypt.
+    """
+    path = home / SECRET_KEY_FILE
+    if path.exists():
+        return path.read_text().strip()
+    from relay.config import DEV_SECRET_KEY
+
+    value = DEV_SECRET_KEY if (home / "pg").exists() else secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(value + "\n")
+    return value

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import func, select, text, tuple_, update
 
 from relay import crypto
 from relay.errors import RelayError, invalid
@@ -313,3 +313,119 @@ def release_held(session, agent_id: uuid.UUID) -> list[uuid.UUID]:
     for delivery_id in held:
         after_commit(partial(dispatch.enqueue, "workers.tasks.deliver_webhook", str(delivery_id)))
     return held
+
+
+# --- redrive and recover (the console: issue 15) ------------------------------------------
+
+
+def _poke_pump() -> None:
+    # Any worker's pump looks for due deliveries now rather than at its next one-second poll.
+    dispatch.enqueue("workers.tasks.deliver_webhook", "")
+
+
+def _enabled_endpoint(session, agent: Agent, endpoint_id: str | uuid.UUID) -> WebhookEndpoint:
+    endpoint = _own_endpoint(session, agent, endpoint_id, lock=True)
+    if not endpoint.enabled:
+        # The claim fails a disabled endpoint's due deliveries at once: re-sending would only fail them again.
+        raise invalid("webhook_id", "the endpoint is disabled; enable it first, then send again")
+    return endpoint
+
+
+def redrive(agent: Agent, endpoint_id: str | uuid.UUID, delivery_id: str | uuid.UUID) -> dict[str, Any]:
+    """Send a failed delivery again: the same row, so the same event and the same ``webhook-id``.
+
+    The delivery becomes pending and due now with a fresh retry schedule
+    (``attempt_count`` 0); its earlier attempts stay in its log. The pump sends it within
+    the endpoint's caps and circuit, like any due delivery. Returns ``{"delivery_id",
+    "event_id"}``. Raises invalid_params (a malformed id, the endpoint disabled, the
+    delivery not failed) or not_found (not this endpoint's).
+    """
+    try:
+        did = delivery_id if isinstance(delivery_id, uuid.UUID) else uuid.UUID(str(delivery_id))
+    except ValueError:
+        raise invalid("delivery_id", "must be a UUID") from None
+    with unit_of_work() as session:
+        endpoint = _enabled_endpoint(session, agent, endpoint_id)
+        row = session.scalar(
+            select(WebhookDelivery)
+            .where(WebhookDelivery.id == did, WebhookDelivery.endpoint_id == endpoint.id)
+            .with_for_update()
+        )
+        if row is None:
+            raise RelayError("not_found", f"no delivery {did} of webhook {endpoint.id}")
+        if row.status != "failed":
+            state = "held" if row.status == "pending" and row.next_attempt_at is None else row.status
+            raise invalid("delivery_id", f"only a failed delivery can be redriven; this one is {state}")
+        _requeue(session, [row.id])
+        after_commit(_poke_pump)
+        return {"delivery_id": str(row.id), "event_id": event_id_text(row.event_id)}
+
+
+def _requeue(session, delivery_ids) -> None:
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id.in_(delivery_ids))
+        .values(
+            status="pending",
+            attempt_count=0,
+            next_attempt_at=func.now(),
+            completed_at=None,
+            leased_until=None,
+            last_error=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+# The events since T addressed to the endpoint's agent, of a type it subscribes to, that
+# it has no delivery of (the endpoint was disabled, or created later, when they were
+# fanned out). Test events are per endpoint: each already has its delivery.
+_RECOVER_MISSING = text(
+    """
+    INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
+    SELECT gen_random_uuid(), ev.id, :endpoint, 'pending', 0, now(), now()
+    FROM events ev
+    WHERE ev.agent_id = :agent AND ev.created_at >= :since AND ev.type = ANY(CAST(:types AS text[]))
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = :endpoint)
+    ORDER BY ev.created_at, ev.id
+    ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict[str, Any]:
+    """Re-send to one endpoint every event since ``since`` (inclusive) that it did not receive, as Svix's recover.
+
+    Its failed deliveries of events since then are redriven (same rows, same
+    ``webhook-id``, a fresh schedule), and the events since then that it subscribes to but
+    never got a delivery of (it was disabled, or did not exist yet) get one now. Succeeded
+    and pending deliveries are left as they are. Returns ``{"requeued", "created"}``
+    (counts). Raises invalid_params (a malformed id, the endpoint disabled, ``since`` in
+    the future) or not_found.
+    """
+    if since > datetime.now(UTC):
+        raise invalid("since", "is in the future; nothing was sent after it")
+    with unit_of_work() as session:
+        endpoint = _enabled_endpoint(session, agent, endpoint_id)
+        failed = list(
+            session.scalars(
+                select(WebhookDelivery.id)
+                .join(Event, Event.id == WebhookDelivery.event_id)
+                .where(
+                    WebhookDelivery.endpoint_id == endpoint.id,
+                    WebhookDelivery.status == "failed",
+                    Event.created_at >= since,
+                )
+                .with_for_update(of=WebhookDelivery)
+            )
+        )
+        if failed:
+            _requeue(session, failed)
+        types = [t for t in endpoint.events if t != TEST_EVENT]
+        created = session.execute(
+            _RECOVER_MISSING, {"endpoint": endpoint.id, "agent": agent.id, "since": since, "types": types}
+        ).all()
+        if failed or created:
+            after_commit(_poke_pump)
+    return {"requeued": len(failed), "created": len(created)}

@@ -1,5 +1,5 @@
 """Transports: JSON-RPC (``jsonrpc``), the A2A v1.0 binding (``a2a``), REST (``rest``),
-and their plumbing (auth, rate limits, body reading, health, logs and metrics).
+the operator console (``console``), and their plumbing (auth, rate limits, body reading, health, logs and metrics).
 
 Each transport loads its input through ``relay.schemas`` and calls ``relay.services``;
 none holds a business rule.
@@ -28,6 +28,9 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(jsonrpc.bp)
     app.register_blueprint(a2a.bp)
     ratelimit.init_app(app)
+    from relay.transport import console  # after ratelimit: its sign-in limits live on that Limiter
+
+    console.init_app(app)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

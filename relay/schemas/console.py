@@ -1,0 +1,114 @@
+"""The console's query strings and form bodies (relay/transport/console), loaded like the API's.
+
+A console URL may carry parameters a person or a tool added (``utm_...``): they are
+ignored, not refused. Form fields are strings; ``csrf_token`` is checked by flask-wtf
+before anything here runs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, post_load, pre_load, validate
+
+from relay.models import THREAD_STATES
+from relay.schemas.common import Cursor, to_utc
+
+MAX_QUERY = 500  # as the feed's q
+
+
+class _Lenient(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+
+class InboxQuery(_Lenient):
+    """``/console/agents/<handle>``: ``box`` (inbox | sent), ``state`` (repeatable), ``cursor``."""
+
+    box = fields.String(load_default="inbox", validate=validate.OneOf(("inbox", "sent")))
+    state = fields.List(
+        fields.String(validate=validate.OneOf(THREAD_STATES, error=f"must be one of {', '.join(THREAD_STATES)}")),
+        load_default=list,
+        validate=validate.Length(max=len(THREAD_STATES)),
+    )
+    cursor = Cursor(load_default=None)
+
+    @pre_load
+    def _lists(self, data, **kwargs):
+        # From request.args.to_dict(flat=False): every value is a list; only state repeats.
+        out = {k: (v if k == "state" else v[-1]) for k, v in data.items() if v}
+        out["state"] = sorted({s for s in out.get("state", []) if s})
+        return out
+
+
+class SearchQuery(_Lenient):
+    """``/console/search``: ``q`` (absent or blank: no search yet) and ``cursor``."""
+
+    q = fields.String(
+        load_default="", validate=validate.Length(max=MAX_QUERY, error=f"must be at most {MAX_QUERY} characters")
+    )
+    cursor = Cursor(load_default=None)
+
+    @pre_load
+    def _last(self, data, **kwargs):
+        return {k: v[-1] for k, v in data.items() if v}
+
+    @post_load
+    def _strip(self, data, **kwargs):
+        data["q"] = data["q"].strip()
+        return data
+
+
+class DeliveriesQuery(_Lenient):
+    """``/console/agents/<handle>/webhooks``: ``endpoint`` (one endpoint's older deliveries) and ``cursor``."""
+
+    endpoint = fields.UUID(load_default=None)
+    cursor = Cursor(load_default=None)
+
+    @pre_load
+    def _last(self, data, **kwargs):
+        return {k: v[-1] for k, v in data.items() if v}
+
+
+class RecoverForm(_Lenient):
+    """Recover: ``since`` as a browser's ``datetime-local`` value (``2026-01-02T03:04[:05]``) or an
+    ISO 8601 time with an offset; ``tz_offset`` is the browser's ``getTimezoneOffset()``
+    (minutes to add to local time for UTC), written by the console's time.js. A local time
+    with no ``tz_offset`` is taken as UTC, as the form says."""
+
+    since = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    tz_offset = fields.Integer(load_default=0, validate=validate.Range(min=-24 * 60, max=24 * 60))
+
+    @pre_load
+    def _blank_offset(self, data, **kwargs):
+        data = dict(data)
+        if not str(data.get("tz_offset", "")).strip():
+            data.pop("tz_offset", None)
+        return data
+
+    @post_load
+    def _to_utc(self, data, **kwargs):
+        try:
+            when = datetime.fromisoformat(data["since"].strip().replace("z", "Z"))
+        except ValueError:
+            raise ValidationError({"since": ["must be a date and time such as 2026-04-20T09:30"]}) from None
+        if when.tzinfo is None:
+            try:
+                when = (when + timedelta(minutes=data["tz_offset"])).replace(tzinfo=UTC)
+            except OverflowError:
+                raise ValidationError({"since": ["is out of range (years 1-9999 in UTC)"]}) from None
+        return {"since": to_utc(when)}
+
+
+class KeyForm(_Lenient):
+    """Create a key: ``label`` (0-200 characters)."""
+
+    label = fields.String(load_default="", validate=validate.Length(max=200, error="must be at most 200 characters"))
+
+
+class BlockForm(_Lenient):
+    """Block a sender: ``blocked_handle``."""
+
+    blocked_handle = fields.String(
+        required=True, validate=validate.Length(min=1, max=320, error="must be a handle such as frank@acme")
+    )

@@ -1,0 +1,185 @@
+"""Operators: the humans who sign in to the console, one org each (issue 15, "Operators").
+
+Passwords are generated here, shown once by the CLI and stored only as argon2 hashes
+(argon2-cffi's defaults, RFC 9106's low-memory profile); they are never logged. A wrong
+email, a wrong password and a disabled operator all get the one answer ``WRONG_CREDENTIALS``,
+and an unknown email still costs one hash verification, so neither the answer nor its time
+tells whether an email is an operator's.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from datetime import UTC, datetime
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy import select, update
+
+from relay.errors import RelayError, invalid
+from relay.extensions import db
+from relay.models import Operator
+from relay.services import unit_of_work
+from relay.services.agents import handle_problem
+
+WRONG_CREDENTIALS = "wrong email or password"
+MAX_EMAIL = 320
+MAX_PASSWORD = 1024  # argon2 hashes any length; a megabyte "password" would only cost CPU
+# local@domain with a dot-separated domain; enough to catch a typo, not RFC 5322.
+_EMAIL_RE = re.compile(r"[a-z0-9!#$%&'*+/=?^_`{|}~.-]+@[a-z0-9-]+(\.[a-z0-9-]+)*")
+PASSWORD_BYTES = 18  # 144 random bits, 24 URL-safe characters
+
+_hasher = PasswordHasher()
+_dummy_hash: list[str] = []
+
+
+def check_email(raw: object, field: str = "email") -> str:
+    """Lower-case and check an operator's email; raise invalid_params naming ``field`` and why."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise invalid(field, "must be an email address such as you@example.com")
+    email = raw.strip().lower()
+    if len(email) > MAX_EMAIL:
+        raise invalid(field, f"must be at most {MAX_EMAIL} characters")
+    if not _EMAIL_RE.fullmatch(email):
+        raise invalid(field, f"{raw!r} is not an email address such as you@example.com")
+    return email
+
+
+def check_org(raw: object) -> str:
+    """Lower-case and check an org name with the org rule of agent handles (``agents.handle_problem``)."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise invalid("org", "must be an org such as acme (the part after '@' of its agents' handles)")
+    org = raw.strip().lower()
+    problem = handle_problem(f"operator@{org}")
+    if problem is not None:
+        raise invalid("org", f"{raw!r}: {problem}")
+    return org
+
+
+def new_password() -> str:
+    """A generated password: 24 URL-safe characters (144 random bits)."""
+    return secrets.token_urlsafe(PASSWORD_BYTES)
+
+
+def get_operator(email: str) -> Operator | None:
+    """The operator with this (lower-cased) email, or None."""
+    return db.session.scalar(select(Operator).where(Operator.email == email))
+
+
+def require_operator(email: object) -> Operator:
+    """The operator named by ``email``; raise invalid_params (malformed) or not_found."""
+    normal = check_email(email)
+    operator = get_operator(normal)
+    if operator is None:
+        raise RelayError("not_found", f"no operator {normal}")
+    return operator
+
+
+def create_operator(email: object, org: object) -> tuple[Operator, str]:
+    """Create an operator of ``org``; return it and its generated password (shown once).
+
+    Raises invalid_params naming ``email`` (malformed, or an operator already has it) or
+    ``org`` (breaks the org rule of handles).
+    """
+    normal, org_name = check_email(email), check_org(org)
+    password = new_password()
+    hashed = _hasher.hash(password)
+    with unit_of_work() as session:
+        if get_operator(normal) is not None:
+            raise invalid("email", f"an operator {normal} already exists (relay operators reset-password {normal})")
+        operator = Operator(email=normal, org=org_name, password_hash=hashed)
+        session.add(operator)
+        session.flush()
+    return operator, password
+
+
+def list_operators() -> list[Operator]:
+    """Every operator, by email."""
+    return list(db.session.scalars(select(Operator).order_by(Operator.email)))
+
+
+def disable_operator(email: object) -> Operator:
+    """Disable an operator: it can no longer sign in, and its open sessions end on their next request.
+
+    Raises invalid_params (malformed email) or not_found.
+    """
+    with unit_of_work():
+        operator = require_operator(email)
+        if operator.disabled_at is None:
+            operator.disabled_at = datetime.now(UTC)
+            operator.session_version += 1
+    return operator
+
+
+def reset_password(email: object) -> tuple[Operator, str]:
+    """Give an operator a new generated password (returned once) and end its open sessions.
+
+    A disabled operator stays disabled. Raises invalid_params (malformed email) or not_found.
+    """
+    password = new_password()
+    hashed = _hasher.hash(password)
+    with unit_of_work():
+        operator = require_operator(email)
+        operator.password_hash = hashed
+        operator.password_changed_at = datetime.now(UTC)
+        operator.session_version += 1
+    return operator, password
+
+
+def _verify(hashed: str, password: str) -> bool:
+    try:
+        return _hasher.verify(hashed, password)
+    except (VerifyMismatchError, VerificationError, InvalidHashError):
+        return False
+
+
+def authenticate(email: object, password: object) -> Operator:
+    """The operator whose email and password these are; raise unauthenticated (WRONG_CREDENTIALS) otherwise.
+
+    Unknown email, wrong password, disabled operator, malformed input: the same error,
+    after one hash verification each. A hash made with older parameters is replaced.
+    """
+    normal = email.strip().lower() if isinstance(email, str) else ""
+    given = password if isinstance(password, str) and len(password) <= MAX_PASSWORD else None
+    operator = get_operator(normal) if normal and len(normal) <= MAX_EMAIL else None
+    if operator is None or operator.disabled_at is not None or given is None:
+        if not _dummy_hash:
+            _dummy_hash.append(_hasher.hash(secrets.token_urlsafe(16)))
+        _verify(_dummy_hash[0], given or "")
+        raise RelayError("unauthenticated", WRONG_CREDENTIALS)
+    if not _verify(operator.password_hash, given):
+        raise RelayError("unauthenticated", WRONG_CREDENTIALS)
+    with unit_of_work():
+        operator.last_sign_in_at = datetime.now(UTC)
+        if _hasher.check_needs_rehash(operator.password_hash):
+            operator.password_hash = _hasher.hash(given)
+    return operator
+
+
+def session_operator(operator_id: object, session_version: object) -> Operator | None:
+    """The operator a console session names, if it is still enabled and the session still valid.
+
+    None when the id is malformed or unknown, the operator is disabled, or its
+    ``session_version`` moved on since the sign-in (a reset or a disable).
+    """
+    try:
+        oid = uuid.UUID(str(operator_id))
+    except ValueError:
+        return None
+    operator = db.session.get(Operator, oid)
+    if operator is None or operator.disabled_at is not None or operator.session_version != session_version:
+        return None
+    return operator
+
+
+def sign_out(operator: Operator) -> None:
+    """End every console session of ``operator`` (a signed cookie cannot be revoked alone)."""
+    with unit_of_work() as session:
+        session.execute(
+            update(Operator)
+            .where(Operator.id == operator.id)
+            .values(session_version=Operator.session_version + 1)
+            .execution_options(synchronize_session=False)
+        )

@@ -1,0 +1,105 @@
+"""Turning what agents wrote into HTML, safely: every helper escapes, or returns text Jinja escapes.
+
+Agents' text is untrusted (issue 15, "Safety"). Jinja autoescapes everything a template
+prints; the only markup made here is pygments' highlighting, which escapes its input
+itself. Links are offered only for http(s) URLs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from markupsafe import Markup, escape
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import DiffLexer, JsonLexer, YamlLexer
+
+from relay.ids import iso
+
+# Highlighting is CPU on the web worker: a diff may be 512 KiB. Past these bounds the rest
+# is shown as plain (escaped) text, and the page says so.
+MAX_HIGHLIGHT_CHARS = 200_000
+MAX_HIGHLIGHT_LINES = 4_000
+_FORMATTER = HtmlFormatter(cssclass="hl", wrapcode=True)
+
+
+def web_url(url: Any) -> str | None:
+    """``url`` if it is an http(s) URL with a host (safe as a link's href), else None."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        return None
+    return url.strip()
+
+
+def _bounded(source: str) -> tuple[str, str]:
+    """``(head, rest)``: the part of ``source`` within the highlighting bounds, and the remainder."""
+    head = source[:MAX_HIGHLIGHT_CHARS]
+    cut = -1
+    for _ in range(MAX_HIGHLIGHT_LINES):
+        cut = head.find("\n", cut + 1)
+        if cut < 0:
+            break
+    if cut >= 0:
+        head = head[: cut + 1]
+    return head, source[len(head) :]
+
+
+def _highlighted(source: str, lexer) -> Markup:
+    head, rest = _bounded(source)
+    html = highlight(head, lexer, _FORMATTER)
+    if rest:
+        html += (
+            f'<p class="note">The remaining {len(rest):,} characters are shown without highlighting.</p>'
+            f'<pre class="plain">{escape(rest)}</pre>'
+        )
+    return Markup(html)  # noqa: S704  (pygments escapes its input; the rest is escaped above)
+
+
+def diff_html(diff: Any) -> Markup:
+    """A unified diff, highlighted (pygments' DiffLexer), as escaped HTML."""
+    return _highlighted(str(diff), DiffLexer())
+
+
+def spec_html(spec: Any, fmt: Any = None) -> Markup:
+    """An API contract's spec: an object as indented JSON, a string as written; highlighted when JSON or YAML."""
+    kind = str(fmt or "").lower()
+    if not isinstance(spec, str):
+        return _highlighted(json.dumps(spec, indent=2, ensure_ascii=False, sort_keys=True), JsonLexer())
+    if "json" in kind:
+        return _highlighted(spec, JsonLexer())
+    if "yaml" in kind or "yml" in kind or "openapi" in kind:
+        return _highlighted(spec, YamlLexer())
+    return Markup(f'<pre class="plain">{escape(spec)}</pre>')  # noqa: S704  (escaped)
+
+
+def file_ref_text(artifact: dict[str, Any]) -> str:
+    """``path:10-20`` (or ``path:10``, or ``path``) of a file_ref artifact, as text."""
+    path = str(artifact.get("path", ""))
+    start, end = artifact.get("line_start"), artifact.get("line_end")
+    if start and end and end != start:
+        return f"{path}:{start}-{end}"
+    if start or end:
+        return f"{path}:{start or end}"
+    return path
+
+
+def pretty_json(value: Any) -> str:
+    """``value`` as indented JSON text (for metadata and unknown artifacts)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+HELPERS = {
+    "web_url": web_url,
+    "diff_html": diff_html,
+    "spec_html": spec_html,
+    "file_ref_text": file_ref_text,
+    "pretty_json": pretty_json,
+    "iso": iso,
+}

@@ -1,0 +1,634 @@
+"""The console over plain HTTP (Flask's test client on the real PostgreSQL and Redis): who may see
+what (every route: signed out -> the sign-in page, another org -> 404, own org -> 200/303),
+sign-in, sessions, CSRF, limits, headers, and the operators' CLI. One test per rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.conftest import bearer, extra_app, rpc, sql
+from tests.console import csrf_from, forged_session, make_operator, sign_in, token_of, unknown_task_id
+
+ACME, GLOBEX = "ops@acme.example", "ops@globex.example"
+
+
+@pytest.fixture
+def world(app, make_agent, client):
+    """Two orgs: acme (alice -> bob, bob with a webhook, a failed delivery, a key) and globex (gus -> greta)."""
+    from relay.services import delivery, webhooks
+    from relay.services.agents import get_agent, list_keys
+
+    alice, alice_key = make_agent("alice@acme")
+    bob, bob_key = make_agent("bob@acme")
+    gus, gus_key = make_agent("gus@globex")
+    make_agent("greta@globex")
+    acme_task = rpc(
+        client,
+        alice_key,
+        "message/send",
+        {"recipient": bob, "message": {"parts": [{"type": "text", "text": "hello acme pagination"}]}},
+    )["task_id"]
+    globex_task = rpc(
+        client,
+        gus_key,
+        "message/send",
+        {"recipient": "greta@globex", "message": {"parts": [{"type": "text", "text": "hello globex"}]}},
+    )["task_id"]
+    with app.app_context():
+        bob_agent = get_agent(bob)
+        endpoint = webhooks.create_endpoint(bob_agent, "http://127.0.0.1:9/hook", None)
+        event = sql(app, "SELECT id FROM events WHERE type = 'message.created' AND agent_id = :a", a=bob_agent.id)[0][0]
+        [(delivery_id, _endpoint)] = delivery.fan_out_many([event])
+        key_id = str(list_keys(bob_agent)[0].id)
+    sql(
+        app,
+        "UPDATE webhook_deliveries SET status = 'failed', attempt_count = 4, next_attempt_at = NULL, completed_at = now()",
+    )
+    passwords = {ACME: make_operator(app, ACME, "acme"), GLOBEX: make_operator(app, GLOBEX, "globex")}
+    return {
+        "bob": bob,
+        "bob_key": bob_key,
+        "alice": alice,
+        "gus": gus,
+        "task": acme_task,
+        "globex_task": globex_task,
+        "webhook": endpoint["id"],
+        "delivery": str(delivery_id),
+        "key": key_id,
+        "passwords": passwords,
+    }
+
+
+def _signed_in(app, world, email):
+    client = app.test_client()
+    assert sign_in(client, email, world["passwords"][email]).status_code == 303
+    return client
+
+
+PAGES = [
+    "/console/",
+    "/console/agents/{bob}",
+    "/console/agents/{bob}?box=sent&state=pending",
+    "/console/agents/{bob}/threads",
+    "/console/threads/{task}",
+    "/console/threads/{task}/live",
+    "/console/search?q=hello",
+    "/console/agents/{bob}/webhooks",
+    "/console/agents/{bob}/webhooks?endpoint={webhook}",
+    "/console/agents/{bob}/keys",
+    "/console/logout",
+]
+# Pages that name a thing of acme: another org's operator gets 404 for each.
+ORG_PAGES = [p for p in PAGES if "{" in p]
+ACTIONS = [
+    ("/console/threads/{task}/cancel", {}, 303),
+    ("/console/agents/{bob}/blocks", {"blocked_handle": "alice@acme"}, 303),
+    ("/console/agents/{bob}/blocks/alice@acme/delete", {}, 303),
+    ("/console/agents/{bob}/keys", {"label": "ci"}, 201),
+    ("/console/agents/{bob}/keys/{key}/revoke", {}, 303),
+    ("/console/agents/{bob}/webhooks/{webhook}/disable", {}, 303),
+    ("/console/agents/{bob}/webhooks/{webhook}/enable", {}, 303),
+    ("/console/agents/{bob}/webhooks/{webhook}/test", {}, 303),
+    ("/console/agents/{bob}/webhooks/{webhook}/deliveries/{delivery}/redrive", {}, 303),
+    ("/console/agents/{bob}/webhooks/{webhook}/recover", {"since": "2020-01-01T00:00", "tz_offset": "0"}, 303),
+]
+ACTION_IDS = [a[0] for a in ACTIONS]
+
+
+# --------------------------------------------------------------------------- the authorization matrix
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_signed_out_page_redirects_to_sign_in(app, world, page):
+    resp = app.test_client().get(page.format(**world))
+    assert resp.status_code == 302
+    assert resp.headers["Location"].startswith("/console/login?next=")
+
+
+@pytest.mark.parametrize("page", ORG_PAGES)
+def test_other_orgs_page_is_404(app, world, page):
+    resp = _signed_in(app, world, GLOBEX).get(page.format(**world))
+    assert resp.status_code == 404
+    assert "Not found" in resp.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_own_orgs_page_is_200(app, world, page):
+    resp = _signed_in(app, world, ACME).get(page.format(**world))
+    assert resp.status_code == 200, resp.get_data(as_text=True)[:500]
+
+
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_signed_out_action_redirects_to_sign_in(app, world, action, form, status):
+    client = app.test_client()
+    token = csrf_from(client.get("/console/login").get_data(as_text=True))
+    resp = client.post(action.format(**world), data={**form, "csrf_token": token})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/console/login"
+
+
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_other_orgs_action_is_404(app, world, action, form, status):
+    client = _signed_in(app, world, GLOBEX)
+    resp = client.post(action.format(**world), data={**form, "csrf_token": token_of(client)})
+    assert resp.status_code == 404
+
+
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_own_orgs_action_succeeds(app, world, action, form, status):
+    client = _signed_in(app, world, ACME)
+    resp = client.post(action.format(**world), data={**form, "csrf_token": token_of(client)})
+    assert resp.status_code == status, resp.get_data(as_text=True)[:800]
+    if status == 303:
+        page = client.get(resp.headers["Location"]).get_data(as_text=True)
+        assert 'class="flash ok"' in page, page[:2000]
+
+
+def test_another_orgs_action_changes_nothing(app, world):
+    client = _signed_in(app, world, GLOBEX)
+    token = token_of(client)
+    client.post(f"/console/agents/{world['bob']}/keys/{world['key']}/revoke", data={"csrf_token": token})
+    client.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": token})
+    assert sql(app, "SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == [(0,)]
+    assert sql(
+        app, "SELECT state FROM threads WHERE sender_id = (SELECT id FROM agents WHERE handle = 'alice@acme')"
+    ) == [("pending",)]
+
+
+def test_overview_lists_only_the_orgs_agents(app, world):
+    page = _signed_in(app, world, GLOBEX).get("/console/").get_data(as_text=True)
+    assert "gus@globex" in page and "greta@globex" in page
+    assert "@acme" not in page
+
+
+def test_search_finds_only_the_orgs_messages(app, world):
+    acme = _signed_in(app, world, ACME).get("/console/search?q=hello").get_data(as_text=True)
+    globex = _signed_in(app, world, GLOBEX).get("/console/search?q=hello").get_data(as_text=True)
+    assert f"/console/threads/{world['task']}" in acme and world["globex_task"] not in acme
+    assert f"/console/threads/{world['globex_task']}" in globex and world["task"] not in globex
+
+
+def test_a_thread_across_orgs_is_seen_by_both_and_cancelled_only_by_its_senders_org(app, world, client):
+    task = rpc(
+        client,
+        world["bob_key"],
+        "message/send",
+        {"recipient": "gus@globex", "message": {"parts": [{"type": "text", "text": "across orgs"}]}},
+    )["task_id"]
+    globex = _signed_in(app, world, GLOBEX)
+    assert globex.get(f"/console/threads/{task}").status_code == 200
+    resp = globex.post(f"/console/threads/{task}/cancel", data={"csrf_token": token_of(globex)})
+    assert resp.status_code == 303
+    assert "only the sender may cancel" in globex.get(resp.headers["Location"]).get_data(as_text=True)
+    acme = _signed_in(app, world, ACME)
+    resp = acme.post(f"/console/threads/{task}/cancel", data={"csrf_token": token_of(acme)})
+    assert "The handoff is cancelled." in acme.get(resp.headers["Location"]).get_data(as_text=True)
+
+
+def test_unknown_and_malformed_names_are_the_same_404(app, world):
+    client = _signed_in(app, world, ACME)
+    for path in (
+        "/console/agents/nobody@acme",
+        "/console/agents/not a handle",
+        f"/console/threads/{unknown_task_id()}",
+        "/console/threads/not-a-ulid",
+        "/console/no/such/page",
+    ):
+        resp = client.get(path)
+        assert resp.status_code == 404, path
+        assert "Nothing of that name exists in your org." in resp.get_data(as_text=True)
+
+
+# --------------------------------------------------------------------------- sign-in
+
+
+def test_login_form_has_email_password_and_hidden_csrf_token(app):
+    page = app.test_client().get("/console/login").get_data(as_text=True)
+    assert re.search(r'<input[^>]*name="email"', page) and re.search(r'<input[^>]*name="password"', page)
+    assert re.search(r'<input[^>]*name="csrf_token"[^>]*type="hidden"', page)
+    assert '<label for="email">' in page and '<label for="password">' in page
+
+
+def test_sign_in_redirects_to_the_console(app, world):
+    resp = sign_in(app.test_client(), ACME, world["passwords"][ACME])
+    assert resp.status_code == 303 and resp.headers["Location"] == "/console/"
+
+
+def test_sign_in_goes_back_only_to_a_console_page(app, world):
+    client = app.test_client()
+    token = csrf_from(client.get("/console/login").get_data(as_text=True))
+    form = {"email": ACME, "password": world["passwords"][ACME], "csrf_token": token}
+    assert client.post("/console/login?next=//evil.example/x", data=form).headers["Location"] == "/console/"
+    client = app.test_client()
+    form["csrf_token"] = csrf_from(client.get("/console/login").get_data(as_text=True))
+    assert (
+        client.post("/console/login?next=/console/search?q=x", data=form).headers["Location"] == "/console/search?q=x"
+    )
+
+
+def _attempt(app, email, password):
+    client = app.test_client()
+    token = csrf_from(client.get("/console/login").get_data(as_text=True))
+    resp = client.post("/console/login", data={"email": email, "password": password, "csrf_token": token})
+    return resp.status_code, re.sub(r'value="[^"]*"', "", resp.get_data(as_text=True))
+
+
+def test_wrong_email_and_wrong_password_get_the_same_answer(app, world):
+    wrong_email = _attempt(app, "nobody@acme.example", world["passwords"][ACME])
+    wrong_password = _attempt(app, ACME, "not-the-password")
+    assert wrong_email[0] == wrong_password[0] == 401
+    assert "wrong email or password" in wrong_email[1]
+    # The same page but for the email typed back into its field.
+    assert wrong_email[1].replace("nobody@acme.example", ACME) == wrong_password[1]
+
+
+def test_a_disabled_operator_gets_the_same_answer_and_its_sessions_end(app, world):
+    from relay.services.operators import disable_operator
+
+    client = _signed_in(app, world, ACME)
+    with app.app_context():
+        disable_operator(ACME)
+    assert client.get("/console/").status_code == 302
+    assert _attempt(app, ACME, world["passwords"][ACME])[0] == 401
+
+
+def test_reset_password_ends_sessions_and_the_old_password(app, world):
+    from relay.services.operators import reset_password
+
+    client = _signed_in(app, world, ACME)
+    with app.app_context():
+        _operator, new = reset_password(ACME)
+    assert client.get("/console/").status_code == 302
+    assert _attempt(app, ACME, world["passwords"][ACME])[0] == 401
+    assert _attempt(app, ACME, new)[0] == 303
+
+
+def test_passwords_are_stored_as_argon2_hashes_only(app, world):
+    [(hashed,)] = sql(app, "SELECT password_hash FROM operators WHERE email = :e", e=ACME)
+    assert hashed.startswith("$argon2id$") and world["passwords"][ACME] not in hashed
+
+
+def test_sign_in_is_refused_under_the_public_development_key(base_env, celery_app, redis_url):
+    env = {k: v for k, v in base_env.items() if k != "RELAY_SECRET_KEY"}
+    with extra_app(env, celery_app, redis_url, RELAY_ENV="development") as other:
+        client = other.test_client()
+        token = csrf_from(client.get("/console/login").get_data(as_text=True))
+        resp = client.post("/console/login", data={"email": ACME, "password": "x", "csrf_token": token})
+    assert resp.status_code == 503 and "RELAY_SECRET_KEY" in resp.get_data(as_text=True)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def _cookie_header(resp) -> str:
+    return next(v for k, v in resp.headers.items() if k == "Set-Cookie" and v.startswith("relay_console="))
+
+
+def test_session_cookie_is_httponly_samesite_lax_and_scoped_to_the_console(app, world):
+    cookie = _cookie_header(sign_in(app.test_client(), ACME, world["passwords"][ACME]))
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/console" in cookie
+    assert "Secure" not in cookie  # RELAY_ENV=test: plain http on loopback
+
+
+def test_session_cookie_is_secure_in_production(base_env, celery_app, redis_url):
+    with extra_app(base_env, celery_app, redis_url, RELAY_ENV="production") as other:
+        password = make_operator(other, "prod@acme.example", "acme")
+        cookie = _cookie_header(sign_in(other.test_client(), "prod@acme.example", password))
+    assert "Secure" in cookie
+
+
+def test_a_session_past_its_lifetime_is_sent_to_sign_in(app, world):
+    client = app.test_client()
+    client.set_cookie("relay_console", forged_session(app, ACME, 12.5), path="/console")
+    resp = client.get("/console/agents/bob@acme")
+    assert resp.status_code == 302 and resp.headers["Location"].startswith("/console/login")
+    assert "Your session has ended" in client.get(resp.headers["Location"]).get_data(as_text=True)
+
+
+def test_a_session_within_its_lifetime_is_served(app, world):
+    client = app.test_client()
+    client.set_cookie("relay_console", forged_session(app, ACME, 11.5), path="/console")
+    assert client.get("/console/").status_code == 200
+
+
+def test_the_session_lifetime_is_configurable(base_env, celery_app, redis_url, app, world):
+    with extra_app(base_env, celery_app, redis_url, RELAY_CONSOLE_SESSION_HOURS="0.5") as other:
+        client = other.test_client()
+        client.set_cookie("relay_console", forged_session(app, ACME, 0.75), path="/console")
+        assert client.get("/console/").status_code == 302
+        client.set_cookie("relay_console", forged_session(app, ACME, 0.25), path="/console")
+        assert client.get("/console/").status_code == 200
+
+
+def test_logout_ends_the_session_even_for_a_copied_cookie(app, world):
+    client = _signed_in(app, world, ACME)
+    copied = client.get_cookie("relay_console", path="/console").value
+    resp = client.post("/console/logout", data={"csrf_token": token_of(client)})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/console/login"
+    assert client.get("/console/").status_code == 302
+    replay = app.test_client()
+    replay.set_cookie("relay_console", copied, path="/console")
+    assert replay.get("/console/").status_code == 302
+
+
+def test_a_polled_partial_of_an_ended_session_redirects_htmx(app, world):
+    resp = app.test_client().get(f"/console/agents/{world['bob']}/threads", headers={"HX-Request": "true"})
+    assert resp.status_code == 401 and resp.headers["HX-Redirect"].startswith("/console/login")
+
+
+# --------------------------------------------------------------------------- CSRF
+
+
+def test_a_post_without_a_csrf_token_is_a_400_page(app, world):
+    client = _signed_in(app, world, ACME)
+    resp = client.post(f"/console/agents/{world['bob']}/keys/{world['key']}/revoke", data={})
+    assert resp.status_code == 400 and "could not be accepted" in resp.get_data(as_text=True)
+    assert sql(app, "SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == [(0,)]
+
+
+def test_a_post_with_a_wrong_csrf_token_is_a_400_page(app, world):
+    client = _signed_in(app, world, ACME)
+    resp = client.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": "forged"})
+    assert resp.status_code == 400
+    assert sql(app, "SELECT count(*) FROM threads WHERE state = 'cancelled'") == [(0,)]
+
+
+def test_another_sessions_csrf_token_is_refused(app, world):
+    mine, theirs = _signed_in(app, world, ACME), _signed_in(app, world, ACME)
+    resp = mine.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": token_of(theirs)})
+    assert resp.status_code == 400
+
+
+def test_sign_in_needs_a_csrf_token(app, world):
+    resp = app.test_client().post("/console/login", data={"email": ACME, "password": world["passwords"][ACME]})
+    assert resp.status_code == 400 and "Set-Cookie" not in {k for k, v in resp.headers.items() if "op" in v}
+
+
+# --------------------------------------------------------------------------- sign-in limits
+
+
+def _attempts(other, email, n):
+    client = other.test_client()
+    token = csrf_from(client.get("/console/login").get_data(as_text=True))
+    return [
+        client.post("/console/login", data={"email": email, "password": "wrong", "csrf_token": token}) for _ in range(n)
+    ]
+
+
+def test_sign_in_attempts_are_limited_per_email(base_env, celery_app, redis_url):
+    with extra_app(base_env, celery_app, redis_url, RELAY_CONSOLE_LOGIN_LIMIT="2/minute") as other:
+        first, second, third = _attempts(other, "target@acme.example", 3)
+        other_email = _attempts(other, "someone@acme.example", 1)[0]
+    assert [first.status_code, second.status_code, third.status_code] == [401, 401, 429]
+    assert 1 <= int(third.headers["Retry-After"]) <= 60 and "Too many sign-in attempts" in third.get_data(as_text=True)
+    assert other_email.status_code == 401  # another email from the same address still gets its answer
+
+
+def test_sign_in_attempts_are_limited_per_client_address(base_env, celery_app, redis_url):
+    with extra_app(base_env, celery_app, redis_url, RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT="2/minute") as other:
+        statuses = [_attempts(other, f"user{i}@acme.example", 1)[0].status_code for i in range(3)]
+    assert statuses == [401, 401, 429]
+
+
+# --------------------------------------------------------------------------- headers and actions' rules
+
+
+@pytest.mark.parametrize(
+    "page", ["/console/login", "/console/", "/console/nope", "/console/static/console/console.css"]
+)
+def test_console_responses_carry_the_security_headers(app, world, page):
+    resp = _signed_in(app, world, ACME).get(page)
+    csp = resp.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
+    assert resp.headers["X-Frame-Options"] == "DENY" and resp.headers["Referrer-Policy"] == "no-referrer"
+
+
+def test_pages_have_no_inline_script_or_style(app, world):
+    client = _signed_in(app, world, ACME)
+    for page in [p.format(**world) for p in PAGES if "/live" not in p] + ["/console/login"]:
+        html = client.get(page).get_data(as_text=True)
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), page
+        assert "<style" not in html and " style=" not in html and " on" + "click=" not in html, page
+
+
+def test_a_new_key_is_shown_once_and_works(app, world, client):
+    console = _signed_in(app, world, ACME)
+    resp = console.post(f"/console/agents/{world['bob']}/keys", data={"label": "ci", "csrf_token": token_of(console)})
+    key = re.search(r'<code id="new-key">(ah_live_[a-z2-7]{32})</code>', resp.get_data(as_text=True)).group(1)
+    assert client.get("/api/v1/identities/me", headers=bearer(key)).status_code == 200
+    assert key not in console.get(f"/console/agents/{world['bob']}/keys").get_data(as_text=True)
+    assert resp.headers["Cache-Control"] == "no-store"
+
+
+def test_redrive_of_a_delivery_that_is_not_failed_is_refused_by_name(app, world):
+    sql(app, "UPDATE webhook_deliveries SET status = 'succeeded'")
+    client = _signed_in(app, world, ACME)
+    resp = client.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/deliveries/{world['delivery']}/redrive",
+        data={"csrf_token": token_of(client)},
+    )
+    page = client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert "only a failed delivery can be redriven; this one is succeeded" in page
+
+
+def test_redrive_requeues_the_same_row_with_a_fresh_schedule(app, world):
+    client = _signed_in(app, world, ACME)
+    client.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/deliveries/{world['delivery']}/redrive",
+        data={"csrf_token": token_of(client)},
+    )
+    rows = sql(app, "SELECT id::text, status, attempt_count, next_attempt_at IS NOT NULL FROM webhook_deliveries")
+    assert rows == [(world["delivery"], "pending", 0, True)]
+
+
+def test_recover_needs_an_enabled_endpoint(app, world):
+    sql(app, "UPDATE webhook_endpoints SET enabled = false, disabled_reason = 'test'")
+    client = _signed_in(app, world, ACME)
+    resp = client.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/recover",
+        data={"since": "2020-01-01T00:00", "csrf_token": token_of(client)},
+    )
+    assert "the endpoint is disabled; enable it first" in client.get(resp.headers["Location"]).get_data(as_text=True)
+
+
+def test_recover_since_a_time_in_the_future_is_refused(app, world):
+    client = _signed_in(app, world, ACME)
+    later = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    resp = client.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/recover",
+        data={"since": later, "tz_offset": "0", "csrf_token": token_of(client)},
+    )
+    assert "since: is in the future" in client.get(resp.headers["Location"]).get_data(as_text=True)
+
+
+def test_recover_reads_since_in_the_viewers_zone(app, world):
+    """A local time plus the browser's getTimezoneOffset() is a UTC time: events before it stay alone."""
+    sql(app, "UPDATE events SET created_at = created_at - interval '2 hours'")
+    sent = sql(app, "SELECT max(created_at) FROM events")[0][0].astimezone(UTC)
+    later = sent + timedelta(minutes=30)
+    # A viewer at UTC-05:00 types the local time 30 minutes after the event: offset 300 minutes.
+    local = (later - timedelta(minutes=300)).strftime("%Y-%m-%dT%H:%M:%S")
+    client = _signed_in(app, world, ACME)
+    resp = client.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/recover",
+        data={"since": local, "tz_offset": "300", "csrf_token": token_of(client)},
+    )
+    assert "Nothing to recover" in client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert sql(app, "SELECT status FROM webhook_deliveries") == [("failed",)]
+
+
+def test_recover_sends_events_the_endpoint_never_got(app, world, client):
+    """Events fanned out while the endpoint was disabled have no delivery for it: recover makes one."""
+    from relay.services import delivery
+
+    sql(app, "UPDATE webhook_endpoints SET enabled = false")
+    rpc(
+        client,
+        _key_of(app, world["alice"]),
+        "message/send",
+        {"task_id": world["task"], "message": {"parts": [{"type": "text", "text": "to bob while disabled"}]}},
+    )
+    with app.app_context():
+        events = [r[0] for r in sql(app, "SELECT id FROM events WHERE fanned_out_at IS NULL")]
+        assert delivery.fan_out_many(events) == []  # disabled: nothing fanned out to it
+    sql(app, "UPDATE webhook_endpoints SET enabled = true")
+    console = _signed_in(app, world, ACME)
+    resp = console.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/recover",
+        data={"since": "2020-01-01T00:00:00", "tz_offset": "0", "csrf_token": token_of(console)},
+    )
+    page = console.get(resp.headers["Location"]).get_data(as_text=True)
+    assert "1 failed delivery queued again, 1 event never sent queued" in page
+    rows = sql(app, "SELECT status, count(*) FROM webhook_deliveries GROUP BY status")
+    assert rows == [("pending", 2)]
+
+
+def _key_of(app, handle):
+    from relay.services.agents import create_key
+
+    with app.app_context():
+        return create_key(handle, "test").api_key
+
+
+def test_block_from_the_console_holds_for_the_api(app, world, client):
+    console = _signed_in(app, world, ACME)
+    console.post(
+        f"/console/agents/{world['bob']}/blocks", data={"blocked_handle": "alice@acme", "csrf_token": token_of(console)}
+    )
+    resp = client.post(
+        "/a2a",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": "bob@acme", "message": {"parts": [{"type": "text", "text": "blocked?"}]}},
+        },
+        headers=bearer(_key_of(app, "alice@acme")),
+    )
+    assert resp.get_json()["error"]["data"]["symbol"] == "teammate_blocked"
+
+
+def test_a_bad_query_string_is_a_page_naming_the_parameter(app, world):
+    resp = _signed_in(app, world, ACME).get(f"/console/agents/{world['bob']}?state=bogus&cursor=garbage")
+    body = resp.get_data(as_text=True)
+    assert resp.status_code == 422 and "state" in body and "cursor" in body
+
+
+# --------------------------------------------------------------------------- the operators' CLI
+
+
+@pytest.fixture
+def relay_cli(base_env, tmp_path):
+    env = {**base_env, "RELAY_HOME": str(tmp_path / "home")}
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "relay.ops.cli", "operators", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_cli_creates_lists_resets_and_disables_operators(app, relay_cli):
+    created = relay_cli("create", "You@Example.com", "--org", "acme", "--json")
+    assert created.returncode == 0, created.stderr
+    body = json.loads(created.stdout)
+    assert set(body) == {"email", "org", "password"} and body["email"] == "you@example.com" and body["org"] == "acme"
+    assert _attempt(app, "you@example.com", body["password"])[0] == 303
+    listed = json.loads(relay_cli("list", "--json").stdout)
+    assert [(o["email"], o["org"], o["disabled_at"]) for o in listed] == [("you@example.com", "acme", None)]
+    assert body["password"] not in relay_cli("list").stdout
+    reset = relay_cli("reset-password", "you@example.com", "--json")
+    new = json.loads(reset.stdout)["password"]
+    assert new != body["password"] and _attempt(app, "you@example.com", new)[0] == 303
+    assert relay_cli("disable", "you@example.com").stdout.strip() == "disabled operator you@example.com"
+    assert _attempt(app, "you@example.com", new)[0] == 401
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("create", "not-an-email", "--org", "acme"), "email: 'not-an-email' is not an email address"),
+        (("create", "a@b.example", "--org", "-bad-"), "org: '-bad-'"),
+        (("disable", "nobody@example.com"), "no operator nobody@example.com"),
+        (("reset-password", "nobody@example.com"), "no operator nobody@example.com"),
+    ],
+)
+def test_cli_refuses_in_one_line_naming_the_reason(relay_cli, args, message):
+    proc = relay_cli(*args)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_cli_refuses_a_second_operator_with_one_email(relay_cli):
+    assert relay_cli("create", "dup@example.com", "--org", "acme").returncode == 0
+    proc = relay_cli("create", "DUP@example.com", "--org", "globex")
+    assert proc.returncode == 1 and "an operator dup@example.com already exists" in proc.stderr
+
+
+def test_cli_plain_create_prints_the_password_once(relay_cli):
+    proc = relay_cli("create", "plain@example.com", "--org", "acme")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "created operator plain@example.com of org acme"
+    assert re.fullmatch(r"password \(shown once\): [A-Za-z0-9_-]{24}", lines[1])
+
+
+def test_relay_up_keeps_a_generated_secret_key_per_home(tmp_path):
+    from relay.config import DEV_SECRET_KEY
+    from relay.ops.embedded import secret_key
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    made = secret_key(fresh)
+    assert len(made) >= 40 and made != DEV_SECRET_KEY
+    assert secret_key(fresh) == made  # the same key on every start: sessions and webhook secrets survive
+    assert (fresh / "secret_key").stat().st_mode & 0o777 == 0o600
+    older = tmp_path / "older"
+    (older / "pg").mkdir(parents=True)  # a home whose database already holds secrets under the old value
+    assert secret_key(older) == DEV_SECRET_KEY
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("RELAY_CONSOLE_SESSION_HOURS", "0", "RELAY_CONSOLE_SESSION_HOURS must be a positive number of hours"),
+        ("RELAY_CONSOLE_SESSION_HOURS", "soon", "RELAY_CONSOLE_SESSION_HOURS must be a number of hours"),
+        ("RELAY_CONSOLE_SESSION_HOURS", "100000", "RELAY_CONSOLE_SESSION_HOURS must be at most 8784 hours"),
+        ("RELAY_CONSOLE_LOGIN_LIMIT", "often", "RELAY_CONSOLE_LOGIN_LIMIT must be a rate such as '60/minute'"),
+        ("RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT", "x", "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT must be a rate"),
+    ],
+)
+def test_console_settings_are_checked_naming_the_variable(base_env, name, value, message):
+    from relay.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings({**base_env, name: value})
