@@ -411,7 +411,7 @@ def _explain_feed(app, handle, **params):
     captured: list[tuple[str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
-        if "FROM messages" in statement and "ORDER BY" in statement:
+        if ("FROM messages" in statement and "ORDER BY" in statement) or statement.startswith("EXECUTE relay_"):
             captured.append((statement, parameters))
 
     with app.app_context():
@@ -425,7 +425,18 @@ def _explain_feed(app, handle, **params):
         assert len(captured) == 1, [s for s, _ in captured]
         statement, parameters = captured[0]
         with engine.connect() as conn:
+            if statement.startswith("EXECUTE "):
+                # A prepared page: explain the generic plan it settles on, not a custom one.
+                name = statement.split()[1].split("(")[0]
+                prepared = next(
+                    c.prepared for c in feed_service._PAGES._compiled.values() if c.prepared and c.prepared.name == name
+                )
+                if name not in conn.connection.info.get("relay_prepared", ()):
+                    conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
+                    conn.connection.info.setdefault("relay_prepared", set()).add(name)
+                conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+            conn.exec_driver_sql("RESET plan_cache_mode")
     return page, plan
 
 

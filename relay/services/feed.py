@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from flask import current_app
-from sqlalchemy import Integer, String, and_, bindparam, literal, or_, select, tuple_, union_all
+from sqlalchemy import String, and_, bindparam, literal, literal_column, or_, select, tuple_, union_all
 from sqlalchemy.orm import aliased
 
 from relay.encoding import json_size
@@ -159,10 +159,13 @@ class _Row(NamedTuple):
     target_role: str
 
 
-def _page_statement(direction: str, _search_shape: tuple, ascending: bool, present: frozenset[str]):
+def _page_statement(direction: str, _search_shape: tuple, ascending: bool, rows: int, present: frozenset[str]):
     """One feed page's statement with named parameters, for the filters in ``present``.
 
-    Newest first, or with ``ascending`` oldest first (a stream's next rows after its position).
+    Newest first, or with ``ascending`` oldest first (a stream's next rows after its
+    position). ``rows`` is written into the statement, not a parameter: a prepared
+    statement's generic plan takes an unknown LIMIT for a tenth of the table, and then
+    sorts a hash join of every message instead of walking the feed index.
     """
     conditions = []
     if "requester" in present:
@@ -187,7 +190,7 @@ def _page_statement(direction: str, _search_shape: tuple, ascending: bool, prese
         order = (Message.created_at.asc(), Message.id.asc())
     else:
         order = (Message.created_at.desc(), Message.id.desc())
-    identity, limit = bindparam("identity"), bindparam("limit", type_=Integer)
+    identity, limit = bindparam("identity"), literal_column(str(int(rows)))
 
     def side(column, *more):
         return (
@@ -222,7 +225,9 @@ def _page_statement(direction: str, _search_shape: tuple, ascending: bool, prese
 # The page statement of each shape (direction, search document, which filters are present),
 # compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
 _PAGES = Shapes(
-    ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at", "after_at"), _page_statement
+    ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at", "after_at"),
+    _page_statement,
+    prepared=lambda present: "q" not in present,  # a search's best plan depends on its words
 )
 
 
@@ -315,7 +320,7 @@ def page_rows(
     # Everything compiled into the statement is in its shape: the search document's
     # definition reads its bounds when built (tests change them).
     search_shape = (current_app.config["RELAY"].search_config, search.MAX_DOCUMENT_CHARS, search.SPLIT_CHARS)
-    statement = _PAGES.get(params, flt.direction, search_shape, ascending)
+    statement = _PAGES.get(params, flt.direction, search_shape, ascending, limit)
     # One page read: its own transaction, no BEGIN/COMMIT round trips.
     with unit_of_work() as session, own_transaction(session):
         return statement.execute(session, **params).fetchall()

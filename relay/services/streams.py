@@ -65,12 +65,17 @@ class Held:
     (calling it twice is harmless). :meth:`rounds` is the loop streams share.
     """
 
-    def __init__(self, identity: Agent, still_allowed: Callable[[], Any]):
+    def __init__(self, identity: Agent, still_allowed: Callable[[], Any], waiter: wakeup.Waiter | None = None):
         self.still_allowed = still_allowed
         self.tick = current_app.config["RELAY"].stream_heartbeat
-        self.slot = take_slot(identity)
         self.listener = wakeup.listener()
-        self.waiter = self.listener.register((identity.id,))
+        try:
+            self.slot = take_slot(identity)
+        except RelayError:
+            if waiter is not None:
+                self.listener.unregister(waiter)
+            raise
+        self.waiter = waiter or self.listener.register((identity.id,))
         self._closed = False
 
     def finished(self) -> bool:
@@ -151,29 +156,23 @@ def wait_for_page(
     (``retry_after`` in details) past ``RELAY_STREAMS_PER_AGENT``, service_unavailable if
     the database could not be read when the time ran out.
     """
-    result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
-    if result["items"]:
-        return result
     deadline = time.monotonic() + wait
-    held = Held(identity, still_allowed)
+    # The waiter is registered before the first read, so a message committed after that
+    # read wakes it; the slot (a Redis round trip) is taken only if the page is empty.
+    listener = wakeup.listener()
+    early = listener.register((identity.id,))
     try:
-        # Read again once registered: a message committed between the first read and the
-        # registration woke nobody.
-        check = None
+        result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
+        if result["items"]:
+            return result
+        held = Held(identity, still_allowed, waiter=early)
+    except BaseException:
+        listener.unregister(early)
+        raise
+    failed = False
+    try:
         while True:
-            try:
-                if check is not None:
-                    check()
-                result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
-                failed = False
-            except DBAPIError as exc:
-                if not is_connection_error(exc):
-                    raise
-                db.session.rollback()
-                failed = True  # PostgreSQL restarting: wait and read again
             _release_connection()
-            if not failed and result["items"]:
-                return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if failed:
@@ -181,7 +180,17 @@ def wait_for_page(
                 return result
             held.waiter.wait(min(remaining, held.tick))
             held.slot.refresh()
-            check = still_allowed
+            try:
+                still_allowed()
+                result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
+                failed = False
+            except DBAPIError as exc:
+                if not is_connection_error(exc):
+                    raise
+                db.session.rollback()
+                failed = True  # PostgreSQL restarting: wait and read again
+            if not failed and result["items"]:
+                return result
     finally:
         held.close()
 

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from psycopg2.extras import Json
-from sqlalchemy import ARRAY, Integer, String, and_, bindparam, exists, func, or_, select, update
+from sqlalchemy import ARRAY, String, and_, bindparam, exists, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from relay.errors import RelayError, invalid
@@ -30,6 +30,7 @@ from relay.models import (
     Thread,
 )
 from relay.services import (
+    Prepared,
     Shapes,
     after_commit,
     dispatch,
@@ -461,13 +462,13 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
     thread_not_found, not_a_participant (``peer``: see _load_thread).
     """
     with unit_of_work() as session, statement_cursor(session, alone=True) as cur:
-        cur.execute(_GET_THREAD_SQL, {"id": task_id})
+        cur.execute(_GET_THREAD.ready(session), {"id": task_id})
         t = cur.fetchone()
         if t is None or (peer is not None and (t[2], t[3]) != (caller.id, peer.id)):
             raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")
         if caller.id not in (t[2], t[3]):
             raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
-        cur.execute(_GET_MESSAGES_SQL, {"id": task_id})
+        cur.execute(_GET_MESSAGES.ready(session), {"id": task_id})
         messages = [_message_row(*m) for m in cur.fetchall()]
         if mark_read and messages:
             # Read up to what this answer holds (not the thread's counter, which a later
@@ -510,6 +511,8 @@ SELECT m.id, m.sequence_no, a.handle, m.role, m.body, m.parts, m.artifacts, m.me
 FROM messages m JOIN agents a ON a.id = m.author_id
 WHERE m.thread_id = %(id)s ORDER BY m.sequence_no
 """
+
+_GET_THREAD, _GET_MESSAGES = Prepared(_GET_THREAD_SQL), Prepared(_GET_MESSAGES_SQL)
 
 
 def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int) -> None:
@@ -607,8 +610,12 @@ def _list_filters(role: str, present: set[str]) -> list:
     return filters
 
 
-def _list_statement(role: str, present: set[str]):
-    """One tasks/list page with named parameters: newest activity first, and each thread's unread count."""
+def _list_statement(role: str, rows: int, present: set[str]):
+    """One tasks/list page with named parameters: newest activity first, and each thread's unread count.
+
+    ``rows`` is written into the statement (see feed._page_statement: a generic plan's
+    unknown LIMIT).
+    """
     caller = bindparam("caller")
     unread = (
         select(func.count(Message.id))
@@ -637,11 +644,13 @@ def _list_statement(role: str, present: set[str]):
     if "cursor_at" in present:
         at, ident = bindparam("cursor_at"), bindparam("cursor_id")
         stmt = stmt.where(or_(Thread.updated_at < at, and_(Thread.updated_at == at, Thread.id < ident)))
-    return stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(bindparam("limit", type_=Integer))
+    return stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(literal_column(str(int(rows))))
 
 
 # The tasks/list page statement of each shape (role, which filters are present), compiled once.
-_LIST_PAGES = Shapes(("peer", "context_id", "status", "since", "cursor_at"), _list_statement)
+_LIST_PAGES = Shapes(
+    ("peer", "context_id", "status", "since", "cursor_at"), _list_statement, prepared=lambda present: True
+)
 
 
 def _count_threads(session: Session, role, caller, peer, context_id, status, since) -> int:
@@ -687,7 +696,7 @@ def list_threads(
         "cursor_id": cursor[1] if cursor else None,
         "limit": limit + 1,
     }
-    statement = _LIST_PAGES.get(params, role)
+    statement = _LIST_PAGES.get(params, role, limit + 1)
     with unit_of_work() as session, own_transaction(session):
         rows = statement.execute(session, **params).all()
         page = rows[:limit]
