@@ -6,16 +6,18 @@ and ``GET /select`` reads 50 rows; every relay figure is reported as a ratio to 
 
 from __future__ import annotations
 
-import os
-
 from flask import Flask
 from sqlalchemy import create_engine, text
 
-from relay.config import normalize_database_url
+from relay.config import load_settings
 
 app = Flask(__name__)
+_settings = load_settings()  # the relay's own pool settings, so the two pools are alike
 engine = create_engine(
-    normalize_database_url(os.environ["DATABASE_URL"]), pool_size=5, max_overflow=10, pool_pre_ping=True
+    _settings.database_url,
+    pool_size=_settings.db_pool_size,
+    max_overflow=_settings.db_max_overflow,
+    pool_pre_ping=True,
 )
 
 

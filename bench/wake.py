@@ -47,6 +47,45 @@ def _percentiles(values: list[float]) -> dict:
     return {"count": len(ordered), "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "max_ms": pct(100)}
 
 
+def _drained(database_url: str, timeout: float = 300) -> None:
+    """Wait until the worker has indexed every message and fanned out every event."""
+    conn, _ = harness._admin(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT (SELECT count(*) FROM messages WHERE search_vector IS NULL)"
+                    " + (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)"
+                )
+                if cur.fetchone()[0] == 0:
+                    return
+            time.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def _cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's CPU seconds so far: ``{pid: (name, seconds)}``."""
+    seen = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            t = proc.cpu_times()
+            cmd = " ".join(proc.info["cmdline"] or [])[:60] or proc.info["name"]
+            seen[proc.pid] = (cmd, t.user + t.system)
+        except psutil.Error:
+            pass
+    return seen
+
+
+def _top_cpu(before: dict, after: dict, wall: float, n: int = 8) -> list[tuple[str, float]]:
+    """The ``n`` commands (processes of one command line summed) that used the most cores between two samples."""
+    used: dict[str, float] = {}
+    for pid, (cmd, seconds) in after.items():
+        used[cmd] = used.get(cmd, 0.0) + seconds - before.get(pid, (cmd, 0.0))[1]
+    return [(cmd, round(s / wall, 3)) for cmd, s in sorted(used.items(), key=lambda kv: -kv[1])[:n]]
+
+
 def _slots_held(client: redis.Redis) -> int:
     now = time.time()
     return sum(client.zcount(key, now, "+inf") for key in client.scan_iter("relay:waits:*", count=1000))
@@ -166,8 +205,6 @@ def wake(
                 fig["label"] = label
                 return fig
 
-            results["send_without_waiters"] = throughput("no waiters")
-
             spec = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
             json.dump(
                 {
@@ -198,12 +235,17 @@ def wake(
             while (held := _slots_held(slots)) < waiters and time.monotonic() < deadline:
                 time.sleep(0.2)
             results["waiters_held_before"] = held
+            # Phases in this order so that none runs while the worker drains another's backlog
+            # (thousands of messages to index and fan out would take the cores from it).
             with harness.RssSampler({"web_worker": relay}) as rss:
-                busy0, cpu0 = psutil.cpu_times(), harness.cpu_seconds(relay)
+                busy0, cpu0, wcpu0 = psutil.cpu_times(), harness.cpu_seconds(relay), harness.cpu_seconds(worker)
+                every0 = _cpu_by_process()
                 steady = _steady_sends(host, port, keys[senders[0]], recipients, rate, duration)
-                busy1, cpu1 = psutil.cpu_times(), harness.cpu_seconds(relay)
+                every1 = _cpu_by_process()
+                busy1, cpu1, wcpu1 = psutil.cpu_times(), harness.cpu_seconds(relay), harness.cpu_seconds(worker)
                 time.sleep(2)  # the last wake-ups
                 results["waiters_held_after"] = _slots_held(slots)
+                _drained(database_url)
                 results["send_with_waiters"] = throughput(f"{waiters} waiters held")
             results["peak_rss_mib"] = {"web_worker": round(rss.peak["web_worker"] / 2**20, 1)}
             wall = steady["wall_s"]
@@ -214,6 +256,8 @@ def wake(
                     (sum(busy1) - busy1.idle - (sum(busy0) - busy0.idle)) / wall if wall else 0, 2
                 ),
                 "web_cores": round((cpu1 - cpu0) / wall, 2) if wall else None,
+                "worker_cores": round((wcpu1 - wcpu0) / wall, 2) if wall else None,
+                "top_cores": _top_cpu(every0, every1, wall) if wall else [],
             }
             clients.send_signal(signal.SIGTERM)
             clients.wait(timeout=60)
@@ -236,6 +280,9 @@ def wake(
                 "client_errors": got["errors"],
                 "waiter_process_cpu_s": round(got["cpu_seconds"], 2),
             }
+            results["waiters_held_after_stop"] = _slots_held(slots)
+            _drained(database_url)
+            results["send_without_waiters"] = throughput("no waiters")
             results["send_path_ratio"] = (
                 round(results["send_with_waiters"]["rps"] / results["send_without_waiters"]["rps"], 3)
                 if results["send_without_waiters"]["rps"]

@@ -40,6 +40,8 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_SLOW_MS": "2000",
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
     "RELAY_STREAMS_PER_AGENT": "10",
+    "RELAY_DB_POOL_SIZE": "15",
+    "RELAY_DB_MAX_OVERFLOW": "5",
     "RELAY_STREAM_HEARTBEAT": "15",
     "RELAY_CONSOLE_SESSION_HOURS": "12",
     "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
@@ -164,6 +166,11 @@ class Settings:
     # heartbeats (also a waiter's re-check and re-authentication: issue 14).
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
+    # PostgreSQL connections each process keeps open, and may open beyond them for a burst.
+    # Kept, not overflow: a burst of woken waiters opening and closing backends (a fork each,
+    # and every prepared statement again) cost more CPU than the reads themselves.
+    db_pool_size: int = 15
+    db_max_overflow: int = 5
     # The operator console (relay/transport/console): how long a sign-in lasts, and the
     # sign-in attempts allowed per email and per client address.
     console_session_hours: float = 12.0
@@ -177,7 +184,7 @@ class Settings:
             "SQLALCHEMY_DATABASE_URI": self.database_url,
             # No pool_pre_ping: relay.extensions pings on checkout itself, reading the key
             # generation in the same round trip.
-            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_size": 5, "max_overflow": 10},
+            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_size": self.db_pool_size, "max_overflow": self.db_max_overflow},
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
             "RATELIMIT_STORAGE_URI": self.redis_url,
             "RATELIMIT_STRATEGY": "sliding-window-counter",
@@ -246,6 +253,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_slow_ms=_int(env, "RELAY_WEBHOOK_SLOW_MS", 1),
         webhook_max_payload_bytes=_int(env, "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES", 4096),
         streams_per_agent=_int(env, "RELAY_STREAMS_PER_AGENT", 1),
+        db_pool_size=_int(env, "RELAY_DB_POOL_SIZE", 1),
+        db_max_overflow=_int(env, "RELAY_DB_MAX_OVERFLOW", 0),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),

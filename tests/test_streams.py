@@ -341,9 +341,10 @@ def test_a_disabled_agents_long_poll_ends_unauthenticated(app, live, pair):
 
 
 def test_waiters_hold_no_database_connection(app, live, make_agent, settled):
-    # Each web process's pool holds at most 5 + 10 connections: more waiters than both
-    # pools together would starve if a waiter kept its connection.
-    pool_capacity = 2 * (5 + 10)
+    # More waiters than both web processes' pools hold connections: they would starve if a
+    # waiter kept its connection.
+    settings = app.config["RELAY"]
+    pool_capacity = 2 * (settings.db_pool_size + settings.db_max_overflow)
     sender, sender_key = make_agent("sender@acme")
     agents = [make_agent(f"w{i}@acme") for i in range(pool_capacity // CAP + 2)]
     polls = [(h, Poll(live, h, k, wait=45, direction="inbound")) for h, k in agents for _ in range(CAP)]

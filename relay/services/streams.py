@@ -13,6 +13,7 @@ within one identity's feed a message never commits behind one with a later posit
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -76,6 +77,9 @@ class Held:
                 self.listener.unregister(waiter)
             raise
         self.waiter = waiter or self.listener.register((identity.id,))
+        # The first tick comes after a random part of one: waiters opened together (a deploy,
+        # a reconnecting fleet) would otherwise re-read and re-authenticate all at once.
+        self.first_tick = self.tick * random.uniform(0.5, 1.0)
         self._closed = False
 
     def finished(self) -> bool:
@@ -91,7 +95,7 @@ class Held:
         A read or check that cannot reach PostgreSQL is tried again on the next round.
         The session is closed after each, so no connection is held while waiting.
         """
-        next_beat = time.monotonic() + self.tick
+        next_beat = time.monotonic() + self.first_tick
         while True:
             try:
                 items, again = read()
@@ -178,7 +182,8 @@ def wait_for_page(
                 if failed:
                     raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
                 return result
-            held.waiter.wait(min(remaining, held.tick))
+            held.waiter.wait(min(remaining, held.first_tick))
+            held.first_tick = held.tick
             held.slot.refresh()
             try:
                 still_allowed()
