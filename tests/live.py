@@ -189,6 +189,17 @@ def claimed_redis_db(url: str, dbs: Iterable[int] = CLAIM_DBS, wait: float = CLA
             client.close()
 
 
+class LiveURL(str):
+    """A live relay's base URL, carrying its :class:`LiveStack` (``.stack``: its processes' logs)."""
+
+    stack: LiveStack
+
+    def __new__(cls, base: str, stack: LiveStack):
+        url = super().__new__(cls, base)
+        url.stack = stack
+        return url
+
+
 # Running stacks with a worker, by database URL: a worker-less stack shares its broker.
 _WORKERS: dict[str, list[str]] = {}
 
@@ -233,7 +244,7 @@ def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator
             _WORKERS.setdefault(database, []).append(broker)
             cleanup.callback(_WORKERS[database].remove, broker)
         stack.wait_healthy()
-        yield stack.base
+        yield LiveURL(stack.base, stack)
 
 
 def stop_groups(procs: Iterable[subprocess.Popen]) -> None:

@@ -80,7 +80,7 @@ PAGES = [
     "/console/threads/{task}/live",
     "/console/search?q=hello",
     "/console/agents/{bob}/webhooks",
-    "/console/agents/{bob}/webhooks?endpoint={webhook}",
+    "/console/agents/{bob}/webhooks?webhook={webhook}",
     "/console/agents/{bob}/keys",
     "/console/logout",
 ]
@@ -632,3 +632,32 @@ def test_console_settings_are_checked_naming_the_variable(base_env, name, value,
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings({**base_env, name: value})
+
+
+def test_an_endpoint_with_more_deliveries_than_a_page_links_to_the_older_ones(app, world):
+    from relay.services import delivery, threads
+    from relay.services.agents import get_agent
+
+    with app.app_context():
+        alice = get_agent(world["alice"])
+        for i in range(12):
+            threads.send_message(
+                alice, {"recipient": world["bob"], "message": {"parts": [{"type": "text", "text": f"n{i}"}]}}
+            )
+        events = [
+            row[0]
+            for row in sql(
+                app,
+                "SELECT id FROM events WHERE type = 'message.created' AND agent_id = "
+                "(SELECT id FROM agents WHERE handle = :b) AND id NOT IN (SELECT event_id FROM webhook_deliveries)",
+                b=world["bob"],
+            )
+        ]
+        assert len(events) == 12
+        delivery.fan_out_many(events)
+    console = _signed_in(app, world, ACME)
+    page = console.get(f"/console/agents/{world['bob']}/webhooks")
+    assert page.status_code == 200, page.get_data(as_text=True)[:500]
+    older = re.search(r'href="([^"]+)" rel="next">Older deliveries', page.get_data(as_text=True))
+    assert older, "no link to the older deliveries"
+    assert console.get(older.group(1).replace("&amp;", "&")).status_code == 200

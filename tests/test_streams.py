@@ -184,6 +184,13 @@ def test_bad_wait_or_after_is_422_naming_it(live, pair, params, field):
     assert field in (error["details"] or {}), error
 
 
+def test_a_parameter_given_twice_is_422_saying_so(live, pair):
+    a, a_key, b, b_key = pair
+    resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"wait": ["1", "2"]}, timeout=30)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"]["details"]["wait"] == ["is given more than once; give it once"]
+
+
 def test_after_a_message_of_another_feed_is_422_as_if_unknown(live, make_agent, pair):
     a, a_key, b, b_key = pair
     c, c_key = make_agent("carol@acme")
@@ -245,6 +252,18 @@ def test_stream_filters_like_the_feed(live, pair):
     match = send(live, a_key, b, "the invoices are late")
     assert [e.id for e in stream.messages(1)] == [match["message_id"]]
     stream.close()
+
+
+def test_a_stream_the_client_dropped_is_closed_without_an_error(app, live, pair):
+    a, a_key, b, b_key = pair
+    for _ in range(2):
+        stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
+        stream.until_ready()
+        stream.close()
+    # The relay notices on its next write (a heartbeat, every second here) and gives the slot back.
+    wait_until(lambda: slots_held(app, b) == 0, what="the dropped streams' slots given back")
+    log = live.stack.log("web")
+    assert "Error handling request" not in log, log[-3000:]
 
 
 def test_stream_sends_heartbeats(live, pair):

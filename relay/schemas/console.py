@@ -60,9 +60,9 @@ class SearchQuery(_Lenient):
 
 
 class DeliveriesQuery(_Lenient):
-    """``/console/agents/<handle>/webhooks``: ``endpoint`` (one endpoint's older deliveries) and ``cursor``."""
+    """``/console/agents/<handle>/webhooks``: ``webhook`` (one endpoint's older deliveries) and ``cursor``."""
 
-    endpoint = fields.UUID(load_default=None)
+    webhook = fields.UUID(load_default=None)  # not "endpoint": url_for takes that name itself
     cursor = Cursor(load_default=None)
 
     @pre_load

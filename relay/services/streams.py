@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from flask import current_app
+from flask import current_app, has_app_context
 from sqlalchemy.exc import DBAPIError
 
 from relay.errors import RelayError, is_connection_error
@@ -138,7 +138,10 @@ class Held:
         self._closed = True
         self.listener.unregister(self.waiter)
         self.slot.release()
-        _release_connection()
+        # gunicorn closes the response (and so this) after the request's context is gone;
+        # the context's teardown has closed the session already.
+        if has_app_context():
+            _release_connection()
 
 
 def wait_for_page(

@@ -401,14 +401,14 @@ def agent_webhooks(handle: str):
     subject = _agent(handle)
     q = _query(DeliveriesQuery())
     endpoints = webhooks.list_endpoints(subject)
-    if q["endpoint"] is not None:
-        endpoints = [e for e in endpoints if e["id"] == str(q["endpoint"])]
+    if q["webhook"] is not None:
+        endpoints = [e for e in endpoints if e["id"] == str(q["webhook"])]
         if not endpoints:
             raise RelayError("not_found", f"no webhook {q['endpoint']}")
     for endpoint in endpoints:
-        cursor = q["cursor"] if q["endpoint"] is not None else None
+        cursor = q["cursor"] if q["webhook"] is not None else None
         endpoint["deliveries"] = webhooks.list_deliveries(subject, endpoint["id"], limit=DELIVERIES, cursor=cursor)
-    return render_template("console/webhooks.html", agent=subject, endpoints=endpoints, one=q["endpoint"] is not None)
+    return render_template("console/webhooks.html", agent=subject, endpoints=endpoints, one=q["webhook"] is not None)
 
 
 @bp.get("/agents/<handle>/keys")

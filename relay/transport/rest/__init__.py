@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
-from marshmallow import Schema
+from marshmallow import Schema, fields
 
-from relay.errors import RelayError
+from relay.errors import RelayError, invalid
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.transport.auth import bearer_token, current_agent, retry_after_seconds
@@ -88,8 +88,16 @@ def still_allowed(handle: str):
 
 
 def load_query(schema: Schema) -> dict:
-    """Load the query string with ``schema``; 422 naming each bad parameter."""
+    """Load the query string with ``schema``; 422 naming each bad parameter.
+
+    A parameter given twice is a list only where the schema takes one (``status``);
+    elsewhere it is refused as given more than once, not as a bad value.
+    """
     data = {k: (vals[0] if len(vals) == 1 else vals) for k, vals in request.args.lists()}
+    for name, value in data.items():
+        field = schema.fields.get(name)
+        if isinstance(value, list) and field is not None and not isinstance(field, fields.List):
+            raise invalid(name, "is given more than once; give it once")
     return load_or_invalid(schema, data)
 
 
