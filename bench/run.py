@@ -335,12 +335,18 @@ def run(
 
                 def measure(kind: str, ceiling_kind: str) -> dict:
                     scenario = {"host": relay_url, "kind": kind, "users": users, "duration": duration, "data": data}
-                    fig = median_of([load(scenario, relay) for _ in range(repeats)])
+                    beside_scenario = {"host": ceiling_url, "kind": ceiling_kind, "users": users, "duration": duration}
+                    # Each run right after a run of its ceiling: what earlier paths left the machine
+                    # (autovacuum of their rows, checkpoints) weighs on both alike.
+                    runs, beside = [], []
+                    for _ in range(repeats):
+                        beside.append(load(beside_scenario, ceiling))
+                        runs.append(load(scenario, relay))
+                    fig, near = median_of(runs), median_of(beside)
                     fig["ceiling"] = ceiling_kind
-                    fig["ratio_rps"] = (
-                        fig["rps"] / ceilings[ceiling_kind]["rps"] if ceilings[ceiling_kind]["rps"] else None
-                    )
-                    ceiling_cpu = ceilings[ceiling_kind].get("web_cpu_ms_per_req")
+                    fig["ceiling_rps_beside"] = near["rps"]
+                    fig["ratio_rps"] = fig["rps"] / near["rps"] if near["rps"] else None
+                    ceiling_cpu = near.get("web_cpu_ms_per_req")
                     if ceiling_cpu and fig.get("web_cpu_ms_per_req"):
                         fig["ratio_cpu"] = ceiling_cpu / fig["web_cpu_ms_per_req"]
                     if profile_dir is not None:
