@@ -43,6 +43,28 @@ def test_production_defaults_from_only_the_server_urls():
     assert s.env == "development"
     # The production-safe switches are off unless an operator turns them on.
     assert (s.webhook_allow_private, s.webhook_allow_http) == (False, False)
+    # Issue 14: waits and streams, and the pool that keeps their bursts off new backends.
+    assert (s.streams_per_agent, s.stream_heartbeat) == (10, 15.0)
+    assert (s.db_pool_size, s.db_max_overflow) == (15, 5)
+    assert s.flask_config()["SQLALCHEMY_ENGINE_OPTIONS"] == {"pool_size": 15, "max_overflow": 5}
+
+
+@pytest.mark.parametrize(
+    "name,value,says",
+    [
+        ("RELAY_STREAMS_PER_AGENT", "0", "RELAY_STREAMS_PER_AGENT must be at least 1"),
+        ("RELAY_STREAM_HEARTBEAT", "0", "RELAY_STREAM_HEARTBEAT must be a positive number of seconds"),
+        ("RELAY_DB_POOL_SIZE", "0", "RELAY_DB_POOL_SIZE must be at least 1"),
+        ("RELAY_DB_MAX_OVERFLOW", "-1", "RELAY_DB_MAX_OVERFLOW must be at least 0"),
+        ("RELAY_DB_POOL_SIZE", "many", "RELAY_DB_POOL_SIZE must be an integer"),
+    ],
+)
+def test_a_bad_wait_or_pool_setting_names_the_variable(name, value, says):
+    from relay.config import ConfigError
+
+    env = {"DATABASE_URL": "postgresql://u@db/relay", "REDIS_URL": "redis://cache:6379/0", name: value}
+    with pytest.raises(ConfigError, match=says):
+        load_settings(env)
 
 
 def test_request_defaults_feed_limit_50_of_100_and_tasks_list_limit_50_of_200():

@@ -340,36 +340,19 @@ def row_position(columns: tuple) -> tuple[datetime, uuid.UUID]:
 def list_messages(
     identity: Agent,
     *,
-    direction: str = "both",
-    requester_handle: str | None = None,
-    worker_handle: str | None = None,
-    task_id: uuid.UUID | None = None,
-    context_id: uuid.UUID | None = None,
-    role: str | None = None,
-    q: str | None = None,
-    since: datetime | None = None,
     cursor: tuple[datetime, uuid.UUID] | None = None,
     after: uuid.UUID | None = None,
     limit: int = 50,
+    **filter_params: Any,
 ) -> dict[str, Any]:
     """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (seed 004).
 
-    ``identity`` comes from :func:`resolve_identity`; ``after`` (a message id) keeps only
-    rows after that message. Raises invalid_params (422) for a malformed handle filter or
-    an ``after`` not in the feed.
+    ``identity`` comes from :func:`resolve_identity`; ``filter_params`` are :func:`filters`'
+    keywords; ``after`` (a message id) keeps only rows after that message. Raises
+    invalid_params (422) for a malformed handle filter or an ``after`` not in the feed.
     """
-    flt = filters(
-        direction=direction,
-        requester_handle=requester_handle,
-        worker_handle=worker_handle,
-        task_id=task_id,
-        context_id=context_id,
-        role=role,
-        q=q,
-        since=since,
-    )
     position = position_of(identity, after) if after is not None else None
-    return page(identity, flt, cursor=cursor, after=position, limit=limit)
+    return page(identity, filters(**filter_params), cursor=cursor, after=position, limit=limit)
 
 
 def page(

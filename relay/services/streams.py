@@ -144,6 +144,46 @@ class Held:
             _release_connection()
 
 
+def wait_for_messages(
+    identity: Agent,
+    *,
+    wait: float,
+    still_allowed: Callable[[], Any],
+    cursor: tuple[datetime, uuid.UUID] | None = None,
+    after: uuid.UUID | None = None,
+    limit: int = 50,
+    **filter_params: Any,
+) -> dict[str, Any]:
+    """The feed's ``wait``: :func:`feed.list_messages`'s arguments, answered as :func:`wait_for_page` does."""
+    position = feed.position_of(identity, after) if after is not None else None
+    return wait_for_page(
+        identity,
+        feed.filters(**filter_params),
+        wait=wait,
+        still_allowed=still_allowed,
+        cursor=cursor,
+        after=position,
+        limit=limit,
+    )
+
+
+def open_stream(
+    identity: Agent,
+    *,
+    still_allowed: Callable[[], Any],
+    after: uuid.UUID | None = None,
+    after_field: str = "after",
+    **filter_params: Any,
+) -> Stream:
+    """A :class:`Stream` of the feed with :func:`feed.filters`' keywords, resuming after message ``after``.
+
+    Raises invalid_params naming ``after_field`` (``after`` or ``Last-Event-ID``) when that
+    message is not in the feed, rate_limited past ``RELAY_STREAMS_PER_AGENT``.
+    """
+    position = feed.position_of(identity, after, after_field) if after is not None else None
+    return Stream(identity, feed.filters(**filter_params), after=position, still_allowed=still_allowed)
+
+
 def wait_for_page(
     identity: Agent,
     flt: feed.Filters,

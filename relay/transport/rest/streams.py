@@ -22,7 +22,7 @@ from flask import Response, request, stream_with_context
 from relay.encoding import dumps_bytes
 from relay.errors import RelayError, invalid
 from relay.schemas.rest import StreamQuery
-from relay.services import feed, streams
+from relay.services import streams
 from relay.transport.rest import bp, identity, load_query, still_allowed
 
 # How long an EventSource waits before reconnecting, in milliseconds (the SSE "retry" field).
@@ -55,11 +55,11 @@ def stream_messages(handle: str):
     caller = identity(handle)
     params = load_query(StreamQuery())
     resume = _last_event_id()
-    field = "Last-Event-ID" if resume is not None else "after"
-    after = resume if resume is not None else params.pop("after", None)
-    params.pop("after", None)
-    position = feed.position_of(caller, after, field) if after is not None else None
-    opened = streams.Stream(caller, feed.filters(**params), after=position, still_allowed=still_allowed(handle))
+    if resume is not None:  # the reconnecting client's position wins over the URL's
+        params["after"], field = resume, "Last-Event-ID"
+    else:
+        field = "after"
+    opened = streams.open_stream(caller, still_allowed=still_allowed(handle), after_field=field, **params)
 
     def body():
         # Sent once the starting position is taken: from here on nothing is missed.

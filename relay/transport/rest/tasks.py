@@ -24,17 +24,7 @@ def list_messages(handle: str):
     wait = params.pop("wait", None)
     if wait is None:
         return feed.list_messages(caller, **params)
-    cursor, after, limit = params.pop("cursor", None), params.pop("after", None), params.pop("limit")
-    position = feed.position_of(caller, after) if after is not None else None
-    return streams.wait_for_page(
-        caller,
-        feed.filters(**params),
-        wait=wait,
-        still_allowed=still_allowed(handle),
-        cursor=cursor,
-        after=position,
-        limit=limit,
-    )
+    return streams.wait_for_messages(caller, wait=wait, still_allowed=still_allowed(handle), **params)
 
 
 @bp.get("/identities/<handle>/a2a/tasks")
