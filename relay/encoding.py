@@ -10,6 +10,7 @@ formatted as Flask's own provider does, so the bytes mean what they meant before
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -42,3 +43,25 @@ class OrjsonProvider(DefaultJSONProvider):
     def response(self, *args: Any, **kwargs: Any):
         obj = self._prepare_response_obj(args, kwargs)
         return self._app.response_class(dumps_bytes(obj) + b"\n", mimetype=self.mimetype)
+
+
+# orjson.loads reads an integer past 64 bits as a float (a changed number, silently), so a
+# document with a run of 19 digits anywhere, in a number or in a string, goes to json.
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
+def loads(text: str | bytes | None) -> Any:
+    """Parse JSON as ``json.loads`` does, with orjson where it gives the same value (3-4x faster).
+
+    Falls back to ``json`` for long digit runs (big integers) and for what orjson refuses
+    (a lone surrogate, a number past a double's range), so every document reads back as
+    before. ``None`` (SQL NULL, as psycopg2 passes it) is None.
+    """
+    if text is None:
+        return None
+    if _LONG_DIGITS.search(text if isinstance(text, str) else text.decode("utf-8", "replace")) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)

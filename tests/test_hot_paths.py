@@ -3,7 +3,9 @@
 - a create is one statement: its thread, message, audit and outbox rows share one time;
 - response JSON goes through orjson, but an integer past 64 bits comes back exactly;
 - committed messages are published in batches, each message exactly once;
-- ULIDs are formatted as python-ulid formats them.
+- ULIDs are formatted as python-ulid formats them;
+- times are formatted in UTC with six digits of microseconds and ``Z``, whatever their zone;
+- json and jsonb columns read back as the standard library reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import uuid
 import redis
 from ulid import ULID
 
-from relay.ids import format_ulid
+from relay.encoding import loads
+from relay.ids import format_ulid, iso
 from tests.conftest import bearer, rpc, sql, wait_until
 
 
@@ -139,6 +142,31 @@ def test_ulids_are_formatted_as_python_ulid_formats_them():
     values += [uuid.uuid4() for _ in range(2000)] + [ULID().to_uuid() for _ in range(100)]
     for value in values:
         assert format_ulid(value) == str(ULID.from_uuid(value)), value
+
+
+def test_times_are_utc_with_microseconds_and_z():
+    from datetime import UTC, datetime, timedelta, timezone
+
+    assert iso(datetime(2026, 12, 1, 20, 11, 7, 0, tzinfo=UTC)) == "2026-12-01T20:11:07.000000Z"
+    assert iso(datetime(2026, 12, 1, 20, 11, 7, 5, tzinfo=UTC)) == "2026-12-01T20:11:07.000005Z"
+    east = timezone(timedelta(hours=5, minutes=30))
+    assert iso(datetime(2026, 12, 2, 1, 41, 7, 833036, tzinfo=east)) == "2026-12-01T20:11:07.833036Z"
+    assert iso(None) is None
+
+
+def test_json_columns_read_back_as_the_standard_library_reads_them(app):
+    """The orjson reader falls back to json where orjson would change a value or refuse it."""
+    docs = [
+        '{"n": 123456789012345678901234567890, "m": -98765432109876543210}',
+        '{"id": "12345678901234567890123", "f": 1.5, "e": 1e-7, "u": "caf\u00e9 \ud83d\ude00"}',
+        '{"lone": "\ud800"}',
+        "[1e400]",
+        '{"a": [true, false, null, 0, -1, 18446744073709551615]}',
+    ]
+    for doc in docs:
+        assert loads(doc) == json.loads(doc), doc
+    rows = sql(app, "SELECT CAST(:d AS jsonb), CAST(:d AS json)", d=docs[0])
+    assert rows[0][0] == rows[0][1] == json.loads(docs[0])
 
 
 def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
