@@ -16,6 +16,7 @@ import threading
 import uuid
 
 import redis
+from sqlalchemy import text
 from ulid import ULID
 
 from relay.encoding import loads
@@ -154,6 +155,31 @@ def test_times_are_utc_with_microseconds_and_z():
     assert iso(None) is None
 
 
+def test_times_formatted_in_sql_match_iso(app):
+    """Pages format their times in the query (services.iso_text): the same text as iso()."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import bindparam, select
+    from sqlalchemy.dialects.postgresql import TIMESTAMP
+
+    from relay.extensions import db
+    from relay.services import iso_text
+
+    times = [
+        datetime(2026, 12, 1, 20, 11, 7, 0, tzinfo=UTC),
+        datetime(2026, 12, 1, 20, 11, 7, 5, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 29, 1, 30, 0, 120000, tzinfo=UTC),
+    ]
+    with app.app_context():
+        db.session.execute(text("SET TIME ZONE 'Asia/Kolkata'"))  # the session's zone must not leak in
+        for when in times:
+            got = db.session.scalar(select(iso_text(bindparam("t", when, type_=TIMESTAMP(timezone=True)))))
+            assert got == iso(when), when
+        assert db.session.scalar(select(iso_text(bindparam("t", None, type_=TIMESTAMP(timezone=True))))) is None
+        db.session.rollback()
+
+
 def test_json_columns_read_back_as_the_standard_library_reads_them(app):
     """The orjson reader falls back to json where orjson would change a value or refuse it."""
     docs = [
@@ -173,7 +199,6 @@ def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
     """A create computes the participants' advisory lock keys in SQL, an append in Python
     (threads._serialize_feed_writes): one identity must have one lock, or the feed's
     commit-order rule (seed 004) would not hold between the two."""
-    from sqlalchemy import text
 
     from relay.extensions import db
     from relay.services import threads

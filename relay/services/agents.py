@@ -300,8 +300,3 @@ def authenticate(raw_key: str | None) -> Agent:
 def cached_agent(raw_key: str | None) -> bool:
     """True when ``raw_key`` is in this process's key cache (whatever the generation): it authenticated lately."""
     return bool(raw_key) and key_digest(raw_key) in _key_cache()
-
-
-def agent_ref(agent: Agent) -> dict[str, str | None]:
-    """``{handle, name, role}`` of an agent."""
-    return {"handle": agent.handle, "name": agent.name, "role": agent.role}

@@ -12,15 +12,16 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from flask import current_app
-from sqlalchemy import String, and_, bindparam, literal, literal_column, or_, select, tuple_, union_all
+from sqlalchemy import String, Text, and_, bindparam, cast, literal, literal_column, or_, select, tuple_, union_all
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import aliased
 
 from relay.encoding import json_size
 from relay.errors import RelayError
 from relay.extensions import db
-from relay.ids import encode_cursor, format_ulid, iso
+from relay.ids import encode_cursor, format_ulid
 from relay.models import Agent, Message, Thread
-from relay.services import Shapes, own_transaction, search, unit_of_work
+from relay.services import Shapes, iso_text, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
 
@@ -75,17 +76,19 @@ def _row_select(*where):
 
 
 def _build_row_select():
+    """The feed row's columns as the row shows them: the id and time as text, the metadata
+    without its idempotency key (DESIGN.md), so that Python copies them as they come."""
     author, caller, target = aliased(Agent), aliased(Agent), aliased(Agent)
     return (
         select(
-            Message.id,
+            cast(Message.id, Text).label("id"),
             Message.sequence_no,
             Message.role,
             Message.body,
             Message.parts,
             Message.artifacts,
-            Message.meta,
-            Message.created_at,
+            Message.meta.op("-", return_type=JSONB)(literal_column("'client_idempotency_key'")).label("meta"),
+            iso_text(Message.created_at).label("created_at"),
             Message.thread_id,
             Thread.context_id,
             Thread.state,
@@ -107,15 +110,15 @@ def _build_row_select():
 def _feed_row(r) -> dict[str, Any]:
     """One feed row: the message's fields plus task_id, context_id, task_state (now), caller, target."""
     return {
-        "id": str(r.id),
+        "id": r.id,
         "sequence_no": r.sequence_no,
         "role": r.role,
         "from": r.author_handle,
         "body": r.body,
         "parts": r.parts,
         "artifacts": r.artifacts,
-        "metadata": {k: v for k, v in r.meta.items() if k != "client_idempotency_key"},
-        "created_at": iso(r.created_at),
+        "metadata": r.meta,
+        "created_at": r.created_at,
         "task_id": format_ulid(r.thread_id),
         "context_id": format_ulid(r.context_id),
         "task_state": r.state,
@@ -133,20 +136,21 @@ def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str,
     """The feed rows of several messages by id, in one query; gone ones are missing."""
     if not message_ids:
         return {}
-    return {row.id: _feed_row(row) for row in db.session.execute(_row_select(Message.id.in_(message_ids)))}
+    rows = db.session.execute(_row_select(Message.id.in_(message_ids)))
+    return {uuid.UUID(row.id): _feed_row(row) for row in rows}
 
 
 class _Row(NamedTuple):
     """A feed row's columns, in ``_build_row_select``'s order."""
 
-    id: uuid.UUID
+    id: str  # the UUID's text
     sequence_no: int
     role: str
     body: str
     parts: Any
     artifacts: Any
-    meta: Any
-    created_at: datetime
+    meta: Any  # without client_idempotency_key
+    created_at: str  # iso()'s text
     thread_id: uuid.UUID
     context_id: uuid.UUID
     state: str
@@ -334,7 +338,7 @@ def feed_row(columns: tuple) -> dict[str, Any]:
 def row_position(columns: tuple) -> tuple[datetime, uuid.UUID]:
     """The stream position ``(created_at, id)`` of ``page_rows`` columns."""
     row = _Row(*columns)
-    return row.created_at, row.id
+    return datetime.fromisoformat(row.created_at), uuid.UUID(row.id)
 
 
 def list_messages(
@@ -378,6 +382,5 @@ def page(
     more = len(items) < len(rows)
     next_cursor = None
     if more and items:
-        last = _Row(*rows[len(items) - 1])
-        next_cursor = encode_cursor(last.created_at, last.id)
+        next_cursor = encode_cursor(*row_position(rows[len(items) - 1]))
     return {"items": items, "next_cursor": next_cursor}
