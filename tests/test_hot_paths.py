@@ -5,7 +5,8 @@
 - committed messages are published in batches, each message exactly once;
 - ULIDs are formatted as python-ulid formats them;
 - times are formatted in UTC with six digits of microseconds and ``Z``, whatever their zone;
-- json and jsonb columns read back as the standard library reads them.
+- json and jsonb columns read back as the standard library reads them;
+- a feed page writes an agent's JSON documents out as they are, every number exact.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy import text
 from ulid import ULID
 
 from relay.encoding import loads
-from relay.ids import format_ulid, iso
+from relay.ids import format_ulid, iso, ulid_of_uuid_text
 from tests.conftest import bearer, rpc, sql, wait_until
 
 
@@ -143,6 +144,7 @@ def test_ulids_are_formatted_as_python_ulid_formats_them():
     values += [uuid.uuid4() for _ in range(2000)] + [ULID().to_uuid() for _ in range(100)]
     for value in values:
         assert format_ulid(value) == str(ULID.from_uuid(value)), value
+        assert ulid_of_uuid_text(str(value)) == str(ULID.from_uuid(value)), value
 
 
 def test_times_are_utc_with_microseconds_and_z():
@@ -193,6 +195,26 @@ def test_json_columns_read_back_as_the_standard_library_reads_them(app):
         assert loads(doc) == json.loads(doc), doc
     rows = sql(app, "SELECT CAST(:d AS jsonb), CAST(:d AS json)", d=docs[0])
     assert rows[0][0] == rows[0][1] == json.loads(docs[0])
+
+
+def test_a_feed_page_writes_json_documents_as_they_are(client, alice, bob):
+    """Parts, artifacts and metadata pass through the feed as PostgreSQL's text: nothing
+    re-encoded, the idempotency key still left out, and the webhook rows still parsed."""
+    from relay.services.feed import message_feed_rows
+
+    a_handle, a_key = alice
+    b_handle, _b_key = bob
+    meta = {"n": 2**70 + 1, "x": 1.25, "s": "caf\u00e9 \"q\" \n", "client_idempotency_key": "k-1", "nest": {"a": [1, {}]}}
+    artifacts = [{"type": "link", "url": "https://example.com/a?b=1", "title": "t"}]
+    _send(client, a_key, {"recipient": b_handle, "metadata": meta, "artifacts": artifacts})
+    resp = client.get(f"/api/v1/identities/{a_handle}/a2a/messages", headers=bearer(a_key))
+    item = json.loads(resp.get_data())["items"][0]
+    assert item["metadata"] == {k: v for k, v in meta.items() if k != "client_idempotency_key"}
+    assert item["artifacts"] == artifacts
+    assert item["parts"] == [{"type": "text", "text": "hi"}]
+    with client.application.app_context():
+        [row] = message_feed_rows([uuid.UUID(item["id"])]).values()
+    assert row["metadata"]["n"] == 2**70 + 1 and row["parts"] == item["parts"]
 
 
 def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):

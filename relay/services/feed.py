@@ -8,6 +8,7 @@ repeated; a page stops early at the byte budget but always holds one row, and
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -16,10 +17,10 @@ from sqlalchemy import String, Text, and_, bindparam, cast, literal, literal_col
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import aliased
 
-from relay.encoding import json_size
+from relay.encoding import json_size, loads, raw_json
 from relay.errors import RelayError
 from relay.extensions import db
-from relay.ids import encode_cursor, format_ulid
+from relay.ids import encode_cursor, ulid_of_uuid_text
 from relay.models import Agent, Message, Thread
 from relay.services import Shapes, iso_text, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
@@ -76,8 +77,9 @@ def _row_select(*where):
 
 
 def _build_row_select():
-    """The feed row's columns as the row shows them: the id and time as text, the metadata
-    without its idempotency key (DESIGN.md), so that Python copies them as they come."""
+    """The feed row's columns as the row shows them: the id, the time and the JSON documents
+    as text, the metadata without its idempotency key (DESIGN.md), so that Python copies
+    them as they come."""
     author, caller, target = aliased(Agent), aliased(Agent), aliased(Agent)
     return (
         select(
@@ -85,12 +87,14 @@ def _build_row_select():
             Message.sequence_no,
             Message.role,
             Message.body,
-            Message.parts,
-            Message.artifacts,
-            Message.meta.op("-", return_type=JSONB)(literal_column("'client_idempotency_key'")).label("meta"),
+            cast(Message.parts, Text).label("parts"),
+            cast(Message.artifacts, Text).label("artifacts"),
+            cast(Message.meta.op("-", return_type=JSONB)(literal_column("'client_idempotency_key'")), Text).label(
+                "meta"
+            ),
             iso_text(Message.created_at).label("created_at"),
-            Message.thread_id,
-            Thread.context_id,
+            cast(Message.thread_id, Text).label("thread_id"),
+            cast(Thread.context_id, Text).label("context_id"),
             Thread.state,
             author.handle.label("author_handle"),
             caller.handle.label("caller_handle"),
@@ -107,20 +111,24 @@ def _build_row_select():
     )
 
 
-def _feed_row(r) -> dict[str, Any]:
-    """One feed row: the message's fields plus task_id, context_id, task_state (now), caller, target."""
+def _feed_row(r, json_value: Callable[[str], Any] = raw_json) -> dict[str, Any]:
+    """One feed row: the message's fields plus task_id, context_id, task_state (now), caller, target.
+
+    Its JSON documents are ``json_value`` of their text: written out as they are
+    (:func:`relay.encoding.raw_json`) unless a caller needs their values.
+    """
     return {
         "id": r.id,
         "sequence_no": r.sequence_no,
         "role": r.role,
         "from": r.author_handle,
         "body": r.body,
-        "parts": r.parts,
-        "artifacts": r.artifacts,
-        "metadata": r.meta,
+        "parts": json_value(r.parts),
+        "artifacts": json_value(r.artifacts),
+        "metadata": json_value(r.meta),
         "created_at": r.created_at,
-        "task_id": format_ulid(r.thread_id),
-        "context_id": format_ulid(r.context_id),
+        "task_id": ulid_of_uuid_text(r.thread_id),
+        "context_id": ulid_of_uuid_text(r.context_id),
         "task_state": r.state,
         "caller": {"handle": r.caller_handle, "name": r.caller_name, "role": r.caller_role},
         "target": {"handle": r.target_handle, "name": r.target_name, "role": r.target_role},
@@ -137,7 +145,8 @@ def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str,
     if not message_ids:
         return {}
     rows = db.session.execute(_row_select(Message.id.in_(message_ids)))
-    return {uuid.UUID(row.id): _feed_row(row) for row in rows}
+    # Parsed: webhook bodies are written by json, and signed as they are written.
+    return {uuid.UUID(row.id): _feed_row(row, loads) for row in rows}
 
 
 class _Row(NamedTuple):
@@ -147,12 +156,12 @@ class _Row(NamedTuple):
     sequence_no: int
     role: str
     body: str
-    parts: Any
-    artifacts: Any
-    meta: Any  # without client_idempotency_key
+    parts: str  # JSON text
+    artifacts: str
+    meta: str  # without client_idempotency_key
     created_at: str  # iso()'s text
-    thread_id: uuid.UUID
-    context_id: uuid.UUID
+    thread_id: str  # the UUID's text
+    context_id: str
     state: str
     author_handle: str
     caller_handle: str
