@@ -13,12 +13,12 @@ from functools import partial
 from typing import Any
 
 from psycopg2.extras import Json
-from sqlalchemy import ARRAY, String, and_, bindparam, exists, func, literal_column, or_, select, update
+from sqlalchemy import ARRAY, String, Text, and_, bindparam, cast, exists, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.ids import as_sent, encode_cursor, format_ulid, iso, new_ulid
+from relay.ids import as_sent, encode_cursor, format_ulid, iso, new_ulid, ulid_of_uuid_text
 from relay.models import (
     RESERVED_KEY_PREFIX,
     TERMINAL_STATES,
@@ -530,21 +530,21 @@ def thread_summary(t: Thread) -> dict[str, Any]:
     """A thread as lists and ``task.updated`` webhooks show it (seed 000, tasks/list item)."""
     s, r = t.sender, t.recipient
     return _summary(
-        (t.id, t.context_id, t.state, s.handle, s.name, s.role, r.handle, r.name, r.role, t.summary, t.intent,
+        (str(t.id), str(t.context_id), t.state, s.handle, s.name, s.role, r.handle, r.name, r.role, t.summary, t.intent,
          t.result_summary, iso(t.created_at), iso(t.updated_at))
     )  # fmt: skip
 
 
 def _summary(r: Any) -> dict[str, Any]:
-    """thread_summary's shape from ``_LIST_COLUMNS``' values (times as text, see iso_text).
+    """thread_summary's shape from ``_LIST_COLUMNS``' values (ids and times as text, see iso_text).
 
     Built from the row as it comes: a page is fifty of these, and building each from
     objects, helpers and merged dicts was a fifth of tasks/list's request.
     """
     return {
-        "thread_id": (tid := format_ulid(r[0])),
+        "thread_id": (tid := ulid_of_uuid_text(r[0])),
         "task_id": tid,
-        "context_id": format_ulid(r[1]),
+        "context_id": ulid_of_uuid_text(r[1]),
         "status": {"state": r[2]},
         "sender": {"handle": r[3], "name": r[4], "role": r[5]},
         "recipient": {"handle": r[6], "name": r[7], "role": r[8]},
@@ -561,8 +561,8 @@ _SENDER, _RECIPIENT = aliased(Agent), aliased(Agent)
 # Thread entities with two joined agents each cost more to build as ORM objects than the
 # query took to run.
 _LIST_COLUMNS = (
-    Thread.id,
-    Thread.context_id,
+    cast(Thread.id, Text),
+    cast(Thread.context_id, Text),
     Thread.state,
     _SENDER.handle,
     _SENDER.name,
@@ -708,15 +708,15 @@ def list_threads(
             items.append(item)
         if messages and page:
             by_thread: dict[uuid.UUID, list[dict]] = {}
-            for m in session.scalars(_page_messages([r[0] for r in page], messages)):
-                by_thread.setdefault(m.thread_id, []).append(message_row(m))
+            for m in session.scalars(_page_messages([uuid.UUID(r[0]) for r in page], messages)):
+                by_thread.setdefault(str(m.thread_id), []).append(message_row(m))
             for item, r in zip(items, page):
                 item["messages"] = by_thread.get(r[0], [])
         total = _count_threads(session, role, caller, peer, context_id, status, since) if with_total else None
     last = page[-1] if page else None
     next_cursor = None
     if len(rows) > limit and last is not None:
-        next_cursor = encode_cursor(datetime.fromisoformat(last[13]), last[0])
+        next_cursor = encode_cursor(datetime.fromisoformat(last[13]), uuid.UUID(last[0]))
     result: dict[str, Any] = {"items": items, "next_cursor": next_cursor}
     if with_total:
         result["total"] = total
