@@ -31,6 +31,7 @@ def main() -> None:
     run_p.add_argument("--profile", action="store_true", help="run each path once more under py-spy; save profiles")
     run_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
     run_p.add_argument("--only", help="comma-separated path kinds, e.g. send_create,tasks_list (no webhook phase)")
+    run_p.add_argument("--repeats", type=int, help="runs of each path and of its ceiling, alternating (default 3)")
     scale_p = sub.add_parser(
         "scale", parents=[common], help="feed, search, inbox and tasks/get at 1M (or 10M) messages; index burst"
     )
@@ -111,6 +112,7 @@ def main() -> None:
             args.only.split(",") if args.only else None,
             args.users,
             folder if args.profile else None,
+            repeats=args.repeats,
         )
         print_table(results)
         only = f"-{args.only.replace(',', '+')}" if args.only else ""

@@ -26,6 +26,9 @@ PATHS = [
     ("feed first page", "feed", "ceiling_select"),
     ("feed with q", "feed_q", "ceiling_select"),
 ]
+# Paths that write: the database is analyzed after each (harness.analyze), as autovacuum
+# would be between phases this far apart.
+WRITES = {"send_create", "send_append", "rest_reply"}
 # Measured once the worker has indexed what the other paths wrote: without it, every
 # message sent in the earlier phases is unindexed and each search computes their vectors.
 AFTER_INDEXING = {"feed_q"}
@@ -290,6 +293,7 @@ def run(
     only: list[str] | None = None,
     users: int | None = None,
     profile_dir: Path | None = None,
+    repeats: int | None = None,
 ) -> dict:
     """Measure everything (or the ``only`` paths, by kind); return the results document.
 
@@ -299,8 +303,9 @@ def run(
     drains that queue, and then the webhook figures are taken. With ``profile_dir``, each
     path runs once more under py-spy and its raw profile is saved there.
     """
-    duration, default_users, repeats = (2.0, 4, 1) if quick else (10.0, 8, 3)
+    duration, default_users, default_repeats = (2.0, 4, 1) if quick else (10.0, 8, 3)
     users = users or default_users
+    repeats = repeats or default_repeats
     handles = [f"bench{i}@acme" for i in range(4 if quick else 10)]
     paths = [p for p in PATHS if not only or p[1] in only]
     results: dict = {
@@ -323,6 +328,7 @@ def run(
         try:
             with harness.RssSampler({"web_worker": relay}) as rss:
                 data = seed(relay_url, keys, handles, messages_per_thread=10)
+                results["analyzed"] = {"after seeding": harness.analyze(database_url)}
                 ceilings = {}
                 for kind in ("ceiling_insert", "ceiling_select"):
                     ceilings[kind] = median_of(
@@ -343,6 +349,11 @@ def run(
                         beside.append(load(beside_scenario, ceiling))
                         runs.append(load(scenario, relay))
                     fig, near = median_of(runs), median_of(beside)
+                    fig["each_run"] = [
+                        {"rps": round(r["rps"], 1), "web_cpu_ms_per_req": round(r.get("web_cpu_ms_per_req", 0), 3),
+                         "ceiling_rps": round(b["rps"], 1), "ceiling_web_cpu_ms_per_req": round(b.get("web_cpu_ms_per_req", 0), 3)}
+                        for r, b in zip(runs, beside)
+                    ]  # fmt: skip
                     fig["ceiling"] = ceiling_kind
                     fig["ceiling_rps_beside"] = near["rps"]
                     fig["ratio_rps"] = fig["rps"] / near["rps"] if near["rps"] else None
@@ -357,6 +368,8 @@ def run(
                 for name, kind, ceiling_kind in paths:
                     if kind not in AFTER_INDEXING:
                         results["paths"][name] = measure(kind, ceiling_kind)
+                        if kind in WRITES:
+                            results["analyzed"][f"after {kind}"] = harness.analyze(database_url)
             results["peak_rss_mib"] = {k: round(v / 2**20, 1) for k, v in rss.peak.items()}
             late = [(name, kind, ceiling_kind) for name, kind, ceiling_kind in paths if kind in AFTER_INDEXING]
             if late or not only:
