@@ -28,6 +28,8 @@ from relay.transport.rest import bp, identity, load_query, still_allowed
 # How long an EventSource waits before reconnecting, in milliseconds (the SSE "retry" field).
 RECONNECT_MS = 2000
 
+_STREAM_QUERY = StreamQuery()  # schemas hold no request state: built once, not per request
+
 
 def _last_event_id() -> uuid.UUID | None:
     raw = request.headers.get("Last-Event-ID")
@@ -53,7 +55,7 @@ def _event(item) -> bytes:
 def stream_messages(handle: str):
     """Stream the identity's new messages as ``text/event-stream`` (feed filters; no cursor, no limit)."""
     caller = identity(handle)
-    params = load_query(StreamQuery())
+    params = load_query(_STREAM_QUERY)
     resume = _last_event_id()
     if resume is not None:  # the reconnecting client's position wins over the URL's
         params["after"], field = resume, "Last-Event-ID"

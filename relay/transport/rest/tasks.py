@@ -8,6 +8,9 @@ from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBo
 from relay.services import feed, streams, threads
 from relay.transport.rest import bp, identity, load_json, load_query, still_allowed
 
+# Schemas hold no request state: built once, not per request.
+_FEED_QUERY, _TASK_LIST_QUERY = FeedQuery(), TaskListQuery()
+
 
 def _task_id(raw: str):
     try:
@@ -20,7 +23,7 @@ def _task_id(raw: str):
 def list_messages(handle: str):
     """List the identity's messages newest first (seed 004); with ``wait``, wait for one (issue 14)."""
     caller = identity(handle)
-    params = load_query(FeedQuery())
+    params = load_query(_FEED_QUERY)
     wait = params.pop("wait", None)
     if wait is None:
         return feed.list_messages(caller, **params)
@@ -31,7 +34,7 @@ def list_messages(handle: str):
 def list_tasks(handle: str):
     """List the inbox (role=recipient) or sent threads (role=sender)."""
     caller = identity(handle)
-    p = load_query(TaskListQuery())
+    p = load_query(_TASK_LIST_QUERY)
     return threads.list_threads(
         caller, role=p["role"], status=p.get("status"), since=p.get("since"), limit=p["limit"], cursor=p.get("cursor")
     )

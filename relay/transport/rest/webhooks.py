@@ -6,6 +6,8 @@ from relay.schemas.rest import DeliveriesQuery, WebhookCreateBody, WebhookUpdate
 from relay.services import webhooks
 from relay.transport.rest import bp, identity, load_json, load_query
 
+_DELIVERIES_QUERY = DeliveriesQuery()  # schemas hold no request state: built once, not per request
+
 
 @bp.post("/identities/<handle>/webhooks")
 def create_webhook(handle: str):
@@ -55,5 +57,5 @@ def test_webhook(handle: str, webhook_id: str):
 @bp.get("/identities/<handle>/webhooks/<webhook_id>/deliveries")
 def list_webhook_deliveries(handle: str, webhook_id: str):
     """Recent deliveries, newest first, with every attempt."""
-    q = load_query(DeliveriesQuery())
+    q = load_query(_DELIVERIES_QUERY)
     return webhooks.list_deliveries(identity(handle), webhook_id, limit=q["limit"], cursor=q.get("cursor"))
