@@ -3,6 +3,7 @@
 - a create is one statement: its thread, message, audit and outbox rows share one time;
 - response JSON goes through orjson, but an integer past 64 bits comes back exactly;
 - committed messages are published in batches, each message exactly once;
+- a wake-up does not wait for its message's batch;
 - ULIDs are formatted as python-ulid formats them;
 - times are formatted in UTC with six digits of microseconds and ``Z``, whatever their zone;
 - json and jsonb columns read back as the standard library reads them;
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 import uuid
 
 import redis
@@ -137,6 +139,30 @@ def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, 
     assert len(tasks) < len(sent), f"{len(tasks)} publishes for {len(sent)} messages: not batched"
     events = {e for (e,) in sql(app, "SELECT id::text FROM events")}
     assert {pair[1] for _, args in tasks for pair in args[0]} == events
+
+
+def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monkeypatch):
+    """The wake-up PUBLISH goes out at once; the Celery batch waits its window (dispatch.BATCH_SECONDS)."""
+    from relay.services import dispatch, wakeup
+
+    monkeypatch.setattr(dispatch, "BATCH_SECONDS", 3.0)
+    _a_handle, a_key = alice
+    b_handle, _b_key = bob
+    queue = app.extensions["celery"].conf.task_default_queue
+    redis.Redis.from_url(redis_url).delete(queue)
+    listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(wakeup.channel(app.config["RELAY"].database_url))
+    try:
+        listener.get_message(timeout=1.0)  # the subscription confirmation
+        sent = time.monotonic()
+        _send(app.test_client(), a_key, {"recipient": b_handle})
+        woken = wait_until(lambda: listener.get_message(timeout=0.1), timeout=2, what="the wake-up PUBLISH")
+        assert woken["type"] == "message"
+        assert _queued(app, redis_url) == [], "the batch was published before its window"
+        assert time.monotonic() - sent < dispatch.BATCH_SECONDS
+        wait_until(lambda: _queued(app, redis_url), timeout=10, what="the batch after its window")
+    finally:
+        listener.close()
 
 
 def test_ulids_are_formatted_as_python_ulid_formats_them():
