@@ -449,11 +449,32 @@ def _timed(fn, n: int) -> dict:
 
 
 def _explain_sql(sql: str) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of ``sql``; of an ``EXECUTE`` of a prepared statement, its generic plan
+    (the plan a connection settles on), prepared first on the explaining connection."""
     from relay.extensions import db
+    from relay.services import Prepared
 
     with db.engine.connect() as conn:
+        if sql.lstrip().upper().startswith("EXECUTE "):
+            prepared = Prepared.named[sql.split()[1].split("(")[0]]
+            done = conn.connection.info.setdefault("relay_prepared", set())  # as Prepared.ready keeps it
+            if prepared.name not in done:
+                conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
+                done.add(prepared.name)
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + sql.replace("%", "%%")).all()
+        conn.rollback()
     return "\n".join(r[0] for r in rows)
+
+
+def _statement_text(sql: str) -> str:
+    """The SQL a captured statement runs: an ``EXECUTE``'s prepared text, else itself."""
+    from relay.services import Prepared
+
+    if sql.lstrip().upper().startswith("EXECUTE "):
+        prepared = Prepared.named.get(sql.split()[1].split("(")[0])
+        return prepared.prepare_sql if prepared else ""
+    return sql
 
 
 def _explain(app, fn) -> str:
@@ -471,7 +492,8 @@ def _explain(app, fn) -> str:
         fn()
     finally:
         event.remove(engine, "before_cursor_execute", grab)
-    main_sql = max((s for s in captured if s.lstrip().upper().startswith("SELECT")), key=len)
+    queries = [s for s in captured if s.lstrip().upper().startswith(("SELECT", "EXECUTE "))]
+    main_sql = max(queries, key=lambda s: len(_statement_text(s)))
     return _explain_sql(main_sql)
 
 

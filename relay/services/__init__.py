@@ -108,6 +108,7 @@ class Prepared:
     """
 
     __slots__ = ("name", "prepare_sql", "execute_sql")
+    named: dict[str, Prepared] = {}  # every one by name: what an EXPLAIN of an ``EXECUTE`` needs (bench, tests)
 
     def __init__(self, sql: str):
         order: list[str] = []
@@ -123,6 +124,7 @@ class Prepared:
         self.prepare_sql = f"PREPARE {self.name} AS {body}"
         args = ", ".join(f"%({n})s" for n in order)
         self.execute_sql = f"EXECUTE {self.name}({args})" if order else f"EXECUTE {self.name}"
+        Prepared.named[self.name] = self
 
     def ready(self, session: Session) -> str:
         """PREPARE on the session's connection if it has not yet; return the EXECUTE text to run."""
