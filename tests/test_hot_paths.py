@@ -230,7 +230,7 @@ def test_a_feed_page_writes_json_documents_as_they_are(client, alice, bob):
 
     a_handle, a_key = alice
     b_handle, _b_key = bob
-    meta = {"n": 2**70 + 1, "x": 1.25, "s": "caf\u00e9 \"q\" \n", "client_idempotency_key": "k-1", "nest": {"a": [1, {}]}}
+    meta = {"n": 2**70 + 1, "x": 1.25, "s": 'caf\u00e9 "q" \n', "client_idempotency_key": "k-1", "nest": {"a": [1, {}]}}
     artifacts = [{"type": "link", "url": "https://example.com/a?b=1", "title": "t"}]
     _send(client, a_key, {"recipient": b_handle, "metadata": meta, "artifacts": artifacts})
     resp = client.get(f"/api/v1/identities/{a_handle}/a2a/messages", headers=bearer(a_key))
