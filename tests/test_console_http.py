@@ -661,3 +661,13 @@ def test_an_endpoint_with_more_deliveries_than_a_page_links_to_the_older_ones(ap
     older = re.search(r'href="([^"]+)" rel="next">Older deliveries', page.get_data(as_text=True))
     assert older, "no link to the older deliveries"
     assert console.get(older.group(1).replace("&amp;", "&")).status_code == 200
+
+
+def test_an_unknown_webhook_filter_is_404(app, world):
+    """``?webhook=`` naming no endpoint of the agent is the console's 404 page, not a 500."""
+    import uuid
+
+    missing = uuid.uuid4()
+    resp = _signed_in(app, world, ACME).get(f"/console/agents/{world['bob']}/webhooks?webhook={missing}")
+    assert resp.status_code == 404, resp.get_data(as_text=True)[:500]
+    assert "Not found" in resp.get_data(as_text=True)

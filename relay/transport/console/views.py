@@ -404,7 +404,7 @@ def agent_webhooks(handle: str):
     if q["webhook"] is not None:
         endpoints = [e for e in endpoints if e["id"] == str(q["webhook"])]
         if not endpoints:
-            raise RelayError("not_found", f"no webhook {q['endpoint']}")
+            raise RelayError("not_found", f"no webhook {q['webhook']}")
     for endpoint in endpoints:
         cursor = q["cursor"] if q["webhook"] is not None else None
         endpoint["deliveries"] = webhooks.list_deliveries(subject, endpoint["id"], limit=DELIVERIES, cursor=cursor)
