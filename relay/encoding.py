@@ -32,9 +32,10 @@ def raw_json(text: str | None) -> orjson.Fragment | None:
 
 
 def _default(value: Any) -> Any:
-    # json's fallback meets raw_json's fragments too: it writes their parsed value.
+    # json's fallback meets raw_json's fragments too: it writes their parsed value. A
+    # Fragment does not give its text back, but orjson writes it out as it is.
     if isinstance(value, orjson.Fragment):
-        return loads(value.contents)
+        return loads(orjson.dumps(value))
     return DefaultJSONProvider.default(value)
 
 

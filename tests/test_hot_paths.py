@@ -252,6 +252,19 @@ def test_a_feed_page_writes_json_documents_as_they_are(client, alice, bob):
     assert row["metadata"]["n"] == 2**70 + 1 and row["parts"] == item["parts"]
 
 
+def test_json_fragments_survive_the_standard_library_fallback():
+    """A response orjson refuses (an integer past 64 bits outside a fragment) is written by
+    json, which writes each raw_json fragment's value instead of failing on it."""
+    from relay.encoding import dumps_bytes, raw_json
+
+    doc = {"big": 2**70, "row": {"parts": raw_json('[{"text": "caf\u00e9", "n": 123456789012345678901234567890}]')}}
+    assert json.loads(dumps_bytes(doc)) == {
+        "big": 2**70,
+        "row": {"parts": [{"text": "café", "n": 123456789012345678901234567890}]},
+    }
+    assert json.loads(dumps_bytes({"x": raw_json('{"a": 1}')})) == {"x": {"a": 1}}  # orjson's own path
+
+
 def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
     """A create computes the participants' advisory lock keys in SQL, an append in Python
     (threads._serialize_feed_writes): one identity must have one lock, or the feed's
