@@ -617,6 +617,20 @@ def test_message_bigger_than_the_budget_comes_back_alone(client, alice, bob):
     assert len(huge["body"]) == 400_002
 
 
+def test_text_that_json_escapes_counts_at_its_escaped_size(client, alice, bob):
+    """A page is measured as sent: a control character is six bytes of JSON (\\u0001), not one."""
+    _a, a_key = alice
+    b_handle, b_key = bob
+    # About 240 KB of JSON a row (body and parts) from 20,000 characters: two rows fit the
+    # budget, three do not, though their characters would.
+    task_id = create(client, a_key, b_handle, "\x01" * 20_000)["task_id"]
+    for _ in range(2):
+        append(client, a_key, task_id, "\x01" * 20_000)
+    pages = walk(client, b_key, b_handle)
+    assert [len(items) for items, _ in pages] == [2, 1]
+    assert all(r["body"] == "\x01" * 20_000 for items, _ in pages for r in items)
+
+
 def test_budget_page_respects_limit_too(client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
