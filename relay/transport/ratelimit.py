@@ -30,15 +30,19 @@ def init_app(app: Flask) -> Limiter:
     limiter = Limiter(key_func=rate_limit_key)
     limiter.init_app(app)
     # One JSON-RPC budget per agent across both dialects (scope "a2a"): the seed's /a2a
-    # and the A2A v1.0 binding's /a2a/agents/{handle}.
-    for endpoint, on_breach in (("a2a.a2a", jsonrpc.rate_limited), ("a2a_v1.agent_rpc", a2a.rate_limited)):
-        app.view_functions[endpoint] = limiter.shared_limit(
+    # and the A2A v1.0 binding's /a2a/agents/{handle}. On the blueprints, not the views:
+    # flask-limiter checks a blueprint's limits in its before_request pass, which runs for
+    # every request anyway, where a view's decorator is a second pass (a tenth of a send's
+    # CPU went to the two). POST only: the binding's agent cards are GETs.
+    for blueprint, on_breach in ((jsonrpc.bp, jsonrpc.rate_limited), (a2a.bp, a2a.rate_limited)):
+        limiter.shared_limit(
             _a2a_rate,
             scope="a2a",
+            methods=["POST"],
             exempt_when=is_unauthenticated,
             cost=jsonrpc.batch_cost,
             on_breach=on_breach,
-        )(app.view_functions[endpoint])
+        )(blueprint)
     # shared_limit: one budget per agent across every REST route, not one per endpoint.
     limiter.shared_limit(_rest_rate, scope="rest", exempt_when=is_unauthenticated, on_breach=api.rest_rate_limited)(
         api.bp

@@ -6,13 +6,28 @@ import re
 import uuid
 
 from flask import Flask, current_app, g, request
+from flask.sessions import SecureCookieSessionInterface
 from werkzeug.exceptions import RequestTimeout
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+class _CookieSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, with nothing to open when a request has no cookie.
+
+    Only the console's people carry one; an agent's request has none, and Flask built a
+    signing serializer for each of them anyway (2% of a send's CPU).
+    """
+
+    def open_session(self, app, request):
+        if app.secret_key and not request.cookies.get(self.get_cookie_name(app)):
+            return self.session_class()
+        return super().open_session(app, request)
+
+
 def init_app(app: Flask) -> None:
-    """Register the request-id hooks on ``app``."""
+    """Register the request-id hooks and the session interface on ``app``."""
+    app.session_interface = _CookieSessions()
 
     @app.before_request
     def _assign_request_id() -> None:
