@@ -146,8 +146,14 @@ def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, 
     assert {pair[1] for _, args in tasks for pair in args[0]} == events
 
 
+def _batch_of(app, redis_url, message_id):
+    """The queued messages_committed batches holding ``message_id`` (an earlier test's may land too)."""
+    return [args for _, args in _queued(app, redis_url) if any(p[0] == message_id for p in args[0])]
+
+
 def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monkeypatch):
-    """The wake-up PUBLISH goes out at once; the Celery batch waits its window (dispatch.BATCH_SECONDS)."""
+    """The wake-up PUBLISH goes out at once; a message sent right after a publish waits for
+    the next one (dispatch.BATCH_SECONDS after it)."""
     from relay.services import dispatch, wakeup
 
     monkeypatch.setattr(dispatch, "BATCH_SECONDS", 3.0)
@@ -157,21 +163,38 @@ def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monke
     redis.Redis.from_url(redis_url).delete(queue)
     listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
     listener.subscribe(wakeup.channel(app.config["RELAY"].database_url))
+    client = app.test_client()
     try:
         listener.get_message(timeout=1.0)  # the subscription confirmation
+        first = _send(client, a_key, {"recipient": b_handle})["message_id"]
+        wait_until(lambda: _batch_of(app, redis_url, first), timeout=10, what="the first message's batch")
+        wait_until(lambda: listener.get_message(timeout=0.1), timeout=2, what="the first wake-up")
         sent = time.monotonic()
-        message_id = _send(app.test_client(), a_key, {"recipient": b_handle})["message_id"]
-
-        def batch_of_it():  # only this message's batch: an earlier test's may still land in the queue
-            return [args for _, args in _queued(app, redis_url) if any(p[0] == message_id for p in args[0])]
-
+        message_id = _send(client, a_key, {"recipient": b_handle})["message_id"]
         woken = wait_until(lambda: listener.get_message(timeout=0.1), timeout=2, what="the wake-up PUBLISH")
         assert woken["type"] == "message"
-        assert batch_of_it() == [], "the batch was published before its window"
+        assert _batch_of(app, redis_url, message_id) == [], "the batch was published before its window"
         assert time.monotonic() - sent < dispatch.BATCH_SECONDS
-        wait_until(batch_of_it, timeout=10, what="the batch after its window")
+        wait_until(lambda: _batch_of(app, redis_url, message_id), timeout=10, what="the batch after its window")
     finally:
         listener.close()
+
+
+def test_a_message_after_a_quiet_spell_is_published_at_once(app, alice, bob, redis_url, monkeypatch):
+    """No publish for BATCH_SECONDS: the next committed message does not wait for a window."""
+    from relay.services import dispatch
+
+    monkeypatch.setattr(dispatch, "BATCH_SECONDS", 3.0)
+    _a_handle, a_key = alice
+    b_handle, _b_key = bob
+    redis.Redis.from_url(redis_url).delete(app.extensions["celery"].conf.task_default_queue)
+    publisher = app.extensions.get("relay_publisher")
+    if publisher is not None:  # this app published before: let its window pass
+        time.sleep(max(0.0, publisher._published_at + dispatch.BATCH_SECONDS - time.monotonic()))
+    sent = time.monotonic()
+    message_id = _send(app.test_client(), a_key, {"recipient": b_handle})["message_id"]
+    wait_until(lambda: _batch_of(app, redis_url, message_id), timeout=10, what="the message's batch")
+    assert time.monotonic() - sent < dispatch.BATCH_SECONDS / 2, "the first message waited for a window"
 
 
 def test_ulids_are_formatted_as_python_ulid_formats_them():

@@ -5,12 +5,14 @@ unindexed messages and unsent events in PostgreSQL (DESIGN.md, transactional out
 
 Wake-ups for waiting requests ride the same batches, as one Redis ``PUBLISH`` each.
 
-Committed messages are published in batches: a Celery publish cost a fifth of a send's
-CPU, so each process gathers the messages committed within ``BATCH_SECONDS`` of the first
-(or ``MAX_BATCH`` of them) and sends them as one ``messages_committed`` task. Wake-ups do
-not wait for the batch: they go out ``LINGER_SECONDS`` after they are added. Nothing is
-kept that PostgreSQL does not also hold: a batch lost with its process is found by the
-sweeps, as a failed publish is.
+Committed messages are published in batches: a Celery publish costs 0.7-0.9 ms of CPU
+(kombu builds a Redis client and the message each time), so each process publishes at
+most once per ``BATCH_SECONDS``: a message committed when the process has not published
+for that long goes out at once, and the messages committed after it wait for the next
+publish (or ``MAX_BATCH`` of them), as one ``messages_committed`` task. Wake-ups do not
+wait for the batch: they go out ``LINGER_SECONDS`` after they are added. Nothing is kept
+that PostgreSQL does not also hold: a batch lost with its process is found by the sweeps,
+as a failed publish is.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ log = logging.getLogger("relay.dispatch")
 # How long a publisher waits for more wake-ups after the first: a little latency for fewer
 # PUBLISHes under load.
 LINGER_SECONDS = 0.002
-# How long the first committed message of a batch waits for others: at 300 sends/s a
-# worker, a 2 ms window held one or two messages, and the publishes were 8% of the web
-# CPU; 20 ms gathers six. Webhooks and indexing start that much later at most.
-BATCH_SECONDS = 0.02
+# The least time between two publishes of one process: at 235 sends/s a worker, publishing
+# every 20 ms (a batch of five) was 8% of the web CPU; every 50 ms is a third of that. A
+# message waits that long at most (webhooks and indexing start that much later), and not
+# at all when the process has not published for that long.
+BATCH_SECONDS = 0.05
 MAX_BATCH = 500
 
 
@@ -69,6 +72,7 @@ class _Publisher:
         self._cond = threading.Condition()
         self._pending: list[list[str]] = []
         self._batch_due = 0.0  # monotonic time the oldest pending message's batch is due
+        self._published_at = float("-inf")  # monotonic time of the last batch published
         self._wake: set[uuid.UUID] = set()
         self._thread: threading.Thread | None = None
         atexit.register(self.flush)
@@ -76,8 +80,8 @@ class _Publisher:
     def add(self, message_id: uuid.UUID | None, event_id: uuid.UUID | None, wake: Iterable[uuid.UUID] = ()) -> None:
         with self._cond:
             if message_id is not None:
-                if not self._pending:
-                    self._batch_due = time.monotonic() + BATCH_SECONDS
+                if not self._pending:  # due at once, unless a batch went out less than BATCH_SECONDS ago
+                    self._batch_due = max(time.monotonic(), self._published_at + BATCH_SECONDS)
                 self._pending.append([str(message_id), str(event_id)])
             self._wake.update(wake)
             if self._thread is None or not self._thread.is_alive():  # first use, or after a fork
@@ -90,7 +94,9 @@ class _Publisher:
             batch: list[list[str]] = []
             if batch_too:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                self._batch_due = time.monotonic() + BATCH_SECONDS
+                if batch:
+                    self._published_at = time.monotonic()
+                    self._batch_due = self._published_at + BATCH_SECONDS  # for what is left past MAX_BATCH
             wake, self._wake = self._wake, set()
             return batch, wake
 
