@@ -13,7 +13,20 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from flask import current_app
-from sqlalchemy import String, Text, and_, bindparam, cast, literal, literal_column, or_, select, tuple_, union_all
+from sqlalchemy import (
+    String,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    literal,
+    literal_column,
+    or_,
+    select,
+    true,
+    tuple_,
+    union_all,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import aliased
 
@@ -84,12 +97,23 @@ _MESSAGE_COLUMNS = (
 )  # fmt: skip
 
 
+def _agent_of(column):
+    """The handle, name and role of the agent ``column`` names, looked up row by row.
+
+    A LATERAL subquery with LIMIT 1 is not flattened into a join: each page row probes the
+    agents' primary key. Joined, the planner hashed the whole agents table three times a
+    page (3 ms at 10,000 agents, where the probes cost 0.1 ms).
+    """
+    agent = aliased(Agent)
+    return select(agent.handle, agent.name, agent.role).where(agent.id == column).limit(literal_column("1")).lateral()
+
+
 def _build_row_select(m):
     """The feed row's columns of ``m`` (the messages table, or a page of its ``_MESSAGE_COLUMNS``)
     as the row shows them: the id, the time and the JSON documents as text, the metadata
     without its idempotency key (DESIGN.md), so that Python copies them as they come."""
     c = m.c
-    author, caller, target = aliased(Agent), aliased(Agent), aliased(Agent)
+    author, caller, target = _agent_of(c.author_id), _agent_of(c.caller_id), _agent_of(c.target_id)
     return (
         select(
             cast(c.id, Text).label("id"),
@@ -103,19 +127,19 @@ def _build_row_select(m):
             cast(c.thread_id, Text).label("thread_id"),
             cast(Thread.context_id, Text).label("context_id"),
             Thread.state,
-            author.handle.label("author_handle"),
-            caller.handle.label("caller_handle"),
-            caller.name.label("caller_name"),
-            caller.role.label("caller_role"),
-            target.handle.label("target_handle"),
-            target.name.label("target_name"),
-            target.role.label("target_role"),
+            author.c.handle.label("author_handle"),
+            caller.c.handle.label("caller_handle"),
+            caller.c.name.label("caller_name"),
+            caller.c.role.label("caller_role"),
+            target.c.handle.label("target_handle"),
+            target.c.name.label("target_name"),
+            target.c.role.label("target_role"),
         )
         .select_from(m)
         .join(Thread, Thread.id == c.thread_id)
-        .join(author, author.id == c.author_id)
-        .join(caller, caller.id == c.caller_id)
-        .join(target, target.id == c.target_id)
+        .join(author, true())
+        .join(caller, true())
+        .join(target, true())
     )
 
 
