@@ -86,15 +86,22 @@ def spend(limiter: Limiter, budget: Budget) -> Response | None:
     prefix = current_app.config.get("RATELIMIT_KEY_PREFIX", "")
     keys = (prefix, rate_limit_key(), budget.scope) if prefix else (rate_limit_key(), budget.scope)
     strategy = limiter.limiter
+    cost = budget.cost()
+    breach = None
+    # Only the storage's calls are in the try: a fault of the relay's own (the 429's
+    # builder) must not pass for an outage and open the limit.
     try:
-        cost = budget.cost()
         for item in _limits(budget.rate()):
             if not strategy.hit(item, *keys, cost=cost):
-                log.info("ratelimit %s (%s) exceeded at %s", item, keys[-2], request.endpoint)
-                return budget.on_breach(Breach(item, tuple(strategy.get_window_stats(item, *keys))))
+                breach = Breach(item, tuple(strategy.get_window_stats(item, *keys)))
+                break
     except Exception:  # Redis unreachable: fail open, as RATELIMIT_SWALLOW_ERRORS says
         log.exception("Failed to rate limit. Swallowing error")
-    return None
+        return None
+    if breach is None:
+        return None
+    log.info("ratelimit %s (%s) exceeded at %s", breach.limit, keys[-2], request.endpoint)
+    return budget.on_breach(breach)
 
 
 def init_app(app: Flask) -> Limiter:
