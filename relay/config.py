@@ -40,8 +40,10 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_SLOW_MS": "2000",
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
     "RELAY_STREAMS_PER_AGENT": "10",
-    "RELAY_DB_POOL_SIZE": "15",
-    "RELAY_DB_MAX_OVERFLOW": "5",
+    "RELAY_DB_POOL_SIZE": "4",
+    "RELAY_DB_MAX_OVERFLOW": "1",
+    "RELAY_DB_POOL_TIMEOUT": "5",
+    "RELAY_DB_PREPARE": "auto",
     "RELAY_STREAM_HEARTBEAT": "15",
     "RELAY_CONSOLE_SESSION_HOURS": "12",
     "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
@@ -76,16 +78,17 @@ def _schedule(env: Mapping[str, str]) -> tuple[int, ...]:
     return values
 
 
-def normalize_database_url(url: str) -> str:
-    """Return a SQLAlchemy URL for psycopg2; Heroku's ``postgres://`` is accepted."""
+def normalize_database_url(url: str, name: str = "DATABASE_URL") -> str:
+    """Return a SQLAlchemy URL for psycopg2; Heroku's ``postgres://`` is accepted.
+
+    Raises ConfigError naming ``name`` (the variable the URL came from) for another scheme.
+    """
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix) :]
     if url.startswith("postgresql+psycopg2://"):
         return url
-    raise ConfigError(
-        f"DATABASE_URL must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}"
-    )
+    raise ConfigError(f"{name} must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}")
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
@@ -166,25 +169,48 @@ class Settings:
     # heartbeats (also a waiter's re-check and re-authentication: issue 14).
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
-    # PostgreSQL connections each process keeps open, and may open beyond them for a burst.
-    # Kept, not overflow: a burst of woken waiters opening and closing backends (a fork each,
-    # and every prepared statement again) cost more CPU than the reads themselves.
-    db_pool_size: int = 15
-    db_max_overflow: int = 5
+    # PostgreSQL connections each process keeps open, and may open beyond them for a burst;
+    # a request waits at most db_pool_timeout seconds for one, then answers 503 with
+    # Retry-After. Small by default (issue 27): the Procfile's web (WEB_CONCURRENCY=2),
+    # worker and beat must fit a 20-connection database; a gevent worker's requests each
+    # hold a connection only between checkout and teardown, and waiters hold none.
+    db_pool_size: int = 4
+    db_max_overflow: int = 1
+    db_pool_timeout: float = 5.0
+    # The pooler's URL (Heroku's DATABASE_CONNECTION_POOL_URL) when set: web, worker and
+    # beat reach PostgreSQL through it; migrations use database_url, the direct one.
+    database_pool_url: str = ""
+    # PREPARE the hot statements once per connection. Off behind a transaction-mode pooler,
+    # where a client connection meets a different server session each transaction.
+    db_prepare: bool = True
     # The operator console (relay/transport/console): how long a sign-in lasts, and the
     # sign-in attempts allowed per email and per client address.
     console_session_hours: float = 12.0
     console_login_limit: str = "10/minute"
     console_login_address_limit: str = "30/minute"
 
+    @property
+    def app_database_url(self) -> str:
+        """The URL the app's processes connect to: the pooler's when set, else the direct one."""
+        return self.database_pool_url or self.database_url
+
+    @property
+    def connections_per_process(self) -> int:
+        """The most PostgreSQL connections one process's pool opens: pool size plus overflow."""
+        return self.db_pool_size + self.db_max_overflow
+
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
         return {
             "SECRET_KEY": self.secret_key,
-            "SQLALCHEMY_DATABASE_URI": self.database_url,
+            "SQLALCHEMY_DATABASE_URI": self.app_database_url,
             # No pool_pre_ping: relay.extensions pings on checkout itself, reading the key
             # generation in the same round trip.
-            "SQLALCHEMY_ENGINE_OPTIONS": {"pool_size": self.db_pool_size, "max_overflow": self.db_max_overflow},
+            "SQLALCHEMY_ENGINE_OPTIONS": {
+                "pool_size": self.db_pool_size,
+                "max_overflow": self.db_max_overflow,
+                "pool_timeout": self.db_pool_timeout,
+            },
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
             "RATELIMIT_STORAGE_URI": self.redis_url,
             "RATELIMIT_STRATEGY": "sliding-window-counter",
@@ -217,6 +243,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(
             f"RELAY_SEARCH_CONFIG must name a text-search configuration such as english, got {search_config!r}"
         )
+    pool_url = env.get("DATABASE_CONNECTION_POOL_URL", "").strip()
     secret = env.get("RELAY_SECRET_KEY", "")
     if not secret:
         if relay_env == "production":
@@ -255,6 +282,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         streams_per_agent=_int(env, "RELAY_STREAMS_PER_AGENT", 1),
         db_pool_size=_int(env, "RELAY_DB_POOL_SIZE", 1),
         db_max_overflow=_int(env, "RELAY_DB_MAX_OVERFLOW", 0),
+        db_pool_timeout=seconds(env, "RELAY_DB_POOL_TIMEOUT"),
+        database_pool_url=normalize_database_url(pool_url, "DATABASE_CONNECTION_POOL_URL") if pool_url else "",
+        db_prepare=_prepare(env, pooled=bool(pool_url)),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
@@ -263,6 +293,20 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         console_login_limit=_rate(env, "RELAY_CONSOLE_LOGIN_LIMIT"),
         console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
     )
+
+
+def _prepare(env: Mapping[str, str], *, pooled: bool) -> bool:
+    """RELAY_DB_PREPARE: ``auto`` (on, but off when DATABASE_CONNECTION_POOL_URL is set), ``1`` or ``0``.
+
+    PgBouncer 1.18 in transaction mode (Heroku's pooling) hands each transaction any server
+    session, so a statement PREPAREd in one is missing in the next (docs/decisions.md).
+    """
+    raw = env.get("RELAY_DB_PREPARE", DEFAULTS["RELAY_DB_PREPARE"]).strip().lower()
+    if raw == "auto":
+        return not pooled
+    if raw in ("1", "0"):
+        return raw == "1"
+    raise ConfigError(f"RELAY_DB_PREPARE must be auto, 1 or 0, got {raw!r}")
 
 
 def _hours(env: Mapping[str, str], name: str) -> float:
@@ -274,3 +318,40 @@ def _public_url(env: Mapping[str, str]) -> str:
     if raw and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", raw):
         raise ConfigError(f"RELAY_PUBLIC_URL must be an http(s) URL such as https://relay.example.com, got {raw!r}")
     return raw
+
+
+@dataclass(frozen=True)
+class Budget:
+    """PostgreSQL connections a deploy's processes may hold at most, by process type.
+
+    ``processes`` maps a Procfile process type to ``(processes, connections each)``: web
+    runs ``WEB_CONCURRENCY`` gunicorn workers a dyno, each with its own pool; the Celery
+    worker is one process (threads pool) sharing one pool; beat only enqueues (no
+    connection). Each pool opens at most ``RELAY_DB_POOL_SIZE + RELAY_DB_MAX_OVERFLOW``.
+    """
+
+    processes: dict[str, tuple[int, int]]
+
+    @property
+    def total(self) -> int:
+        """Connections in all: the sum of processes times connections each."""
+        return sum(n * each for n, each in self.processes.values())
+
+    def lines(self) -> list[str]:
+        """The formula, one line a process type and one for the total."""
+        out = [f"{name:<7} {n} x {each} = {n * each}" for name, (n, each) in self.processes.items()]
+        return out + [f"total   {self.total} connections"]
+
+
+def connection_budget(
+    settings: Settings, env: Mapping[str, str], *, web_dynos: int = 1, worker_dynos: int = 1
+) -> Budget:
+    """The :class:`Budget` of ``web_dynos`` web and ``worker_dynos`` worker dynos (and one beat).
+
+    Raises ConfigError naming WEB_CONCURRENCY when it is not a positive integer.
+    """
+    raw = env.get("WEB_CONCURRENCY") or "2"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"WEB_CONCURRENCY must be a positive integer, got {raw!r}")
+    each = settings.connections_per_process
+    return Budget({"web": (web_dynos * int(raw), each), "worker": (worker_dynos, each), "beat": (1, 0)})

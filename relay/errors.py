@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 # Bounds on what one invalid_params error shows, so a bad body of a few hundred KB (a list
 # of 349,000 bad items, 90,000 unknown members) is answered in a few KB, not tens of MB.
@@ -148,13 +149,25 @@ def invalid(field: str, reason: str) -> RelayError:
 _CONNECTION_SQLSTATES = ("08", "53", "57P")
 
 
+#: Seconds a 503 (database unreachable, pool exhausted) tells the client to wait (Retry-After).
+UNAVAILABLE_RETRY_AFTER = 1
+
+#: What a database outage raises: a driver error (is_connection_error tells which are
+#: outages) or the pool's timeout when no connection came free in time.
+DATABASE_ERRORS = (DBAPIError, PoolTimeout)
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """True if ``exc`` means the database could not be reached or used, not that a statement was wrong.
 
     That is: SQLAlchemy invalidated the connection (a disconnect), or the driver's error
     has a connection-level SQLSTATE (class 08, 53 or 57P), or it is an OperationalError
-    with no SQLSTATE at all (refused, reset, timed out before the server answered).
+    with no SQLSTATE at all (refused, reset, timed out before the server answered), or the
+    process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT`` (issue 27: the
+    budget is full, which a client should meet as a retryable 503, not a 500).
     """
+    if isinstance(exc, PoolTimeout):
+        return True
     if not isinstance(exc, DBAPIError):
         return False
     if exc.connection_invalidated:

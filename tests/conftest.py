@@ -213,10 +213,35 @@ def redis_url(server_urls):
     return server_urls[1]
 
 
+# The pooled run (.ci/run's second pass, README "Tests"): with RELAY_TEST_POOLER=1 every
+# relay the tests build or start (apps, gunicorn, Celery, the CLI) reaches PostgreSQL
+# through a private PgBouncer in transaction mode (DATABASE_CONNECTION_POOL_URL), as a
+# Heroku deploy does; migrations and the tests' own checks stay on the direct URL.
+POOLED = os.environ.get("RELAY_TEST_POOLER") == "1"
+
+
 @pytest.fixture(scope="session")
-def base_env(database_url, redis_url):
+def pooler(server_urls):
+    """The session's PgBouncer (relay.ops.pooler) in the pooled run, else None."""
+    if not POOLED:
+        yield None
+        return
+    from relay.ops.pooler import Pooler
+
+    running = Pooler(server_urls[0])
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def base_env(database_url, redis_url, pooler):
     """Environment for create_app and for subprocesses (CLI, gunicorn, celery)."""
     env = dict(os.environ)
+    env.pop("DATABASE_CONNECTION_POOL_URL", None)
+    if pooler is not None:
+        env["DATABASE_CONNECTION_POOL_URL"] = pooler.url(database_url)
     env.update(
         {
             "DATABASE_URL": database_url,

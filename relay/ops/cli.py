@@ -100,22 +100,31 @@ def config() -> None:
 
 
 @config.command("check")
-def config_check() -> None:
-    """Validate the environment and print the effective settings, secrets masked."""
+@click.option("--web-dynos", type=click.IntRange(min=1), default=1, show_default=True, help="web dynos (or hosts)")
+@click.option("--worker-dynos", type=click.IntRange(min=1), default=1, show_default=True, help="worker dynos")
+def config_check(web_dynos: int, worker_dynos: int) -> None:
+    """Validate the environment and print the effective settings, secrets masked.
+
+    Then which URL each process uses, the deploy's connection budget (connections per
+    process times processes) and, when the database answers, the budget against its
+    ``max_connections`` less the reserved slots: one warning line when it does not fit.
+    """
     import dataclasses
 
     from sqlalchemy.engine import make_url
 
-    from relay.config import load_settings
+    from relay.config import connection_budget, load_settings
 
+    env = _effective_env()
     try:
-        settings = load_settings(_effective_env())
+        settings = load_settings(env)
+        budget = connection_budget(settings, env, web_dynos=web_dynos, worker_dynos=worker_dynos)
     except ConfigError as exc:
         _fail(str(exc))
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
-        if field.name == "database_url":
-            value = make_url(value).render_as_string(hide_password=True)
+        if field.name in ("database_url", "database_pool_url"):
+            value = make_url(value).render_as_string(hide_password=True) if value else "(unset)"
         elif field.name == "redis_url":
             value = make_url(value).render_as_string(hide_password=True) if "@" in value else value
         elif field.name in ("secret_key", "metrics_token"):
@@ -123,6 +132,55 @@ def config_check() -> None:
         elif isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
         click.echo(f"{field.name:<26} {value}")
+    pooled = bool(settings.database_pool_url)
+    click.echo("release (migrations)       DATABASE_URL (direct)")
+    click.echo(
+        "web, worker, beat          "
+        + ("DATABASE_CONNECTION_POOL_URL (pooler)" if pooled else "DATABASE_URL (direct)")
+        + f"; prepared statements {'on' if settings.db_prepare else 'off'}"
+    )
+    click.echo(f"connection budget ({web_dynos} web, {worker_dynos} worker dyno(s); pool size + overflow per process):")
+    for line in budget.lines():
+        click.echo("  " + line)
+    _check_budget(settings, budget, pooled)
+
+
+def _check_budget(settings, budget, pooled: bool) -> None:
+    """Compare the budget with the server's free slots; say so in one line, warn if it does not fit."""
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings.database_url)
+    try:
+        conn = psycopg2.connect(
+            host=url.host or url.query.get("host"),
+            port=url.port,
+            user=url.username,
+            password=url.password,
+            dbname=url.database,
+            connect_timeout=3,
+        )
+    except psycopg2.Error as exc:
+        click.echo(f"database: not checked ({str(exc).strip().splitlines()[0] if str(exc).strip() else 'unreachable'})")
+        return
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT current_setting('max_connections')::int,"
+                " current_setting('superuser_reserved_connections')::int"
+                " + coalesce(current_setting('reserved_connections', true)::int, 0)"
+            )
+            max_connections, reserved = cur.fetchone()
+    finally:
+        conn.close()
+    slots = max_connections - reserved
+    where = "the pooler's clients (its own pool sets the server's share)" if pooled else "PostgreSQL"
+    click.echo(f"database: max_connections {max_connections} - {reserved} reserved = {slots} for {where}")
+    if budget.total > slots and not pooled:
+        click.echo(
+            f"warning: the budget ({budget.total}) exceeds the {slots} connections PostgreSQL allows: lower"
+            " RELAY_DB_POOL_SIZE, RELAY_DB_MAX_OVERFLOW or WEB_CONCURRENCY, or set DATABASE_CONNECTION_POOL_URL to a pooler"
+        )
 
 
 @main.group()

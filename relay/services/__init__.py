@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg2.extensions
+from flask import current_app
 from sqlalchemy import func, literal_column
 from sqlalchemy.orm import Session
 
@@ -105,9 +106,13 @@ class Prepared:
     for statements whose best plan does not hang on their values (not a text search,
     whose selectivity does), and whose parameters PostgreSQL can type from where they are
     used. ``PREPARE`` is not undone by a rollback, so a name once prepared stays usable.
+
+    With ``RELAY_DB_PREPARE`` off (``auto`` behind DATABASE_CONNECTION_POOL_URL) the plain
+    text is sent instead: a transaction-mode pooler gives each transaction any server
+    session, where a name prepared on another is missing, or already taken (issue 27).
     """
 
-    __slots__ = ("name", "prepare_sql", "execute_sql")
+    __slots__ = ("name", "sql", "prepare_sql", "execute_sql")
     named: dict[str, Prepared] = {}  # every one by name: what an EXPLAIN of an ``EXECUTE`` needs (bench, tests)
 
     def __init__(self, sql: str):
@@ -120,6 +125,7 @@ class Prepared:
 
         # Sent without parameters, so psycopg2's doubled %% must be made single.
         body = _PLACEHOLDER.sub(positional, sql).replace("%%", "%")
+        self.sql = sql
         self.name = "relay_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
         self.prepare_sql = f"PREPARE {self.name} AS {body}"
         args = ", ".join(f"%({n})s" for n in order)
@@ -127,7 +133,12 @@ class Prepared:
         Prepared.named[self.name] = self
 
     def ready(self, session: Session) -> str:
-        """PREPARE on the session's connection if it has not yet; return the EXECUTE text to run."""
+        """PREPARE on the session's connection if it has not yet; return the EXECUTE text to run.
+
+        With prepared statements off, return the plain SQL text (same parameters).
+        """
+        if not current_app.config["RELAY"].db_prepare:
+            return self.sql
         connection = session.connection().connection
         prepared = connection.info.setdefault(_PREPARED, set())
         if self.name not in prepared:

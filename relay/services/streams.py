@@ -21,9 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from flask import current_app, has_app_context
-from sqlalchemy.exc import DBAPIError
 
-from relay.errors import RelayError, is_connection_error
+from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
 from relay.services import feed, wakeup
@@ -99,7 +98,7 @@ class Held:
         while True:
             try:
                 items, again = read()
-            except DBAPIError as exc:
+            except DATABASE_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise
                 db.session.rollback()
@@ -124,7 +123,7 @@ class Held:
             except RelayError as exc:
                 yield exc
                 return
-            except DBAPIError as exc:
+            except DATABASE_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise
                 db.session.rollback()  # cannot tell yet: the next tick authenticates again
@@ -232,7 +231,7 @@ def wait_for_page(
                 still_allowed()
                 result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
                 failed = False
-            except DBAPIError as exc:
+            except DATABASE_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise
                 db.session.rollback()

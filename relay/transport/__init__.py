@@ -11,7 +11,7 @@ from flask import Flask, g
 from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 
-from relay.errors import error_cause, is_connection_error
+from relay.errors import UNAVAILABLE_RETRY_AFTER, error_cause, is_connection_error
 from relay.extensions import db
 
 
@@ -31,6 +31,14 @@ def init_app(app: Flask) -> None:
     from relay.transport import console  # after ratelimit: its sign-in limits live on that Limiter
 
     console.init_app(app)
+
+    @app.after_request
+    def _retry_after_on_503(resp):
+        # Every outage answer says when to come back, whichever surface built it (REST,
+        # JSON-RPC, A2A, console, readiness): a pool wait, a restart, a failover.
+        if resp.status_code == 503 and "Retry-After" not in resp.headers:
+            resp.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
+        return resp
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

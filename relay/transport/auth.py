@@ -17,9 +17,8 @@ import time
 import redis
 from flask import current_app, g, request
 from limits import parse
-from sqlalchemy.exc import OperationalError
 
-from relay.errors import RelayError, is_connection_error
+from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
 from relay.extensions import redis_client
 from relay.models import Agent
 from relay.services import agents as agent_service
@@ -63,7 +62,7 @@ def try_current_agent() -> Agent | None:
             )
             exc = RelayError("unauthenticated", INVALID_KEY)
         g._relay_auth_error = exc
-    except OperationalError as exc:
+    except DATABASE_ERRORS as exc:
         if not is_connection_error(exc):
             raise
         # PostgreSQL is unreachable (down, restarting): neither the caller's fault (401)

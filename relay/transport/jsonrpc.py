@@ -384,6 +384,10 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     answer = _call(dialect, caller, doc, alone=True)
     if answer is not None and isinstance(answer.get("result"), Streamed):
         return _stream_response(dialect, answer["id"], answer["result"])
+    if answer is not None and "error" in answer and _symbol(answer["error"].get("data")) == "service_unavailable":
+        # The database went away inside the method (or no pooled connection came free):
+        # an HTTP 503 a client or proxy retries, not a 200 carrying the error.
+        return _response(answer, status=503)
     return _response(answer) if answer is not None else _no_content()
 
 
