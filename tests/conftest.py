@@ -235,6 +235,23 @@ def pooler(server_urls):
         running.stop()
 
 
+def with_application_name(env: dict, name: str) -> dict:
+    """``env`` with both database URLs naming their connections ``name``, so a test can count them."""
+    out = dict(env)
+    for var in ("DATABASE_URL", "DATABASE_CONNECTION_POOL_URL"):
+        if url := out.get(var):
+            out[var] = f"{url}{'&' if '?' in url else '?'}application_name={name}"
+    return out
+
+
+def connections_named(app, pooler, name: str) -> int:
+    """Connections a relay named ``name`` holds open: to PostgreSQL, or in the pooled run to the
+    pooler (its clients; the pooler's own server connections are shared by every client)."""
+    if pooler is None:
+        return sql(app, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n", n=name)[0][0]
+    return sum(1 for row in pooler.admin("SHOW CLIENTS") if row["application_name"] == name)
+
+
 @pytest.fixture(scope="session")
 def base_env(database_url, redis_url, pooler):
     """Environment for create_app and for subprocesses (CLI, gunicorn, celery)."""

@@ -33,7 +33,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import UnsupportedOperationError
 
-from tests.conftest import bearer, sql, wait_until
+from tests.conftest import bearer, connections_named, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -48,8 +48,7 @@ LIVE_REDIS: list[str] = []
 
 @pytest.fixture(scope="module")
 def live(base_env):
-    url = base_env["DATABASE_URL"]
-    env = {**base_env, "DATABASE_URL": f"{url}{'&' if '?' in url else '?'}application_name={APP_NAME}"}
+    env = with_application_name(base_env, APP_NAME)  # so the tests can count the relay's own connections
     with (
         claimed_redis_db(base_env["REDIS_URL"]) as broker,
         live_relay(env, RELAY_STREAM_HEARTBEAT=HEARTBEAT, RELAY_STREAMS_PER_AGENT=str(CAP), REDIS_URL=broker) as base,
@@ -531,10 +530,11 @@ def test_a_revoked_key_ends_its_stream_with_an_error(live, pair):
     assert error["code"] == -32600 and error["data"][0]["metadata"]["symbol"] == "unauthenticated", error
 
 
-def test_waiting_streams_hold_no_database_connection(app, live, make_agent, settled):
-    # Each web process's pool holds at most 5 + 10 connections: streams that kept theirs
-    # while waiting would starve the ones opened after the pools ran out.
-    pool_capacity = 2 * (5 + 10)
+def test_waiting_streams_hold_no_database_connection(app, live, make_agent, settled, pooler):
+    # Each of the two web processes' pools holds at most pool size + overflow connections:
+    # streams that kept theirs while waiting would starve the ones opened after they ran out.
+    settings = app.config["RELAY"]
+    pool_capacity = 2 * (settings.db_pool_size + settings.db_max_overflow)
     b, b_key = make_agent("bob@acme")
     callers = [make_agent(f"c{i}@acme") for i in range(pool_capacity // CAP + 1)]
     tasks = {handle: open_task(live, b, key)["id"] for handle, key in callers}
@@ -548,7 +548,7 @@ def test_waiting_streams_hold_no_database_connection(app, live, make_agent, sett
         assert stream.result()["task"]["status"]["state"] == "TASK_STATE_SUBMITTED"
     for _, stream in streams:  # each has been through a tick (a re-read, a re-authentication) and waits again
         stream.heartbeat()
-    connections = sql(app, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n", n=APP_NAME)[0][0]
+    connections = connections_named(app, pooler, APP_NAME)
     assert connections <= pool_capacity
     for task_id in tasks.values():
         seed(live, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"})

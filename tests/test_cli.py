@@ -177,7 +177,9 @@ def test_db_upgrade_on_migrated_db_is_noop(relay, app, client):
 
 
 def test_agents_create_with_unreachable_database_fails_with_one_line(relay, cli_env):
+    # Both URLs: in the pooled run the CLI would otherwise reach the database through the pooler.
     env = dict(cli_env, DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    env.pop("DATABASE_CONNECTION_POOL_URL", None)
     proc = relay("agents", "create", "frank@acme", "--name", "Frank", "--json", env=env)
     _assert_one_line_failure(proc)
     assert proc.stdout == ""

@@ -54,7 +54,9 @@ def test_readyz_answers_503_naming_redis_when_redis_unreachable(base_env):
 
 
 def test_readyz_answers_503_naming_database_when_database_unreachable(base_env):
-    status, body = _readyz_in_fresh_app(dict(base_env, DATABASE_URL=CLOSED_DATABASE))
+    # Both URLs: in the pooled run the app would otherwise reach the database through the pooler.
+    env = {k: v for k, v in base_env.items() if k != "DATABASE_CONNECTION_POOL_URL"}
+    status, body = _readyz_in_fresh_app(dict(env, DATABASE_URL=CLOSED_DATABASE))
     assert status == 503
     assert body["checks"]["database"].startswith("failed")
     assert body["checks"]["redis"] == "ok"

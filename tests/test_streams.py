@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from relay.ops.embedded import free_port
-from tests.conftest import bearer, sql, wait_until
+from tests.conftest import bearer, connections_named, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 from tests.sse import SSE
 
@@ -28,12 +28,7 @@ APP_NAME = "relay-live-streams"
 
 @pytest.fixture(scope="module")
 def live(base_env):
-    url = base_env["DATABASE_URL"]
-    env = {
-        **base_env,
-        # Named, so the test can count the relay's own PostgreSQL connections.
-        "DATABASE_URL": f"{url}{'&' if '?' in url else '?'}application_name={APP_NAME}",
-    }
+    env = with_application_name(base_env, APP_NAME)  # so the tests can count the relay's own connections
     with (
         claimed_redis_db(base_env["REDIS_URL"]) as broker,
         live_relay(env, RELAY_STREAM_HEARTBEAT=HEARTBEAT, RELAY_STREAMS_PER_AGENT=str(CAP), REDIS_URL=broker) as base,
@@ -359,7 +354,7 @@ def test_a_disabled_agents_long_poll_ends_unauthenticated(app, live, pair):
 # --------------------------------------------------------------------------- holding many, cheaply
 
 
-def test_waiters_hold_no_database_connection(app, live, make_agent, settled):
+def test_waiters_hold_no_database_connection(app, live, make_agent, settled, pooler):
     # More waiters than both web processes' pools hold connections: they would starve if a
     # waiter kept its connection.
     settings = app.config["RELAY"]
@@ -370,7 +365,7 @@ def test_waiters_hold_no_database_connection(app, live, make_agent, settled):
     assert len(polls) > pool_capacity
 
     def relay_connections() -> int:
-        return sql(app, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n", n=APP_NAME)[0][0]
+        return connections_named(app, pooler, APP_NAME)
 
     wait_until(
         lambda: sum(slots_held(app, h) for h, _ in agents) == len(polls),
@@ -423,16 +418,20 @@ def test_a_rolled_back_write_wakes_nobody(app, make_agent):
         listener.unregister(to_bob), listener.unregister(to_marker)
 
 
-def test_waiters_get_their_messages_after_postgresql_drops_every_connection(app, live, pair):
+def test_waiters_get_their_messages_after_postgresql_drops_every_connection(app, live, pair, pooler):
     a, a_key, b, b_key = pair
     poll = Poll(live, b, b_key, wait=30)
     stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
     stream.until_ready()
     wait_until(lambda: slots_held(app, b) == 2, what="bob's poll and stream waiting")
-    # What a restart looks like from the relay: every connection it holds is cut.
-    dropped = sql(
-        app, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = :n", n=APP_NAME
-    )[0][0]
+    # What a restart looks like from the relay: every connection it holds is cut. Behind the
+    # pooler those are the pooler's server connections (all but the one this query runs on).
+    if pooler is None:
+        whose, params = "application_name = :n", {"n": APP_NAME}
+    else:
+        servers = [row["remote_pid"] for row in pooler.admin("SHOW SERVERS")]
+        whose, params = "pid = ANY(:pids) AND pid <> pg_backend_pid()", {"pids": servers}
+    dropped = sql(app, f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {whose}", **params)[0][0]
     assert dropped >= 1
     sent = send(live, a_key, b, "after the drop")
     assert [row["id"] for row in poll.result().json()["items"]] == [sent["message_id"]]

@@ -124,14 +124,17 @@ class Pooler:
         direct = make_url(normalize_database_url(database_url))
         return direct.set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
 
-    def admin(self, command: str) -> list[tuple]:
-        """Run an admin console ``command`` (``SHOW POOLS``...) and return its rows."""
+    def admin(self, command: str) -> list[dict]:
+        """Run an admin console ``command`` (``SHOW POOLS``...); return its rows as ``{column: value}``."""
         conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="pgbouncer")
         conn.autocommit = True
         try:
             with conn.cursor() as cur:
                 cur.execute(command)
-                return cur.fetchall() if cur.description else []
+                if not cur.description:
+                    return []
+                names = [column.name for column in cur.description]
+                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         finally:
             conn.close()
 

@@ -1,0 +1,207 @@
+"""Scale-out (issue 27): the connection budget, pool exhaustion, and PREPARE on or off.
+
+Each rule is met on the real servers: ``relay config check`` as a subprocess against the
+session's PostgreSQL, a pool really emptied by holding its only connection, and the
+server's own ``pg_prepared_statements`` read on the connection the app used.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import text
+
+from relay.config import ConfigError, load_settings
+from relay.extensions import db
+from tests.conftest import bearer, connect, extra_app
+
+
+def feed(handle: str) -> str:
+    return f"/api/v1/identities/{handle}/a2a/messages"
+
+
+def _config_check(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "config", "check", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _direct_env(base_env: dict, tmp_path, **extra: str) -> dict:
+    """base_env on the direct URL only (no pooler), with an isolated RELAY_HOME."""
+    env = {k: v for k, v in base_env.items() if k != "DATABASE_CONNECTION_POOL_URL"}
+    env.update({"RELAY_HOME": str(tmp_path / "home"), **extra})
+    return env
+
+
+def _server_slots(database_url: str) -> int:
+    conn = connect(database_url)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int"
+            " - coalesce(current_setting('reserved_connections', true)::int, 0)"
+        )
+        (slots,) = cur.fetchone()
+    conn.close()
+    return slots
+
+
+def _budget(stdout: str) -> dict[str, tuple[int, int, int]]:
+    """``{process type: (processes, each, product)}`` and ``total`` from config check's budget lines."""
+    rows = {
+        m[1]: (int(m[2]), int(m[3]), int(m[4]))
+        for m in re.finditer(r"^\s+(\w+)\s+(\d+) x (\d+) = (\d+)$", stdout, re.M)
+    }
+    total = re.search(r"^\s+total\s+(\d+) connections$", stdout, re.M)
+    assert total, stdout
+    rows["total"] = (0, 0, int(total[1]))
+    return rows
+
+
+def test_the_default_deploy_fits_twenty_connections(base_env, tmp_path):
+    env = {k: v for k, v in _direct_env(base_env, tmp_path).items() if not k.startswith(("RELAY_DB_", "WEB_CONC"))}
+    proc = _config_check(env)
+    assert proc.returncode == 0, proc.stderr
+    budget = _budget(proc.stdout)
+    # The Procfile's default: two gunicorn workers, one Celery worker, beat; 4 + 1 each.
+    assert budget["web"] == (2, 5, 10)
+    assert budget["worker"] == (1, 5, 5)
+    assert budget["beat"] == (1, 0, 0)
+    assert budget["total"][2] == 15 <= 20
+
+
+def test_config_check_multiplies_processes_by_their_pools(base_env, tmp_path):
+    env = _direct_env(base_env, tmp_path, WEB_CONCURRENCY="3", RELAY_DB_POOL_SIZE="2", RELAY_DB_MAX_OVERFLOW="1")
+    proc = _config_check(env, "--web-dynos", "2", "--worker-dynos", "2")
+    assert proc.returncode == 0, proc.stderr
+    budget = _budget(proc.stdout)
+    assert budget["web"] == (6, 3, 18)
+    assert budget["worker"] == (2, 3, 6)
+    assert budget["total"][2] == 24
+    slots = _server_slots(base_env["DATABASE_URL"])
+    assert f"= {slots} for PostgreSQL" in proc.stdout
+    assert "warning" not in proc.stdout
+
+
+def test_config_check_warns_in_one_line_when_the_budget_exceeds_the_servers_slots(base_env, tmp_path):
+    slots = _server_slots(base_env["DATABASE_URL"])
+    dynos = slots // 10 + 1  # 2 workers x 5 connections a dyno: just past the server's slots
+    proc = _config_check(_direct_env(base_env, tmp_path), "--web-dynos", str(dynos))
+    assert proc.returncode == 0, proc.stderr
+    total = _budget(proc.stdout)["total"][2]
+    assert total == dynos * 10 + 5 > slots
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, proc.stdout
+    for setting in ("RELAY_DB_POOL_SIZE", "RELAY_DB_MAX_OVERFLOW", "WEB_CONCURRENCY", "DATABASE_CONNECTION_POOL_URL"):
+        assert setting in warnings[0]
+    assert f"({total})" in warnings[0] and f"the {slots} connections" in warnings[0]
+
+
+def test_config_check_says_which_url_each_process_uses(base_env, tmp_path):
+    direct = _config_check(_direct_env(base_env, tmp_path))
+    assert "web, worker, beat          DATABASE_URL (direct); prepared statements on" in direct.stdout
+    pooled_env = _direct_env(base_env, tmp_path, DATABASE_CONNECTION_POOL_URL="postgres://u:hunter2@127.0.0.1:6432/d")
+    pooled = _config_check(pooled_env)
+    assert pooled.returncode == 0, pooled.stderr
+    assert "release (migrations)       DATABASE_URL (direct)" in pooled.stdout
+    assert "DATABASE_CONNECTION_POOL_URL (pooler); prepared statements off" in pooled.stdout
+    assert "hunter2" not in pooled.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "prepare"),
+    [
+        ({}, True),
+        ({"DATABASE_CONNECTION_POOL_URL": "postgresql://p@127.0.0.1:6432/d"}, False),
+        ({"DATABASE_CONNECTION_POOL_URL": "postgresql://p@127.0.0.1:6432/d", "RELAY_DB_PREPARE": "1"}, True),
+        ({"RELAY_DB_PREPARE": "0"}, False),
+    ],
+)
+def test_prepare_is_off_behind_a_pooler_unless_asked(env, prepare):
+    settings = load_settings({"DATABASE_URL": "postgresql://p@127.0.0.1/d", "REDIS_URL": "redis://x", **env})
+    assert settings.db_prepare is prepare
+    expected = env.get("DATABASE_CONNECTION_POOL_URL", "postgresql://p@127.0.0.1/d")
+    assert settings.app_database_url == expected.replace("postgresql://", "postgresql+psycopg2://")
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("RELAY_DB_PREPARE", "yes"), ("DATABASE_CONNECTION_POOL_URL", "mysql://x/y"), ("RELAY_DB_POOL_TIMEOUT", "0")],
+)
+def test_a_bad_pool_setting_is_refused_naming_it(name, raw):
+    with pytest.raises(ConfigError, match=name):
+        load_settings({"DATABASE_URL": "postgresql://p@127.0.0.1/d", "REDIS_URL": "redis://x", name: raw})
+
+
+@pytest.fixture
+def one_connection_app(base_env, celery_app, redis_url):
+    """An app whose pool holds one connection, no overflow, and waits 0.3 s for it."""
+    with extra_app(
+        base_env,
+        celery_app,
+        redis_url,
+        RELAY_DB_POOL_SIZE="1",
+        RELAY_DB_MAX_OVERFLOW="0",
+        RELAY_DB_POOL_TIMEOUT="0.3",
+    ) as other:
+        yield other
+
+
+def test_a_request_that_cannot_get_a_connection_answers_503_with_retry_after(one_connection_app, alice, bob):
+    client = one_connection_app.test_client()
+    headers = bearer(alice[1])
+    assert client.get(feed(alice[0]), headers=headers).status_code == 200  # the key is known, the pool works
+    send = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "queued behind a full pool"}]}},
+    }
+    with one_connection_app.app_context():
+        held = db.engine.connect()  # the pool's only connection, taken as a burst would
+        held.execute(text("SELECT 1"))
+        try:
+            rest = client.get(feed(alice[0]), headers=headers)
+            rpc = client.post("/a2a", json=send, headers=headers)
+        finally:
+            held.close()
+    assert rest.status_code == 503
+    assert rest.headers["Retry-After"] == "1"
+    assert rest.get_json()["error"]["code"] == "service_unavailable"
+    assert rpc.status_code == 503
+    assert rpc.headers["Retry-After"] == "1"
+    assert rpc.get_json()["error"]["data"]["symbol"] == "service_unavailable"
+    # The connection back in the pool, the same calls succeed: nothing was left half done.
+    assert client.get(feed(alice[0]), headers=headers).status_code == 200
+    again = client.post("/a2a", json=send, headers=headers)
+    assert again.status_code == 200 and "result" in again.get_json(), again.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("prepare", ["0", "1"])
+def test_prepared_statements_follow_relay_db_prepare(base_env, celery_app, redis_url, alice, bob, prepare):
+    direct = {k: v for k, v in base_env.items() if k != "DATABASE_CONNECTION_POOL_URL"}
+    with extra_app(direct, celery_app, redis_url, RELAY_DB_PREPARE=prepare, RELAY_DB_POOL_SIZE="1") as other:
+        client = other.test_client()
+        send = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "hot path"}]}},
+        }
+        assert "result" in client.post("/a2a", json=send, headers=bearer(alice[1])).get_json()
+        assert client.get(feed(bob[0]), headers=bearer(bob[1])).status_code == 200
+        with other.app_context():
+            # The pool's one connection: the one both requests ran on.
+            names = db.session.execute(text("SELECT name FROM pg_prepared_statements")).scalars().all()
+            db.session.rollback()
+    relay_names = [n for n in names if n.startswith("relay_")]
+    if prepare == "1":
+        assert relay_names, "the hot statements were not prepared"
+    else:
+        assert relay_names == []
