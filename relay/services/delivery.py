@@ -75,14 +75,16 @@ def event_id_text(event_id: uuid.UUID) -> str:
 _FAN_OUT = text(
     """
     WITH ev AS (
-        SELECT id, type, agent_id, thread_id, payload FROM events
+        SELECT id, type, agent_id, thread_id, payload, created_at FROM events
         WHERE id = ANY(CAST(:ids AS uuid[])) AND fanned_out_at IS NULL
         FOR UPDATE SKIP LOCKED
     ), marked AS (
         UPDATE events SET fanned_out_at = now() FROM ev WHERE events.id = ev.id
     )
     INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
-    SELECT gen_random_uuid(), ev.id, e.id, 'pending', 0, now(), now()
+    -- created_at is the event's: the delivery goes in the partition of its event's day,
+    -- which retention drops together (relay/services/retention.py).
+    SELECT gen_random_uuid(), ev.id, e.id, 'pending', 0, now(), ev.created_at
     FROM ev JOIN webhook_endpoints e ON e.agent_id = ev.agent_id AND e.enabled
     WHERE CASE WHEN ev.type = :test THEN e.id = CAST(ev.payload->>'endpoint_id' AS uuid)
           -- An A2A push config hears its one task; a webhook every task of its agent.

@@ -383,9 +383,12 @@ def _requeue(session, delivery_ids) -> None:
 _RECOVER_MISSING = text(
     """
     INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
-    SELECT gen_random_uuid(), ev.id, :endpoint, 'pending', 0, now(), now()
+    SELECT gen_random_uuid(), ev.id, :endpoint, 'pending', 0, now(), ev.created_at
     FROM events ev
-    WHERE ev.agent_id = :agent AND ev.created_at >= :since AND ev.type = ANY(CAST(:types AS text[]))
+    -- :floor: events older than the delivery log's retention may have lost their
+    -- deliveries' partition (relay/services/retention.py); they are not recovered.
+    WHERE ev.agent_id = :agent AND ev.created_at >= greatest(:since, :floor)
+      AND ev.type = ANY(CAST(:types AS text[]))
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = :endpoint)
     ORDER BY ev.created_at, ev.id
     ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
@@ -424,7 +427,14 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
             _requeue(session, failed)
         types = [t for t in endpoint.events if t != TEST_EVENT]
         created = session.execute(
-            _RECOVER_MISSING, {"endpoint": endpoint.id, "agent": agent.id, "since": since, "types": types}
+            _RECOVER_MISSING,
+            {
+                "endpoint": endpoint.id,
+                "agent": agent.id,
+                "since": since,
+                "floor": datetime.now(UTC) - timedelta(days=current_app.config["RELAY"].retain_deliveries_days),
+                "types": types,
+            },
         ).all()
         if failed or created:
             after_commit(_poke_pump)
