@@ -14,7 +14,8 @@ is added before the ATTACH, so the ATTACH itself does not scan. Daily partitions
 ``<table>_pYYYYMMDD`` follow from B to three days ahead; beat keeps creating them
 (relay/services/retention.py).
 
-What it does read: the VALIDATE and the bound's max() scan each table once, and the
+What it writes: the pending deliveries' created_at, set to their events' (the claim
+looks an event up by both). What it does read: the VALIDATE and the bound's max() scan each table once, and the
 ATTACH builds the indexes that are new (the composite primary keys, the composite
 delivery uniqueness, the idempotency lookup, events by thread). Rows keep their versions.
 
@@ -168,6 +169,13 @@ def upgrade() -> None:
                 f" FOR VALUES FROM ({_ts(day)}) TO ({_ts(day + timedelta(days=1))})"
             )
             day += timedelta(days=1)
+    # The claim finds a delivery's event by (id, created_at): a pending delivery written
+    # before 0009 takes its event's created_at (it stays in the legacy partition: the
+    # event is older). Only the pending ones; a failed one is realigned when redriven.
+    execute(
+        "UPDATE webhook_deliveries d SET created_at = e.created_at FROM events e"
+        " WHERE e.id = d.event_id AND d.status = 'pending' AND d.created_at <> e.created_at"
+    )
 
 
 # The tables as 0008 left them, for the downgrade.
