@@ -391,3 +391,22 @@ def test_one_key_still_answers_once_under_concurrent_calls_and_after_expiry(app,
     assert len({a["task_id"] for a in again}) == 1 and again[0]["task_id"] != answers[0]["task_id"]
     [(records,)] = q(app, "SELECT count(*) FROM idempotency_records WHERE key = 'same'")
     assert records == 1
+
+
+def test_beat_schedules_retention_hourly_and_a_worker_start_queues_one_pass():
+    from workers import beat_schedule, queue_retention_pass
+
+    entries = {e["task"]: e["schedule"] for e in beat_schedule().values()}
+    assert entries["workers.tasks.retention"] == 3600.0
+    assert "workers.tasks.purge_idempotency_records" not in entries  # no bulk DELETE any more
+    sent = []
+
+    class _App:
+        def send_task(self, name):  # only enqueues: no database work in the signal
+            sent.append(name)
+
+    class _Consumer:
+        app = _App()
+
+    queue_retention_pass(sender=_Consumer())
+    assert sent == ["workers.tasks.retention"]
