@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``.
+"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``retention``.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -96,6 +96,12 @@ def main() -> None:
     wake_p.add_argument("--worker-class", help="override gunicorn's worker class (e.g. gthread), for comparison")
     wake_p.add_argument("--threads", type=int, help="threads per worker, with --worker-class gthread")
     wake_p.add_argument("--throughput-seconds", type=float, default=10.0, help="each send-throughput run (10)")
+    ret_p = sub.add_parser(
+        "retention", parents=[common], help="a retention pass (partition drop) vs the equivalent DELETE; hot queries"
+    )
+    ret_p.add_argument("--days", type=int, default=30, help="days of delivery log before the expired ones (30)")
+    ret_p.add_argument("--per-day", type=int, default=10_000, help="events a day, one delivery and attempt each")
+    ret_p.add_argument("--queries", type=int, default=200, help="timed calls per query and phase (200)")
     args = parser.parse_args()
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
@@ -132,6 +138,12 @@ def main() -> None:
         print_wake(results)
         klass = f"-{args.worker_class}" if args.worker_class else ""
         name = f"{results['date'][:10]}-{results['commit']}-wake-{args.waiters}{klass}.json"
+    elif args.command == "retention":
+        from bench.retention import print_retention, retention_bench
+
+        results = retention_bench(args.days, args.per_day, args.queries)
+        print_retention(results)
+        name = f"{results['date'][:10]}-{results['commit']}-retention.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit

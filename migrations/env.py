@@ -10,8 +10,16 @@ from sqlalchemy import create_engine, pool
 import relay.models  # noqa: F401  (registers the tables on Base.metadata)
 from relay.config import normalize_database_url
 from relay.extensions import Base
+from relay.models import is_partition
 
 config = context.config
+
+
+def include_name(name, type_, parent_names) -> bool:
+    """Leave the time partitions out of autogenerate: retention makes and drops them."""
+    return not (type_ == "table" and name is not None and is_partition(name))
+
+
 target_metadata = Base.metadata
 
 
@@ -31,7 +39,9 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, compare_type=True, include_name=include_name
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -48,6 +48,10 @@ DEFAULTS: dict[str, str] = {
     "RELAY_CONSOLE_SESSION_HOURS": "12",
     "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
     "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "30/minute",
+    "RELAY_RETAIN_DELIVERIES_DAYS": "30",
+    "RELAY_RETAIN_EVENTS_DAYS": "30",
+    "RELAY_RETAIN_CLOSED_THREADS_DAYS": "0",
+    "RELAY_RETENTION_LOCK_TIMEOUT_MS": "500",
 }
 
 
@@ -188,6 +192,17 @@ class Settings:
     console_session_hours: float = 12.0
     console_login_limit: str = "10/minute"
     console_login_address_limit: str = "30/minute"
+    # Retention (relay/services/retention.py), in whole days: the time partitions of the
+    # delivery log (deliveries and attempts) and of the outbox events are dropped once
+    # every row they can hold is older than this; idempotency records once expired.
+    # retain_closed_threads_days 0 keeps the ledger (threads, messages, audit) forever;
+    # N > 0 deletes completed and cancelled threads closed more than N days ago.
+    # retention_lock_timeout_ms bounds the wait for a partition's lock: a busy
+    # partition is skipped until the next pass, so traffic never queues behind a drop.
+    retain_deliveries_days: int = 30
+    retain_events_days: int = 30
+    retain_closed_threads_days: int = 0
+    retention_lock_timeout_ms: int = 500
 
     @property
     def app_database_url(self) -> str:
@@ -292,6 +307,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         console_session_hours=_hours(env, "RELAY_CONSOLE_SESSION_HOURS"),
         console_login_limit=_rate(env, "RELAY_CONSOLE_LOGIN_LIMIT"),
         console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
+        retain_deliveries_days=_int(env, "RELAY_RETAIN_DELIVERIES_DAYS", 1),
+        retain_events_days=_int(env, "RELAY_RETAIN_EVENTS_DAYS", 1),
+        retain_closed_threads_days=_int(env, "RELAY_RETAIN_CLOSED_THREADS_DAYS", 0),
+        retention_lock_timeout_ms=_int(env, "RELAY_RETENTION_LOCK_TIMEOUT_MS", 1),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
 from relay.extensions import db
 
@@ -40,6 +41,36 @@ RESERVED_KEY_PREFIX = "a2a:"
 SEARCH_VERSION = 2
 
 TZ = DateTime(timezone=True)
+
+#: The tables in daily time partitions (migration 0009), each with its partition key.
+#: Their primary keys are (id, key) in PostgreSQL, since a partitioned table's unique
+#: constraints must include the key; the ORM maps ``id`` alone (:class:`_PartitionedById`).
+PARTITIONED = {
+    "events": "created_at",
+    "webhook_deliveries": "created_at",
+    "webhook_attempts": "attempted_at",
+    "idempotency_records": "created_at",
+}
+_PARTITION_NAME = re.compile(r"^(" + "|".join(PARTITIONED) + r")_(legacy|p\d{8})$")
+
+
+def is_partition(name: str) -> bool:
+    """True for a partition of a :data:`PARTITIONED` table (``<table>_legacy``, ``<table>_pYYYYMMDD``).
+
+    Partitions are made and dropped by retention, not described by the models: Alembic's
+    comparison skips them (migrations/env.py).
+    """
+    return bool(_PARTITION_NAME.match(name))
+
+
+class _PartitionedById:
+    """Maps a partitioned table by ``id`` alone, so ORM code is the same as before 0009."""
+
+    _eager_defaults = False
+
+    @declared_attr.directive
+    def __mapper_args__(cls) -> dict:
+        return {"primary_key": [cls.__table__.c.id], "eager_defaults": cls._eager_defaults}
 
 
 class Agent(db.Model):
@@ -183,19 +214,23 @@ class ReadPosition(db.Model):
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
 
-class IdempotencyRecord(db.Model):
-    """The first answer to a call made with a client idempotency key, per agent."""
+class IdempotencyRecord(_PartitionedById, db.Model):
+    """The first answer to a call made with a client idempotency key, per agent.
+
+    No unique constraint on (agent_id, key): it would have to include created_at, the
+    partition key. relay/services/idempotency.py serialises a key's calls instead.
+    """
 
     __tablename__ = "idempotency_records"
-    __table_args__ = (UniqueConstraint("agent_id", "key", name="uq_idempotency_agent_key"),)
+    __table_args__ = (Index("ix_idempotency_records_agent_key", "agent_id", "key"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     agent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))
     response: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    expires_at: Mapped[datetime] = mapped_column(TZ, index=True)
+    created_at: Mapped[datetime] = mapped_column(TZ, primary_key=True, server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(TZ)
 
 
 class Block(db.Model):
@@ -227,11 +262,15 @@ class AuditEvent(db.Model):
     actor: Mapped[Agent] = relationship()
 
 
-class Event(db.Model):
+class Event(_PartitionedById, db.Model):
     """Transactional outbox: written with the change it announces, fanned out after commit."""
 
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_pending", "created_at", postgresql_where=text("fanned_out_at IS NULL")),)
+    __table_args__ = (
+        Index("ix_events_pending", "created_at", postgresql_where=text("fanned_out_at IS NULL")),
+        # Deleting a closed thread (opt-in retention) cascades into its events by thread_id.
+        Index("ix_events_thread_id", "thread_id", postgresql_where=text("thread_id IS NOT NULL")),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     type: Mapped[str] = mapped_column(String(64))
@@ -239,7 +278,7 @@ class Event(db.Model):
     thread_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
     message_id: Mapped[uuid.UUID | None]
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
-    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(TZ, primary_key=True, server_default=func.now())
     fanned_out_at: Mapped[datetime | None] = mapped_column(TZ)
 
 
@@ -297,12 +336,18 @@ class WebhookEndpoint(db.Model):
     __mapper_args__ = {"eager_defaults": True}
 
 
-class WebhookDelivery(db.Model):
-    """One event to one endpoint; attempted until it succeeds or the schedule runs out."""
+class WebhookDelivery(_PartitionedById, db.Model):
+    """One event to one endpoint; attempted until it succeeds or the schedule runs out.
+
+    ``created_at`` is its event's, so a delivery lives in the partition of the same day
+    as its event, and (event_id, endpoint_id, created_at) is unique per (event, endpoint).
+    ``event_id`` has no foreign key (migration 0009: the events are partitioned too).
+    """
 
     __tablename__ = "webhook_deliveries"
+    _eager_defaults = True
     __table_args__ = (
-        UniqueConstraint("event_id", "endpoint_id", name="uq_webhook_deliveries_event_endpoint"),
+        UniqueConstraint("event_id", "endpoint_id", "created_at", name="uq_webhook_deliveries_event_endpoint"),
         CheckConstraint("status in ('pending','succeeded','failed')", name="status_valid"),
         Index("ix_webhook_deliveries_due", "next_attempt_at", postgresql_where=text("status = 'pending'")),
         Index("ix_webhook_deliveries_endpoint", "endpoint_id", text("created_at DESC"), text("id DESC")),
@@ -321,7 +366,7 @@ class WebhookDelivery(db.Model):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
-    event_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"))
+    event_id: Mapped[uuid.UUID]
     endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -329,23 +374,25 @@ class WebhookDelivery(db.Model):
     # Set while an attempt is in flight (claimed, not yet recorded); counted by the caps.
     leased_until: Mapped[datetime | None] = mapped_column(TZ)
     last_error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(TZ, primary_key=True, server_default=func.now())
     completed_at: Mapped[datetime | None] = mapped_column(TZ)
 
-    event: Mapped[Event] = relationship()
+    event: Mapped[Event] = relationship(primaryjoin="foreign(WebhookDelivery.event_id) == Event.id")
     endpoint: Mapped[WebhookEndpoint] = relationship()
 
-    __mapper_args__ = {"eager_defaults": True}
 
+class WebhookAttempt(_PartitionedById, db.Model):
+    """One HTTP attempt of a delivery: status or error, and how long it took.
 
-class WebhookAttempt(db.Model):
-    """One HTTP attempt of a delivery: status or error, and how long it took."""
+    ``delivery_id`` has no foreign key (migration 0009): attempts go with their time
+    partition, and the closed-thread sweep deletes a thread's attempts itself.
+    """
 
     __tablename__ = "webhook_attempts"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
-    attempted_at: Mapped[datetime] = mapped_column(TZ)
+    delivery_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    attempted_at: Mapped[datetime] = mapped_column(TZ, primary_key=True)
     status_code: Mapped[int | None]
     error: Mapped[str | None] = mapped_column(Text)
     duration_ms: Mapped[int] = mapped_column(Integer)

@@ -178,18 +178,8 @@ def _expire(app, key: str) -> None:
     assert n == 1
 
 
-def test_purge_deletes_expired_records_and_keeps_fresh_ones(app, client, make_agent):
-    from relay.services.maintenance import purge_expired_idempotency_records
-
-    _a, a_key = make_agent("alice@acme")
-    b_handle, _b_key = make_agent("bob@acme")
-    assert "result" in rpc(client, a_key, "message/send", send_params(b_handle, "one", idem="old"))
-    assert "result" in rpc(client, a_key, "message/send", send_params(b_handle, "two", idem="fresh"))
-    _expire(app, "old")
-    with app.app_context():
-        assert purge_expired_idempotency_records() == 1
-        left = db.session.execute(text("SELECT key FROM idempotency_records")).scalars().all()
-    assert left == ["fresh"]
+# Expired records are not purged by a DELETE any more: they go with their time partition
+# (tests/test_retention.py, test_expired_idempotency_records_go_with_their_partition).
 
 
 def test_expired_key_can_be_reused_with_other_params(app, client, make_agent):

@@ -7,14 +7,16 @@ import os
 from collections.abc import Mapping
 
 from celery import Celery, Task
+from celery import current_app as current_celery_app
 from celery.beat import PersistentScheduler
+from celery.signals import worker_ready
 from flask import Flask
 
 log = logging.getLogger("relay.beat")
 
 #: The periodic sweeps (task names); each logs its own line, and only when it did something.
 SWEEP_TASKS = frozenset(
-    {"workers.tasks.purge_idempotency_records", "workers.tasks.index_pending_messages", "workers.tasks.sweep_outbox"}
+    {"workers.tasks.retention", "workers.tasks.index_pending_messages", "workers.tasks.sweep_outbox"}
 )
 #: Tasks run once per message or event: the worker's "received"/"succeeded" lines for them
 #: would be two log lines per message saying nothing the pump's "webhook attempt" line does not.
@@ -65,6 +67,7 @@ def celery_init_app(app: Flask) -> Celery:
         }
     )
     celery_app.set_default()
+    worker_ready.connect(queue_retention_pass, sender=None, weak=False, dispatch_uid="relay-retention-at-start")
     app.extensions["celery"] = celery_app
     quiet_sweep_logs()
     return celery_app
@@ -73,10 +76,21 @@ def celery_init_app(app: Flask) -> Celery:
 def beat_schedule() -> dict:
     """Return the periodic sweeps run by ``celery beat``."""
     return {
-        "purge-idempotency-records": {"task": "workers.tasks.purge_idempotency_records", "schedule": 3600.0},
+        # Partitions ahead and expired ones dropped (relay/services/retention.py); each
+        # worker also queues one pass when it starts (queue_retention_pass).
+        "retention": {"task": "workers.tasks.retention", "schedule": 3600.0},
         "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
         "sweep-outbox": {"task": "workers.tasks.sweep_outbox", "schedule": 3.0},
     }
+
+
+def queue_retention_pass(sender=None, **_kwargs) -> None:
+    """On a worker's start, queue one retention pass, so a fresh deploy has its partitions ahead
+    without waiting up to an hour for beat. Only enqueues (beat and web never run it)."""
+    try:
+        (sender.app if sender is not None else current_celery_app).send_task("workers.tasks.retention")
+    except Exception as exc:  # the broker is down: beat's hourly entry still runs it
+        log.warning("could not queue the start-up retention pass (%s)", type(exc).__name__)
 
 
 class _MemorySchedule(dict):

@@ -9,6 +9,7 @@ from celery import shared_task
 from flask import current_app
 
 from relay.services import delivery, maintenance, search, webhooks
+from relay.services import retention as retention_service
 from workers.delivery import pump_for
 
 # One INFO line per sweep that did something, none for an idle one (celery's own
@@ -17,14 +18,17 @@ log = logging.getLogger("relay.beat")
 PUMP_WAIT_SECONDS = 30
 
 
-@shared_task(name="workers.tasks.purge_idempotency_records")
-def purge_idempotency_records() -> int:
-    """Delete idempotency records past their 24 h lifetime; return how many."""
-    purged = maintenance.purge_expired_idempotency_records()
-    if purged:
-        log.info("idempotency sweep: %d expired records purged", purged, extra={"sweep": "purge", "purged": purged})
-    maintenance.record_sweep("purge_idempotency_records")
-    return purged
+@shared_task(name="workers.tasks.retention")
+def retention() -> dict:
+    """One retention pass (relay/services/retention.py): partitions ahead, expired ones dropped.
+
+    Returns the pass's report (``PassReport.as_dict()``); the pass logs its own line
+    when it did something. Replaces the bulk DELETE of expired idempotency records:
+    they go with their partition now.
+    """
+    report = retention_service.run_pass()
+    maintenance.record_sweep("retention")
+    return report.as_dict()
 
 
 @shared_task(name="workers.tasks.index_message", acks_late=True)

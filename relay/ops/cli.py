@@ -382,6 +382,54 @@ def operators_reset_password(email: str, as_json: bool) -> None:
         click.echo(f"new password for {operator.email} (shown once): {password}")
 
 
+@main.group()
+def retention() -> None:
+    """The logs' time partitions: what is kept, and one retention pass now."""
+
+
+@retention.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def retention_status(as_json: bool) -> None:
+    """Each partitioned table's retention and partitions, oldest first."""
+    from relay.services.retention import status
+
+    result = status()
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for table in result["tables"]:
+        click.echo(f"{table['name']} (kept {table['retain_days']} days)")
+        for p in table["partitions"]:
+            click.echo(
+                f"  {p['name']:<36} {p['from'] or 'MINVALUE':<20} .. {p['to']:<20}"
+                f" ~{p['rows_estimate']} rows  {p['bytes']} bytes"
+            )
+
+
+@retention.command("run")
+@click.option("--json", "as_json", is_flag=True, help="Print the pass's report as one JSON object.")
+@with_app
+def retention_run(as_json: bool) -> None:
+    """One retention pass now: partitions ahead, expired ones dropped, closed threads if enabled."""
+    from relay.services.retention import run_pass
+
+    report = run_pass().as_dict()
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    for name in report["created"]:
+        click.echo(f"created {name}")
+    for name in report["dropped"]:
+        click.echo(f"dropped {name}")
+    for skip in report["skipped"]:
+        click.echo(f"skipped {skip['name']}: {skip['reason']}")
+    if report["threads_deleted"]:
+        click.echo(f"deleted {report['threads_deleted']} closed threads")
+    if not any(report.values()):
+        click.echo("nothing to do")
+
+
 @main.command("up")
 @click.option("--port", type=int, default=lambda: int(os.environ.get("PORT", "8000")), show_default="8000 or $PORT")
 def up(port: int) -> None:

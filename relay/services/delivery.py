@@ -75,14 +75,16 @@ def event_id_text(event_id: uuid.UUID) -> str:
 _FAN_OUT = text(
     """
     WITH ev AS (
-        SELECT id, type, agent_id, thread_id, payload FROM events
+        SELECT id, type, agent_id, thread_id, payload, created_at FROM events
         WHERE id = ANY(CAST(:ids AS uuid[])) AND fanned_out_at IS NULL
         FOR UPDATE SKIP LOCKED
     ), marked AS (
         UPDATE events SET fanned_out_at = now() FROM ev WHERE events.id = ev.id
     )
     INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
-    SELECT gen_random_uuid(), ev.id, e.id, 'pending', 0, now(), now()
+    -- created_at is the event's: the delivery goes in the partition of its event's day,
+    -- which retention drops together (relay/services/retention.py).
+    SELECT gen_random_uuid(), ev.id, e.id, 'pending', 0, now(), ev.created_at
     FROM ev JOIN webhook_endpoints e ON e.agent_id = ev.agent_id AND e.enabled
     WHERE CASE WHEN ev.type = :test THEN e.id = CAST(ev.payload->>'endpoint_id' AS uuid)
           -- An A2A push config hears its one task; a webhook every task of its agent.
@@ -181,25 +183,36 @@ _HOLD = text(
     """
 )
 
-_CLAIM = """
+# Two statements, not one UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED): the tables
+# are partitioned by day (migration 0009), and an UPDATE joined to a subquery is planned
+# over every partition and hash-joins them whole. The pick locks the rows and returns
+# each one's created_at; the lease names them by (id, created_at) with constant arrays,
+# so PostgreSQL plans only the days they are in, and finds each event in the same day
+# (a delivery's created_at is its event's).
+_PICK = """
+    SELECT x.id, x.created_at FROM unnest(CAST(:eids AS uuid[]), CAST(:limits AS int[])) AS l(eid, n)
+    CROSS JOIN LATERAL (
+        SELECT id, created_at FROM webhook_deliveries
+        WHERE endpoint_id = l.eid AND {due} {only}
+        ORDER BY next_attempt_at, id LIMIT l.n
+        FOR UPDATE SKIP LOCKED
+    ) x
+"""
+_PICK_ANY = text(_PICK.format(due=_DUE, only=""))
+_PICK_ONLY = text(_PICK.format(due=_DUE, only="AND id = ANY(CAST(:only AS uuid[]))"))
+_LEASE = text(
+    """
     UPDATE webhook_deliveries d SET leased_until = now() + :lease, next_attempt_at = now() + :lease
-    FROM (
-        SELECT x.id FROM unnest(CAST(:eids AS uuid[]), CAST(:limits AS int[])) AS l(eid, n)
-        CROSS JOIN LATERAL (
-            SELECT id FROM webhook_deliveries
-            WHERE endpoint_id = l.eid AND {due} {only}
-            ORDER BY next_attempt_at, id LIMIT l.n
-            FOR UPDATE SKIP LOCKED
-        ) x
-    ) pick, events ev, webhook_endpoints e, agents a
-    WHERE d.id = pick.id AND ev.id = d.event_id AND e.id = d.endpoint_id AND a.id = e.agent_id
+    FROM events ev, webhook_endpoints e, agents a
+    WHERE d.id = ANY(CAST(:ids AS uuid[])) AND d.created_at = ANY(CAST(:created AS timestamptz[]))
+      AND ev.id = d.event_id AND ev.created_at = d.created_at AND ev.created_at = ANY(CAST(:created AS timestamptz[]))
+      AND e.id = d.endpoint_id AND a.id = e.agent_id
     RETURNING d.id, d.endpoint_id, d.event_id, d.attempt_count, d.leased_until,
         ev.type, ev.message_id, ev.thread_id, ev.payload, ev.created_at,
         e.kind, e.url, e.secret_encrypted, e.previous_secret_encrypted, e.previous_secret_expires_at,
         a.handle AS owner
-"""
-_CLAIM_ANY = text(_CLAIM.format(due=_DUE, only=""))
-_CLAIM_ONLY = text(_CLAIM.format(due=_DUE, only="AND id = ANY(CAST(:only AS uuid[]))"))
+    """
+)
 
 
 def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> list[Claimed]:
@@ -270,7 +283,17 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
     }
     if only is not None:
         params["only"] = [str(i) for i in only]
-    rows = session.connection().execute(_CLAIM_ONLY if only is not None else _CLAIM_ANY, params).all()
+    picked = session.connection().execute(_PICK_ONLY if only is not None else _PICK_ANY, params).all()
+    if not picked:
+        return []
+    rows = (
+        session.connection()
+        .execute(
+            _LEASE,
+            {"ids": [str(p.id) for p in picked], "created": sorted({p.created_at for p in picked}), "lease": lease},
+        )
+        .all()
+    )
     return [Claimed(r.id, r.endpoint_id, r.event_id, r.attempt_count, r) for r in rows]
 
 

@@ -47,16 +47,31 @@ def _stored(session, agent: Agent, key: str, digest: str) -> dict | None:
     return record.response
 
 
+# The two-int4 form of the advisory lock: a key space apart from the bigint locks of the
+# feeds, contexts and webhook claims. "idmp"
+_LOCK_CLASS = 0x69646D70
+
+
+def lock_key(agent_id, key: str) -> int:
+    """The second int4 of the advisory lock serialising one agent's calls with ``key``."""
+    digest = hashlib.sha256(agent_id.bytes + key.encode()).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
 def run_once(
     agent: Agent, key: str | None, operation: str, params: dict[str, Any], work: Callable[[Any], dict]
 ) -> dict:
     """Run ``work(session)`` in one transaction unless ``key`` already answered; return the answer.
 
     A replay is answered from the stored record before any other check (DESIGN.md,
-    "Decisions"). The record is claimed with INSERT ... ON CONFLICT DO NOTHING in the
-    same transaction as the work, so a concurrent call with the same key waits for the
-    first to commit and then replays its answer; if the first rolls back, the next one
-    does the work. Raises RelayError(duplicate_idempotency_key) on a params mismatch.
+    "Decisions"). Otherwise the call takes a transaction-scoped advisory lock on (agent,
+    key), reads the record again, and claims it in the same transaction as the work: a
+    concurrent call with the same key waits on the lock until the first commits and then
+    replays its answer; if the first rolls back, the next one does the work. The lock
+    stands in for a unique constraint, which the partitioned table cannot have on (agent,
+    key) alone (migration 0009); it ends with the transaction, so it holds behind a
+    transaction-mode pooler. Raises RelayError(duplicate_idempotency_key) on a params
+    mismatch.
     """
     if key is None:
         with unit_of_work() as session:
@@ -68,6 +83,12 @@ def run_once(
             return replay
     ttl = timedelta(seconds=current_app.config["RELAY"].idempotency_ttl_seconds)
     with unit_of_work() as session:
+        session.execute(select(func.pg_advisory_xact_lock(_LOCK_CLASS, lock_key(agent.id, key))))
+        replay = _stored(session, agent, key, digest)
+        if replay is not None:
+            return replay
+        # An expired record of this key is no answer any more: one record a key, so a
+        # replay never has two to choose from (retention drops the rest with its partition).
         session.execute(
             delete(IdempotencyRecord).where(
                 IdempotencyRecord.agent_id == agent.id,
@@ -78,14 +99,8 @@ def run_once(
         claimed = session.execute(
             insert(IdempotencyRecord)
             .values(agent_id=agent.id, key=key, request_hash=digest, response={}, expires_at=func.now() + ttl)
-            .on_conflict_do_nothing(constraint="uq_idempotency_agent_key")
             .returning(IdempotencyRecord.id)
-        ).scalar()
-        if claimed is None:
-            replay = _stored(session, agent, key, digest)
-            if replay is not None:
-                return replay
-            raise RelayError("state_changed", "a concurrent call with this idempotency key is still running; retry")
+        ).scalar_one()
         response = work(session)
         session.execute(
             IdempotencyRecord.__table__.update().where(IdempotencyRecord.id == claimed).values(response=response)

@@ -6,29 +6,16 @@ import logging
 from datetime import UTC, datetime
 
 import redis
-from sqlalchemy import delete, func
 
 from relay.extensions import redis_client
 from relay.ids import iso
-from relay.models import IdempotencyRecord
-from relay.services import unit_of_work
 
 log = logging.getLogger("relay.beat")
 
 #: The sweeps beat schedules (their task names in workers.tasks, without the module).
-SWEEPS = ("sweep_outbox", "index_pending_messages", "purge_idempotency_records")
+SWEEPS = ("sweep_outbox", "index_pending_messages", "retention")
 #: Redis key prefix of "when did this sweep last finish" (``<prefix><sweep>``, no expiry).
 SWEEP_KEY_PREFIX = "relay:beat:last_sweep:"
-
-
-def purge_expired_idempotency_records() -> int:
-    """Delete idempotency records whose ``expires_at`` has passed; return the count.
-
-    Keys are kept 24 hours (DESIGN.md, "Idempotency").
-    """
-    with unit_of_work() as session:
-        result = session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.expires_at < func.now()))
-    return result.rowcount or 0
 
 
 def _seconds(redis_time: tuple[int, int]) -> float:

@@ -186,22 +186,26 @@ def list_deliveries(
 ) -> dict:
     """Recent deliveries of an endpoint, newest first, each with its attempts."""
     endpoint = _own_endpoint(db.session, agent, endpoint_id)
-    stmt = (
-        select(WebhookDelivery, Event)
-        .join(Event, Event.id == WebhookDelivery.event_id)
-        .where(WebhookDelivery.endpoint_id == endpoint.id)
-    )
+    stmt = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint.id)
     if cursor is not None:
         stmt = stmt.where(tuple_(WebhookDelivery.created_at, WebhookDelivery.id) < tuple_(*cursor))
-    rows = db.session.execute(
-        stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()).limit(limit + 1)
-    ).all()
-    page = rows[:limit]
+    rows = list(
+        db.session.scalars(stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()).limit(limit + 1))
+    )
+    # The events and attempts are read apart, by values PostgreSQL can prune the daily
+    # partitions with (migration 0009): a join on the event id alone is planned over every
+    # day's partition and hash-joins the whole outbox.
+    events = _events_of(rows[:limit])
+    page = [(d, events[d.event_id]) for d in rows[:limit] if d.event_id in events]
     attempts: dict[uuid.UUID, list] = {}
     if page:
         for a in db.session.scalars(
             select(WebhookAttempt)
-            .where(WebhookAttempt.delivery_id.in_([d.id for d, _ in page]))
+            .where(
+                WebhookAttempt.delivery_id.in_([d.id for d, _ in page]),
+                # An attempt is never older than its delivery: only those days' partitions.
+                WebhookAttempt.attempted_at >= min(d.created_at for d, _ in page),
+            )
             .order_by(WebhookAttempt.attempted_at, WebhookAttempt.id)
         ):
             attempts.setdefault(a.delivery_id, []).append(
@@ -228,11 +232,31 @@ def list_deliveries(
         }
         for d, e in page
     ]
-    last = page[-1][0] if page else None
-    return {
-        "items": items,
-        "next_cursor": encode_cursor(last.created_at, last.id) if last is not None and len(rows) > limit else None,
+    last = rows[limit - 1] if len(rows) > limit else None
+    return {"items": items, "next_cursor": encode_cursor(last.created_at, last.id) if last is not None else None}
+
+
+def _events_of(deliveries: list[WebhookDelivery]) -> dict[uuid.UUID, Any]:
+    """The ``(id, type)`` of each delivery's event, by event id.
+
+    Looked up by (id, created_at): a delivery's created_at is its event's since 0009, so
+    PostgreSQL reads only those days' partitions. A delivery written before 0009 (in the
+    legacy partition, made when its event was fanned out) is looked up by id alone.
+    """
+    if not deliveries:
+        return {}
+    wanted = {d.event_id for d in deliveries}
+    found = {
+        r.id: r
+        for r in db.session.execute(
+            select(Event.id, Event.type).where(
+                Event.id.in_(wanted), Event.created_at.in_({d.created_at for d in deliveries})
+            )
+        )
     }
+    if missing := wanted - found.keys():
+        found.update({r.id: r for r in db.session.execute(select(Event.id, Event.type).where(Event.id.in_(missing)))})
+    return found
 
 
 # --- fan-out and delivery (run by the Celery workers; the pipeline is relay/services/delivery.py) ---
@@ -366,6 +390,9 @@ def _requeue(session, delivery_ids) -> None:
         update(WebhookDelivery)
         .where(WebhookDelivery.id.in_(delivery_ids))
         .values(
+            # Its event's (a no-op for deliveries written since 0009; one from before
+            # moves within the legacy partition): the claim finds the event by it.
+            created_at=select(Event.created_at).where(Event.id == WebhookDelivery.event_id).scalar_subquery(),
             status="pending",
             attempt_count=0,
             next_attempt_at=func.now(),
@@ -383,9 +410,12 @@ def _requeue(session, delivery_ids) -> None:
 _RECOVER_MISSING = text(
     """
     INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at, created_at)
-    SELECT gen_random_uuid(), ev.id, :endpoint, 'pending', 0, now(), now()
+    SELECT gen_random_uuid(), ev.id, :endpoint, 'pending', 0, now(), ev.created_at
     FROM events ev
-    WHERE ev.agent_id = :agent AND ev.created_at >= :since AND ev.type = ANY(CAST(:types AS text[]))
+    -- :floor: events older than the delivery log's retention may have lost their
+    -- deliveries' partition (relay/services/retention.py); they are not recovered.
+    WHERE ev.agent_id = :agent AND ev.created_at >= greatest(:since, :floor)
+      AND ev.type = ANY(CAST(:types AS text[]))
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = :endpoint)
     ORDER BY ev.created_at, ev.id
     ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
@@ -424,7 +454,14 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
             _requeue(session, failed)
         types = [t for t in endpoint.events if t != TEST_EVENT]
         created = session.execute(
-            _RECOVER_MISSING, {"endpoint": endpoint.id, "agent": agent.id, "since": since, "types": types}
+            _RECOVER_MISSING,
+            {
+                "endpoint": endpoint.id,
+                "agent": agent.id,
+                "since": since,
+                "floor": datetime.now(UTC) - timedelta(days=current_app.config["RELAY"].retain_deliveries_days),
+                "types": types,
+            },
         ).all()
         if failed or created:
             after_commit(_poke_pump)

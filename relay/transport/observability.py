@@ -102,6 +102,37 @@ class _BeatCollector:
         yield gauge
 
 
+class _PartitionCollector:
+    """``relay_partition_oldest_age_seconds{table}``: how old each partitioned table's oldest partition is.
+
+    Read from the catalog at scrape time (relay.services.retention.oldest_ages); retention
+    working keeps it near ``retain_days`` plus a day. Nothing is reported while the
+    database cannot be read.
+    """
+
+    def __init__(self, app: Flask):
+        self.app = app
+
+    def collect(self):
+        from relay.extensions import db
+        from relay.services.retention import oldest_ages
+
+        with self.app.app_context():
+            try:
+                ages = oldest_ages()
+            except Exception:
+                db.session.rollback()
+                ages = {}
+        gauge = GaugeMetricFamily(
+            "relay_partition_oldest_age_seconds",
+            "Seconds since the start of the table's oldest time partition",
+            labels=["table"],
+        )
+        for table, age in ages.items():
+            gauge.add_metric([table], age)
+        yield gauge
+
+
 bp = Blueprint("observability", __name__)
 
 
@@ -129,6 +160,7 @@ def init_app(app: Flask) -> None:
             registry.register(collector)
     registry.register(_BacklogCollector(app))
     registry.register(_BeatCollector(app))
+    registry.register(_PartitionCollector(app))
     app.extensions["relay_metrics_registry"] = registry
     app.register_blueprint(bp)
 

@@ -1,0 +1,412 @@
+"""Time partitions and retention (relay/services/retention.py, migration 0009) on real PostgreSQL.
+
+The tests that drop partitions run on a database of their own (migrated fresh), since a
+drop changes the schema under every other test; the clock is moved, not the rows: a
+pass run "as of" a later time sees today's partitions as old.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+
+from relay.extensions import db
+from relay.services import retention
+from tests.conftest import extra_app, migrated_database, rpc
+
+DAY = timedelta(days=1)
+
+
+def _midnight(at: datetime) -> datetime:
+    return datetime(at.year, at.month, at.day, tzinfo=UTC)
+
+
+@pytest.fixture
+def private(server_urls, base_env, celery_app, redis_url):
+    """An app on a freshly migrated database of its own (direct connection, no pooler)."""
+    with (
+        migrated_database(server_urls[0], "relay_ret") as url,
+        extra_app(base_env, celery_app, redis_url, DATABASE_URL=url, DATABASE_CONNECTION_POOL_URL="") as other,
+    ):
+        yield other
+        with other.app_context():
+            db.session.remove()
+            db.engine.dispose()
+
+
+def q(app, statement: str, **params):
+    with app.app_context():
+        result = db.session.execute(text(statement), params)
+        rows = result.all() if result.returns_rows else None
+        db.session.commit()
+        return rows
+
+
+def _names(app, table: str) -> list[str]:
+    with app.app_context():
+        found = [p.name for p in retention.partitions(db.session.connection(), table)]
+        db.session.commit()
+        return found
+
+
+class Log:
+    """Rows written straight into the log tables, at chosen times."""
+
+    def __init__(self, app):
+        self.app = app
+        self.agent = uuid.uuid4()
+        self.endpoint = uuid.uuid4()
+        q(app, "INSERT INTO agents (id, handle, org, name, role) VALUES (:a, 'ret@x', 'x', 'R', '')", a=self.agent)
+        q(
+            app,
+            "INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled, secret_encrypted)"
+            " VALUES (:e, :a, 'http://127.0.0.1:9/', '', '[]', true, 'x')",
+            e=self.endpoint,
+            a=self.agent,
+        )
+
+    def delivery(self, at: datetime, status: str, thread=None) -> uuid.UUID:
+        """An event at ``at`` (fanned out) and its delivery (same created_at) in ``status``, with one attempt."""
+        event, delivery = uuid.uuid4(), uuid.uuid4()
+        q(
+            self.app,
+            "INSERT INTO events (id, type, agent_id, thread_id, payload, created_at, fanned_out_at)"
+            " VALUES (:id, 'message.created', :a, :t, '{}', :at, :at)",
+            id=event,
+            a=self.agent,
+            t=thread,
+            at=at,
+        )
+        q(
+            self.app,
+            "INSERT INTO webhook_deliveries (id, event_id, endpoint_id, status, attempt_count, next_attempt_at,"
+            " created_at) VALUES (:id, :ev, :ep, :s, 1, CASE WHEN :s = 'pending' THEN now() END, :at)",
+            id=delivery,
+            ev=event,
+            ep=self.endpoint,
+            s=status,
+            at=at,
+        )
+        q(
+            self.app,
+            "INSERT INTO webhook_attempts (delivery_id, attempted_at, status_code, duration_ms) VALUES (:d, :at, 500, 3)",
+            d=delivery,
+            at=at,
+        )
+        return delivery
+
+
+def _db_now(app) -> datetime:
+    return q(app, "SELECT now()")[0][0].astimezone(UTC)
+
+
+def _pass(app, now):
+    with app.app_context():
+        return retention.run_pass(now)
+
+
+def test_a_partition_holding_an_undelivered_delivery_is_never_dropped(private):
+    app = private
+    tomorrow = _midnight(_db_now(app)) + DAY  # the legacy partition's upper bound (0009)
+    assert _names(app, "webhook_deliveries")[:2] == [
+        "webhook_deliveries_legacy",
+        f"webhook_deliveries_p{tomorrow:%Y%m%d}",
+    ]
+    log = Log(app)
+    # Either side of the boundary: the last microsecond of the legacy partition, delivered;
+    # the first of tomorrow's, still pending (to be retried); beside it a delivered one.
+    before = log.delivery(tomorrow - timedelta(microseconds=1), "succeeded")
+    pending = log.delivery(tomorrow, "pending")
+    beside = log.delivery(tomorrow + timedelta(hours=5), "failed")
+    later = log.delivery(tomorrow + 2 * DAY + timedelta(hours=1), "succeeded")
+
+    # As of 30 days after tomorrow's partition ends: both it and the legacy one are past retention.
+    report = _pass(app, tomorrow + DAY + timedelta(days=30, minutes=1))
+    day1 = f"{tomorrow:%Y%m%d}"
+    assert "webhook_deliveries_legacy" in report.dropped
+    assert "events_legacy" in report.dropped and "webhook_attempts_legacy" in report.dropped
+    skipped = {s["name"]: s["reason"] for s in report.skipped}
+    assert skipped[f"webhook_deliveries_p{day1}"] == "a delivery not yet delivered or given up"
+    assert skipped[f"webhook_attempts_p{day1}"] == "an attempt of a delivery not yet delivered or given up"
+    assert skipped[f"events_p{day1}"] == "deliveries of these days (kept longer than their events)"
+    ids = {r[0] for r in q(app, "SELECT id FROM webhook_deliveries")}
+    assert before not in ids
+    assert {pending, beside, later} <= ids  # the pending one, and its whole partition, kept
+    [(events,)] = q(app, "SELECT count(*) FROM events")
+    assert events == 3  # each kept delivery's event is still there to send
+
+    # Delivered at last: the next pass drops the partition, its events and attempts.
+    q(app, "UPDATE webhook_deliveries SET status = 'succeeded', next_attempt_at = NULL WHERE id = :d", d=pending)
+    report = _pass(app, tomorrow + DAY + timedelta(days=30, minutes=2))
+    assert {f"webhook_deliveries_p{day1}", f"events_p{day1}", f"webhook_attempts_p{day1}"} <= set(report.dropped)
+    assert report.skipped == []
+    assert {r[0] for r in q(app, "SELECT id FROM webhook_deliveries")} == {later}
+
+
+def test_an_event_not_yet_fanned_out_keeps_its_partitions(private):
+    app = private
+    tomorrow = _midnight(_db_now(app)) + DAY
+    log = Log(app)
+    log.delivery(tomorrow + timedelta(hours=1), "succeeded")
+    q(
+        app,
+        "INSERT INTO events (id, type, agent_id, payload, created_at) VALUES (:id, 'message.created', :a, '{}', :at)",
+        id=uuid.uuid4(),
+        a=log.agent,
+        at=tomorrow + timedelta(hours=2),
+    )
+    report = _pass(app, tomorrow + DAY + timedelta(days=31))
+    skipped = {s["name"]: s["reason"] for s in report.skipped}
+    day1 = f"{tomorrow:%Y%m%d}"
+    assert skipped[f"webhook_deliveries_p{day1}"] == "an event of these days not yet fanned out"
+    assert skipped[f"events_p{day1}"] == "an event not yet fanned out"
+
+
+def test_partitions_are_created_ahead_and_rows_land_in_them(private):
+    app = private
+    today = _midnight(_db_now(app))
+    names = _names(app, "events")
+    assert names[0] == "events_legacy"
+    assert names[-1] == f"events_p{today + 3 * DAY:%Y%m%d}"
+    # Three days ahead is writable; the day after is not, until a pass makes it.
+    log = Log(app)
+    log.delivery(today + 3 * DAY + timedelta(hours=23), "succeeded")
+    with pytest.raises(Exception, match="no partition of relation"):
+        log.delivery(today + 4 * DAY + timedelta(hours=1), "succeeded")
+
+    with app.app_context():
+        assert retention.ensure_ahead().created == []  # nothing missing today
+        # As of a day later, one more of each table; as of ten days later (beat was down),
+        # the days from then on, not the gap before.
+        created = retention.ensure_ahead(today + DAY + timedelta(hours=1)).created
+        assert sorted(created) == sorted(f"{t}_p{today + 4 * DAY:%Y%m%d}" for t in retention.PARTITIONED)
+        created = retention.ensure_ahead(today + 10 * DAY).created
+    assert f"events_p{today + 10 * DAY:%Y%m%d}" in created
+    assert f"events_p{today + 13 * DAY:%Y%m%d}" in created
+    assert f"events_p{today + 9 * DAY:%Y%m%d}" not in created
+    log.delivery(today + 4 * DAY + timedelta(hours=1), "succeeded")
+    log.delivery(today + 13 * DAY + timedelta(hours=1), "succeeded")
+
+
+def test_expired_idempotency_records_go_with_their_partition(private):
+    app = private
+    now = _db_now(app)
+    tomorrow = _midnight(now) + DAY
+    agent = uuid.uuid4()
+    q(app, "INSERT INTO agents (id, handle, org, name, role) VALUES (:a, 'i@x', 'x', 'I', '')", a=agent)
+    for key, at in (("old", now), ("new", tomorrow + timedelta(hours=1))):
+        q(
+            app,
+            "INSERT INTO idempotency_records (agent_id, key, request_hash, response, created_at, expires_at)"
+            " VALUES (:a, :k, 'h', '{}', :at, :at + interval '24 hours')",
+            a=agent,
+            k=key,
+            at=at,
+        )
+    # The TTL (24 h in the tests' settings) after the legacy partition ends, it goes; tomorrow's stays.
+    report = _pass(app, tomorrow + DAY + timedelta(seconds=1))
+    assert "idempotency_records_legacy" in report.dropped
+    assert f"idempotency_records_p{tomorrow:%Y%m%d}" not in report.dropped
+    assert [r[0] for r in q(app, "SELECT key FROM idempotency_records")] == ["new"]
+
+
+def test_a_busy_partition_is_skipped_not_waited_for(private):
+    app = private
+    tomorrow = _midnight(_db_now(app)) + DAY
+    Log(app).delivery(tomorrow - timedelta(hours=1), "succeeded")
+    held, release = threading.Event(), threading.Event()
+
+    def reader():
+        with app.app_context():
+            db.session.execute(text("SELECT count(*) FROM webhook_deliveries"))  # holds ACCESS SHARE
+            held.set()
+            release.wait(10)
+            db.session.rollback()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        assert held.wait(5)
+        started = datetime.now(UTC)
+        with app.app_context():
+            report = retention.drop_expired(tomorrow + timedelta(days=31))
+        assert (datetime.now(UTC) - started).total_seconds() < 5
+    finally:
+        release.set()
+        t.join()
+    skipped = {s["name"]: s["reason"] for s in report.skipped}
+    assert skipped["webhook_deliveries_legacy"].startswith("lock timeout")
+    assert "webhook_deliveries_legacy" not in report.dropped
+    with app.app_context():  # free now: the next pass drops it
+        assert "webhook_deliveries_legacy" in retention.drop_expired(tomorrow + timedelta(days=31)).dropped
+
+
+def test_closed_threads_are_kept_unless_retention_is_opted_in(server_urls, base_env, celery_app, redis_url):
+    with migrated_database(server_urls[0], "relay_ret") as url:
+        env = {"DATABASE_URL": url, "DATABASE_CONNECTION_POOL_URL": ""}
+        with extra_app(base_env, celery_app, redis_url, **env) as app:
+            log = Log(app)
+            now = _db_now(app)
+            threads = {}
+            for name, state, closed_days_ago in (
+                ("done_old", "completed", 10),
+                ("cancelled_old", "cancelled", 10),
+                ("done_recent", "completed", 2),
+                ("open_old", "accepted", None),
+                ("done_old_pending", "completed", 10),
+            ):
+                tid = threads[name] = uuid.uuid4()
+                closed = None if closed_days_ago is None else now - timedelta(days=closed_days_ago)
+                q(
+                    app,
+                    "INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, state, version,"
+                    " last_sequence_no, created_at, updated_at, completed_at, cancelled_at) VALUES (:id, :ctx, :a,"
+                    " :a, 'inform', 's', :st, 1, 1, :old, :old, CASE WHEN :st = 'completed' THEN CAST(:c AS"
+                    " timestamptz) END, CASE WHEN :st = 'cancelled' THEN CAST(:c AS timestamptz) END)",
+                    id=tid,
+                    ctx=uuid.uuid4(),
+                    a=log.agent,
+                    st=state,
+                    old=now - timedelta(days=20),
+                    c=closed,
+                )
+                q(
+                    app,
+                    "INSERT INTO messages (id, thread_id, sequence_no, author_id, caller_id, target_id, role, body,"
+                    " parts, artifacts, metadata) VALUES (:id, :t, 1, :a, :a, :a, 'caller', 'b', '[]', '[]', '{}')",
+                    id=uuid.uuid4(),
+                    t=tid,
+                    a=log.agent,
+                )
+                q(
+                    app,
+                    "INSERT INTO audit_events (thread_id, actor_id, action) VALUES (:t, :a, 'create')",
+                    t=tid,
+                    a=log.agent,
+                )
+                log.delivery(now, "pending" if name == "done_old_pending" else "succeeded", thread=tid)
+            report = _pass(app, None)
+            assert report.threads_deleted == 0  # off by default: the ledger is kept
+            assert q(app, "SELECT count(*) FROM threads")[0][0] == 5
+        with extra_app(base_env, celery_app, redis_url, RELAY_RETAIN_CLOSED_THREADS_DAYS="7", **env) as app:
+            with app.app_context():
+                assert retention.delete_closed_threads() == 2
+            left = {r[0] for r in q(app, "SELECT id FROM threads")}
+            assert left == {threads["done_recent"], threads["open_old"], threads["done_old_pending"]}
+            for table in ("messages", "audit_events", "events"):
+                assert {r[0] for r in q(app, f"SELECT thread_id FROM {table}")} == left, table
+            # Their deliveries and attempts went with them (no foreign key cascades into them).
+            [(deliveries,)] = q(app, "SELECT count(*) FROM webhook_deliveries")
+            [(attempts,)] = q(
+                app,
+                "SELECT count(*) FROM webhook_attempts a WHERE NOT EXISTS"
+                " (SELECT 1 FROM webhook_deliveries d WHERE d.id = a.delivery_id)",
+            )
+            assert deliveries == 3 and attempts == 0
+            with app.app_context():
+                db.session.remove()
+                db.engine.dispose()
+
+
+def test_status_json_shape_and_the_metric(app, client, base_env, tmp_path):
+    env = {**base_env, "RELAY_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "retention", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert list(status) == ["tables"]
+    names = [t["name"] for t in status["tables"]]
+    assert names == ["events", "webhook_deliveries", "webhook_attempts", "idempotency_records"]
+    for table in status["tables"]:
+        assert set(table) == {"name", "retain_days", "partitions"}
+        assert table["retain_days"] == (1 if table["name"] == "idempotency_records" else 30)
+        assert len(table["partitions"]) >= 4  # legacy (through today), then up to three days ahead
+        first, *rest = table["partitions"]
+        for p in table["partitions"]:
+            assert set(p) == {"name", "from", "to", "rows_estimate", "bytes"}
+            assert isinstance(p["rows_estimate"], int) and isinstance(p["bytes"], int) and p["bytes"] > 0
+        assert first["name"] == f"{table['name']}_legacy" and first["from"] is None
+        for prev, p in zip(table["partitions"], rest, strict=False):
+            assert p["from"] == prev["to"]  # contiguous
+            assert p["name"] == f"{table['name']}_p{p['from'][:10].replace('-', '')}"
+    # The same partitions, oldest first, from the metric.
+    metrics = client.get("/metrics").get_data(as_text=True)
+    lines = [line for line in metrics.splitlines() if line.startswith("relay_partition_oldest_age_seconds{")]
+    assert sorted(line.split('"')[1] for line in lines) == sorted(names)
+    assert all(float(line.rsplit(" ", 1)[1]) >= 0 for line in lines)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "retention", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # Made ahead at migration and nothing old yet (past a UTC midnight, one more day is made).
+    lines = proc.stdout.strip().splitlines()
+    assert lines == ["nothing to do"] or all(line.startswith("created ") for line in lines), lines
+
+
+def test_one_key_still_answers_once_under_concurrent_calls_and_after_expiry(app, client, make_agent):
+    """The advisory lock that stands in for the dropped unique constraint (0009)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _a, a_key = make_agent("idem@acme")
+    b_handle, _ = make_agent("idem-b@acme")
+    params = {
+        "recipient": b_handle,
+        "message": {"parts": [{"type": "text", "text": "once"}]},
+        "metadata": {"client_idempotency_key": "same"},
+    }
+    barrier = threading.Barrier(8)
+
+    def call(_i):
+        with app.test_client() as c:
+            barrier.wait(5)
+            return rpc(c, a_key, "message/send", params)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(call, range(8)))
+    assert len({a["task_id"] for a in answers}) == 1
+    [(threads,)] = q(app, "SELECT count(*) FROM threads")
+    [(records,)] = q(app, "SELECT count(*) FROM idempotency_records WHERE key = 'same'")
+    assert threads == 1 and records == 1
+    # Expired, the key answers a new call, and still one record a key.
+    q(app, "UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE key = 'same'")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        again = list(pool.map(call, range(8)))
+    assert len({a["task_id"] for a in again}) == 1 and again[0]["task_id"] != answers[0]["task_id"]
+    [(records,)] = q(app, "SELECT count(*) FROM idempotency_records WHERE key = 'same'")
+    assert records == 1
+
+
+def test_beat_schedules_retention_hourly_and_a_worker_start_queues_one_pass():
+    from workers import beat_schedule, queue_retention_pass
+
+    entries = {e["task"]: e["schedule"] for e in beat_schedule().values()}
+    assert entries["workers.tasks.retention"] == 3600.0
+    assert "workers.tasks.purge_idempotency_records" not in entries  # no bulk DELETE any more
+    sent = []
+
+    class _App:
+        def send_task(self, name):  # only enqueues: no database work in the signal
+            sent.append(name)
+
+    class _Consumer:
+        app = _App()
+
+    queue_retention_pass(sender=_Consumer())
+    assert sent == ["workers.tasks.retention"]
