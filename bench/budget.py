@@ -48,11 +48,18 @@ class ConnectionSampler:
         self.database_url, self.groups, self.interval = database_url, groups, interval
         self.samples: list[dict] = []
         self.phase = "before"
+        self._known: dict[int, str] = {}
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-connections")
 
-    def _owners(self) -> dict[int, str]:
-        """Client port -> ``group`` (or ``group[i]`` for the i-th child of a group with several)."""
+    def _owners(self, ports: set[int]) -> dict[int, str]:
+        """Client port -> ``group`` (or ``group[i]`` for the i-th child of a group with several).
+
+        The processes' sockets are read again only when a port not seen before turns up
+        (a pool's connections keep their ports), so a sample costs a query, not a scan.
+        """
+        if ports <= self._known.keys():
+            return self._known
         owners = {}
         for group, proc in self.groups.items():
             tree = proc.tree()
@@ -67,7 +74,8 @@ class ConnectionSampler:
                             owners[c.laddr.port] = label
                 except psutil.Error:
                     continue
-        return owners
+        self._known.update(owners)
+        return self._known
 
     def _run(self) -> None:
         conn, _ = harness._admin(self.database_url)
@@ -81,7 +89,7 @@ class ConnectionSampler:
                         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                     )
                     rows = cur.fetchall()
-                owners = self._owners()
+                owners = self._owners({port for port, _ in rows if port is not None})
                 held = Counter(f"{owners.get(port, 'unattributed')}: {state}" for port, state in rows)
                 self.samples.append({"t": time.time(), "phase": self.phase, "total": len(rows), "held": dict(held)})
                 self._halt.wait(self.interval)
