@@ -45,7 +45,7 @@ import requests
 from bench import harness
 from bench.closed_loop import Client, _rpc
 from bench.run import git_commit, load, median_of
-from bench.webhooks import CpuSampler, Receivers, _create_agents, _postgres_groups
+from bench.webhooks import CpuSampler, Receivers, _create_agents, _machine_busy_s, _postgres_groups
 
 WAKE_PREFIX = "wake "
 NODES = ("A", "B")
@@ -295,10 +295,12 @@ def nodes(args) -> dict:
 
         def window(label: str, fn):
             connections.phase = label
-            before, t0 = cpu.mark(), time.monotonic()
+            before, busy0, t0 = cpu.mark(), _machine_busy_s(), time.monotonic()
             out = fn()
-            after, wall = cpu.mark(), time.monotonic() - t0
+            after, busy1, wall = cpu.mark(), _machine_busy_s(), time.monotonic() - t0
             used = {k: round(after[k] - before[k], 2) for k in after}
+            # Everything on the machine, ours and not (other test suites share these cores).
+            used["machine busy (2 cores)"] = round(busy1 - busy0, 2)
             return out, {"wall_s": round(wall, 2), "cpu_s": used}
 
         # 1. Send throughput, closed loop, each client alternating nodes.
