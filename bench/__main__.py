@@ -2,6 +2,7 @@
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
   direct or through PgBouncer; pool 4+1 against the old 15+5), each against one bare ceiling.
+- ``pools-probe``: the web workers' waits for a pooled connection, timed inside SQLAlchemy's pool, at 4+1 and 15+5.
 - ``budget``: PostgreSQL connections one default deploy (web, worker, beat) holds under a burst of 40 clients.
 - ``nodes``: two full stacks through one PgBouncer: send throughput, webhooks, wake-ups across nodes, CPU, connections.
 
@@ -59,6 +60,11 @@ def main() -> None:
     )
     budget_p.add_argument("--clients", type=int, default=40, help="concurrent clients (default 40)")
     budget_p.add_argument("--duration", type=float, default=30.0, help="seconds of the burst (default 30)")
+    probe_p = sub.add_parser(
+        "pools-probe", parents=[common], help="time the SQLAlchemy pool's checkouts in the web workers, 4+1 vs 15+5"
+    )
+    probe_p.add_argument("--only", default="tasks_list,feed", help="path kinds (default tasks_list,feed)")
+    probe_p.add_argument("--repeats", type=int, default=2, help="runs of each pool setting, alternating (default 2)")
     nodes_p = sub.add_parser(
         "nodes", parents=[common], help="two stacks through one PgBouncer: throughput, webhooks, wake across nodes, CPU"
     )
@@ -175,6 +181,14 @@ def main() -> None:
         results = budget(args.clients, args.duration)
         print_budget(results)
         name = f"{results['date'][:10]}-{results['commit']}-budget-{args.clients}.json"
+    elif args.command == "pools-probe":
+        from bench.pool_probe import probe
+
+        results = probe(args.only.split(","), repeats=args.repeats)
+        for kind, runs in results["paths"].items():
+            for r in runs:
+                print(kind, r)
+        name = f"{results['date'][:10]}-{results['commit']}-pools-probe.json"
     elif args.command == "nodes":
         from bench.nodes import nodes, print_nodes
 
