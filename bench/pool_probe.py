@@ -61,7 +61,9 @@ def _dump() -> None:
         time.sleep(1)
         with _lock:
             snapshot = dict(_stats)
-        (folder / f"{os.getpid()}.json").write_text(json.dumps(snapshot))
+        tmp = folder / f".{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(snapshot))
+        os.replace(tmp, folder / f"{os.getpid()}.json")  # whole files only, for the reader
 
 
 if os.environ.get("BENCH_POOL_PROBE_DIR"):
