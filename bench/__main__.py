@@ -1,4 +1,12 @@
-"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``retention``.
+"""``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
+``pools-probe``, ``nodes``, ``retention``., ``nodes``.
+
+- ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
+  direct or through PgBouncer; pool 4+1 against the old 15+5), each against one bare ceiling.
+- ``pools-probe``: the web workers' waits for a pooled connection, timed inside SQLAlchemy's pool, at 4+1 and 15+5.
+- ``budget``: PostgreSQL connections one default deploy (web, worker, beat) holds under a burst of 40 clients.
+- ``retention``: a retention pass (partition drop) against the equivalent DELETE, and the hot queries.
+- ``nodes``: two full stacks through one PgBouncer: send throughput, webhooks, wake-ups across nodes, CPU, connections.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -32,6 +40,40 @@ def main() -> None:
     run_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
     run_p.add_argument("--only", help="comma-separated path kinds, e.g. send_create,tasks_list (no webhook phase)")
     run_p.add_argument("--repeats", type=int, help="runs of each path and of its ceiling, alternating (default 3)")
+    modes_p = sub.add_parser(
+        "modes",
+        parents=[common],
+        help="run's paths on deploy variants side by side: PREPARE on/off, pooler, pool sizes",
+    )
+    modes_p.add_argument(
+        "--set",
+        dest="variant_set",
+        default="all",
+        help="prepare, pools or all (default), or variant names, comma-separated",
+    )
+    modes_p.add_argument("--quick", action="store_true", help="small data, short runs: a smoke test")
+    modes_p.add_argument("--workers", type=int, default=2, help="gunicorn workers a variant (default 2)")
+    modes_p.add_argument("--profile", action="store_true", help="run each path of each variant once more under py-spy")
+    modes_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
+    modes_p.add_argument("--only", help="comma-separated path kinds (default send_create,tasks_get,tasks_list,feed)")
+    modes_p.add_argument("--repeats", type=int, help="runs of each variant and of the ceiling, alternating (default 3)")
+    budget_p = sub.add_parser(
+        "budget", parents=[common], help="PostgreSQL connections of a default deploy under a burst of 40 clients"
+    )
+    budget_p.add_argument("--clients", type=int, default=40, help="concurrent clients (default 40)")
+    budget_p.add_argument("--duration", type=float, default=30.0, help="seconds of the burst (default 30)")
+    probe_p = sub.add_parser(
+        "pools-probe", parents=[common], help="time the SQLAlchemy pool's checkouts in the web workers, 4+1 vs 15+5"
+    )
+    probe_p.add_argument("--only", default="tasks_list,feed", help="path kinds (default tasks_list,feed)")
+    probe_p.add_argument("--repeats", type=int, default=2, help="runs of each pool setting, alternating (default 2)")
+    nodes_p = sub.add_parser(
+        "nodes", parents=[common], help="two stacks through one PgBouncer: throughput, webhooks, wake across nodes, CPU"
+    )
+    nodes_p.add_argument("--throughput-seconds", type=float, default=10.0, help="each send-throughput run (10)")
+    nodes_p.add_argument("--rate", type=float, default=50.0, help="webhook phase messages/s, open loop (default 50)")
+    nodes_p.add_argument("--duration", type=float, default=20.0, help="seconds of the webhook and wake phases (20)")
+    nodes_p.add_argument("--quick", action="store_true", help="short phases: a smoke test")
     scale_p = sub.add_parser(
         "scale", parents=[common], help="feed, search, inbox and tasks/get at 1M (or 10M) messages; index burst"
     )
@@ -123,6 +165,44 @@ def main() -> None:
         print_table(results)
         only = f"-{args.only.replace(',', '+')}" if args.only else ""
         name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}{only}.json"
+    elif args.command == "modes":
+        from bench.run import VARIANT_SETS, VARIANTS, compare, print_compare
+
+        names = VARIANT_SETS.get(args.variant_set) or args.variant_set.split(",")
+        if unknown := [n for n in names if n not in VARIANTS]:
+            parser.error(f"modes: unknown variants {unknown}; known: {sorted(VARIANTS)}")
+        results = compare(
+            names,
+            args.quick,
+            args.workers,
+            args.only.split(",") if args.only else None,
+            args.users,
+            folder if args.profile else None,
+            repeats=args.repeats,
+        )
+        print_compare(results)
+        label = args.variant_set.replace(",", "+")
+        name = f"{results['date'][:10]}-{results['commit']}-modes-{label}{'-quick' if args.quick else ''}.json"
+    elif args.command == "budget":
+        from bench.budget import budget, print_budget
+
+        results = budget(args.clients, args.duration)
+        print_budget(results)
+        name = f"{results['date'][:10]}-{results['commit']}-budget-{args.clients}.json"
+    elif args.command == "pools-probe":
+        from bench.pool_probe import probe
+
+        results = probe(args.only.split(","), repeats=args.repeats)
+        for kind, runs in results["paths"].items():
+            for r in runs:
+                print(kind, r)
+        name = f"{results['date'][:10]}-{results['commit']}-pools-probe.json"
+    elif args.command == "nodes":
+        from bench.nodes import nodes, print_nodes
+
+        results = nodes(args)
+        print_nodes(results)
+        name = f"{results['date'][:10]}-{results['commit']}-nodes{'-quick' if args.quick else ''}.json"
     elif args.command == "wake":
         from bench.wake import print_wake, wake
 

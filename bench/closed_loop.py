@@ -141,8 +141,9 @@ def request_for(kind: str, n: int, host: str, data: dict) -> tuple[bytes, bool]:
 
 def run(scenario: dict) -> dict:
     """Run ``scenario["users"]`` closed-loop clients for ``scenario["duration"]`` s; return the figures."""
-    parts = urlsplit(scenario["host"])
-    host_header = parts.netloc
+    # ``hosts`` (bench nodes): each client keeps a connection to every host and sends its
+    # requests to them in turn.
+    hosts = [urlsplit(h) for h in scenario.get("hosts") or [scenario["host"]]]
     kind, data = scenario["kind"], scenario.get("data", {})
     counter = itertools.count()
     latencies: list[list[float]] = []
@@ -151,13 +152,16 @@ def run(scenario: dict) -> dict:
     deadline = [0.0]
 
     def client_loop() -> None:
-        client = Client(parts.hostname, parts.port)
+        clients = [Client(h.hostname, h.port) for h in hosts]
         mine: list[float] = []
         latencies.append(mine)
         start.wait()
+        turn = 0
         # A request started before the deadline is finished and counted: every write the
         # relay may have committed is in the figures.
         while time.perf_counter() < deadline[0]:
+            client, host_header = clients[turn % len(clients)], hosts[turn % len(clients)].netloc
+            turn += 1
             raw, is_rpc = request_for(kind, next(counter), host_header, data)
             t = time.perf_counter()
             try:
@@ -168,7 +172,8 @@ def run(scenario: dict) -> dict:
             mine.append(time.perf_counter() - t)
             if not 200 <= status < 300 or (is_rpc and b'"error"' in body[:200]):
                 failures.append(f"{status} {body[:200]!r}")
-        client.close()
+        for client in clients:
+            client.close()
 
     threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(scenario["users"])]
     for t in threads:

@@ -182,8 +182,13 @@ def cpu_seconds(proc: Proc) -> float:
     return total
 
 
-def gunicorn(app_path: str, env: dict, workers: int, extra_args: list[str] | None = None) -> tuple[Proc, str]:
-    """Start gunicorn the way the Procfile's web line does (plus ``extra_args``); return it and its base URL."""
+def gunicorn(
+    app_path: str, env: dict, workers: int, extra_args: list[str] | None = None, ready: str | None = None
+) -> tuple[Proc, str]:
+    """Start gunicorn the way the Procfile's web line does (plus ``extra_args``); return it and its base URL.
+
+    ``ready``: the path that answers 200 once it is up (default ``/healthz`` for the relay, ``/select`` else).
+    """
     port = free_port()
     proc = Proc(
         [str(BIN / "gunicorn"), app_path, "--config", str(ROOT / "gunicorn.conf.py"), *(extra_args or [])],
@@ -194,7 +199,9 @@ def gunicorn(app_path: str, env: dict, workers: int, extra_args: list[str] | Non
     while time.monotonic() < deadline:
         try:
             if (
-                requests.get(f"{url}/healthz" if app_path == "app:app" else f"{url}/select", timeout=2).status_code
+                requests.get(
+                    f"{url}{ready or ('/healthz' if app_path == 'app:app' else '/select')}", timeout=2
+                ).status_code
                 == 200
             ):
                 return proc, url

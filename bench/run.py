@@ -412,3 +412,165 @@ def print_table(results: dict) -> None:
         print(f"webhook latency: {results['webhook_latency']}")
         print(f"fan-out: {results['fan_out']}")
     print(f"peak RSS (MiB): {results['peak_rss_mib']}")
+
+
+# --- variants of one deploy, measured side by side in one run ---------------------------------
+
+# name -> (what it is, env beside the defaults, through the pooler). The baseline of a set is its first.
+VARIANTS = {
+    "prepare1-direct": ("RELAY_DB_PREPARE=1, direct connections, pool 4+1 (the new defaults)", {"RELAY_DB_PREPARE": "1"}, False),
+    "prepare0-direct": ("RELAY_DB_PREPARE=0, direct connections, pool 4+1", {"RELAY_DB_PREPARE": "0"}, False),
+    "prepare0-pooled": ("RELAY_DB_PREPARE=0 through PgBouncer 1.18 (transaction mode), pool 4+1", {"RELAY_DB_PREPARE": "0"}, True),
+    "pool-4-1": ("RELAY_DB_POOL_SIZE=4, RELAY_DB_MAX_OVERFLOW=1 (new defaults), direct, prepare on", {}, False),
+    "pool-15-5": ("RELAY_DB_POOL_SIZE=15, RELAY_DB_MAX_OVERFLOW=5 (old defaults), direct, prepare on", {"RELAY_DB_POOL_SIZE": "15", "RELAY_DB_MAX_OVERFLOW": "5"}, False),
+}  # fmt: skip
+VARIANT_SETS = {
+    "prepare": ["prepare1-direct", "prepare0-direct", "prepare0-pooled"],
+    "pools": ["pool-4-1", "pool-15-5"],
+    "all": ["prepare1-direct", "prepare0-direct", "prepare0-pooled", "pool-15-5"],
+}
+COMPARE_PATHS = ["send_create", "tasks_get", "tasks_list", "feed"]
+
+
+def _connections_by_app(database_url: str) -> dict[str, int]:
+    conn, _ = harness._admin(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1"
+            )
+            return dict(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def compare(
+    names: list[str],
+    quick: bool,
+    workers: int,
+    only: list[str] | None = None,
+    users: int | None = None,
+    profile_dir: Path | None = None,
+    repeats: int | None = None,
+) -> dict:
+    """Measure each path on several variants of the relay (``VARIANTS``) in one run; return the results.
+
+    One database and one Redis db; one gunicorn per variant (the others idle meanwhile), and
+    one bare ceiling (bench/ceiling.py, direct, default pool). For every path and repeat:
+    a ceiling run, then one run of each variant (their order rotated each repeat), as ``run``
+    alternates a path with its ceiling. No Celery worker runs, as in ``run``. Each variant's
+    figure is the median of its runs, as a ratio to the median ceiling run of that path
+    and to the set's first variant.
+    """
+    from relay.ops.pooler import Pooler
+
+    duration, default_users, default_repeats = (2.0, 4, 1) if quick else (10.0, 8, 3)
+    users = users or default_users
+    repeats = repeats or default_repeats
+    handles = [f"bench{i}@acme" for i in range(4 if quick else 10)]
+    kinds = [k for k in COMPARE_PATHS if not only or k in only]
+    names_of = {kind: name for name, kind, _ in PATHS}
+    ceiling_of = {kind: ceiling for _, kind, ceiling in PATHS}
+    results: dict = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "quick": quick,
+        "workers": workers,
+        "users": users,
+        "duration_s": duration,
+        "repeats": repeats,
+        "load_generator": "bench.closed_loop: threads on raw keep-alive sockets, closed loop (not locust)",
+        "ceiling": "bench.ceiling under the same gunicorn config, direct connection, default pool (4+1)",
+        "variants": {n: {"what": VARIANTS[n][0], "env": VARIANTS[n][1], "pooled": VARIANTS[n][2]} for n in names},
+        "baseline": names[0],
+        "paths": {},
+    }
+    procs: list[harness.Proc] = []
+    pooler = None
+    with harness.fresh_database() as database_url, harness.claimed_redis_db() as redis_url:
+        try:
+            env = harness.base_env(database_url, {"REDIS_URL": redis_url})
+            keys = harness.create_agents(env, handles)
+            if any(VARIANTS[n][2] for n in names):
+                pooler = Pooler(harness.server_urls()[0], pool_size=20)
+                results["pooler"] = "PgBouncer 1.18, pool_mode=transaction, default_pool_size=20"
+            urls, relays = {}, {}
+            for n in names:
+                _, extra, pooled = VARIANTS[n]
+                venv = {**env, **extra}
+                # Each variant's connections are told apart in pg_stat_activity by application_name.
+                if pooled:
+                    venv["DATABASE_CONNECTION_POOL_URL"] = pooler.url(database_url) + f"?application_name=bench-{n}"
+                else:
+                    venv["DATABASE_URL"] = database_url + f"?application_name=bench-{n}"
+                relays[n], urls[n] = harness.gunicorn("app:app", venv, workers)
+                procs.append(relays[n])
+            ceiling_env = {**env, "DATABASE_URL": database_url + "?application_name=bench-ceiling"}
+            ceiling, ceiling_url = harness.gunicorn("bench.ceiling:app", ceiling_env, workers)
+            procs.append(ceiling)
+            data = seed(urls[names[0]], keys, handles, messages_per_thread=10)
+            results["analyzed"] = {"after seeding": harness.analyze(database_url)}
+            peak_connections: dict[str, int] = {}
+            for kind in kinds:
+                runs: dict[str, list[dict]] = {n: [] for n in names}
+                beside: list[dict] = []
+                each = []
+                ceiling_kind = ceiling_of[kind]
+                for r in range(repeats):
+                    beside.append(
+                        load({"host": ceiling_url, "kind": ceiling_kind, "users": users, "duration": duration}, ceiling)
+                    )
+                    order = names[r % len(names) :] + names[: r % len(names)]
+                    pair = {"ceiling_rps": round(beside[-1]["rps"], 1)}
+                    for n in order:
+                        scenario = {"host": urls[n], "kind": kind, "users": users, "duration": duration, "data": data}
+                        runs[n].append(load(scenario, relays[n]))
+                        pair[n] = round(runs[n][-1]["rps"], 1)
+                        for app, count in _connections_by_app(database_url).items():
+                            peak_connections[app] = max(peak_connections.get(app, 0), count)
+                    each.append(pair)
+                near = median_of(beside)
+                fig: dict = {"ceiling": ceiling_kind, "ceiling_rps": near["rps"], "each_run": each, "variants": {}}
+                base_rps = statistics.median(x["rps"] for x in runs[names[0]])
+                for n in names:
+                    m = median_of(runs[n])
+                    m["ratio_rps"] = m["rps"] / near["rps"] if near["rps"] else None
+                    m["vs_baseline"] = m["rps"] / base_rps if base_rps else None
+                    if near.get("web_cpu_ms_per_req") and m.get("web_cpu_ms_per_req"):
+                        m["ratio_cpu"] = near["web_cpu_ms_per_req"] / m["web_cpu_ms_per_req"]
+                    if profile_dir is not None:
+                        scenario = {"host": urls[n], "kind": kind, "users": users, "duration": duration, "data": data}
+                        out = profile_dir / f"{results['date'][:10]}-{results['commit']}-profile-{n}-{kind}.txt"
+                        m["profile"] = {"file": out.name, "top": profile_path(relays[n], scenario, out)}
+                    fig["variants"][n] = m
+                results["paths"][names_of[kind]] = fig
+                if kind in WRITES:
+                    results["analyzed"][f"after {kind}"] = harness.analyze(database_url)
+            # Idle connections left right after the runs (each pool keeps what it opened, up
+            # to its size), by variant's application_name: sampled between runs, so a floor.
+            results["connections_after_runs"] = peak_connections
+            if pooler is not None:
+                results["pooler_pools"] = [list(map(str, row)) for row in pooler.admin("SHOW POOLS")]
+        finally:
+            for proc in procs:
+                proc.stop()
+            if pooler is not None:
+                pooler.stop()
+    return results
+
+
+def print_compare(results: dict) -> None:
+    names = list(results["variants"])
+    print(
+        f"\nbench modes {results['date']} commit {results['commit']} ({results['users']} users, "
+        f"{results['repeats']} x {results['duration_s']:g} s; ratio = req/s over the ceiling beside it)"
+    )
+    print(f"{'path':<26}{'ceiling':>9}" + "".join(f"{n:>30}" for n in names))
+    for path, fig in results["paths"].items():
+        cells = "".join(
+            f"{v['rps']:>9.0f} {v['ratio_rps']:.2f}x {v['vs_baseline']:.2f}b {v.get('web_cpu_ms_per_req', 0):.2f}ms"
+            for v in (fig["variants"][n] for n in names)
+        )
+        print(f"{path:<26}{fig['ceiling_rps']:>9.0f}{cells}")
+    print(f"connections after runs (by application_name): {results.get('connections_after_runs')}")

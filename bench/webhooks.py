@@ -96,6 +96,9 @@ class Receivers:
         self.answered = 0
         self.unanswered: Counter[str] = Counter()  # path -> requests read, answer not yet written
         self.connections = 0
+        # With keep_signatures (bench nodes): (path, webhook-id, webhook-timestamp, webhook-signature, body).
+        self.keep_signatures = False
+        self.signed: list[tuple[str, str, str, str, bytes]] = []
         self._servers: list[asyncio.base_events.Server] = []
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -137,6 +140,14 @@ class Receivers:
                 else:
                     body = await reader.readexactly(int(headers.get("content-length") or 0))
                 self.arrivals.append((time.time(), method_path_version[1], headers.get("webhook-id", ""), body))
+                if self.keep_signatures:
+                    self.signed.append(
+                        (
+                            method_path_version[1],
+                            *(headers.get(f"webhook-{h}", "") for h in ("id", "timestamp", "signature")),
+                            body,
+                        )
+                    )
                 if behaviour == "blackhole":
                     continue  # keep reading: the relay gives up at its timeout and closes
                 path = method_path_version[1]
