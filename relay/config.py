@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sqlalchemy.engine import make_url
+
 # RELAY_SECRET_KEY outside production when unset. Public, so nothing it signs can be trusted:
 # the console refuses sign-ins under it, and `relay up` keeps a generated key instead.
 DEV_SECRET_KEY = "dev-insecure-secret-key"
@@ -85,17 +87,21 @@ def _schedule(env: Mapping[str, str]) -> tuple[int, ...]:
 def normalize_database_url(url: str, name: str = "DATABASE_URL") -> str:
     """Return a SQLAlchemy URL for psycopg2; Heroku's ``postgres://`` is accepted.
 
-    Raises ConfigError naming ``name`` (the variable the URL came from) for another scheme.
+    Raises ConfigError naming ``name`` (the variable the URL came from) for another scheme,
+    or for a URL that does not parse (a port that is not a number, a broken IPv6 host).
     """
-    for prefix in ("postgres://", "postgresql://"):
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix) :]
-    if url.startswith("postgresql+psycopg2://"):
-        return url
+            normalized = "postgresql+psycopg2://" + url[len(prefix) :]
+            try:
+                make_url(normalized).port  # noqa: B018 - parsing is the check
+            except ValueError as exc:
+                raise ConfigError(f"{name} is not a valid URL: {exc}") from None
+            return normalized
     raise ConfigError(f"{name} must be a postgres:// or postgresql:// URL, got scheme of {url.split(':', 1)[0]!r}")
 
 
-def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
+def _int(env: Mapping[str, str], name: str, minimum: int = 1, maximum: int | None = None) -> int:
     raw = env.get(name, DEFAULTS.get(name, ""))
     try:
         value = int(raw)
@@ -103,7 +109,15 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+# Retention's bounds: what a date can hold past a partition's end (PostgreSQL's and
+# Python's dates end at year 9999), and PostgreSQL's largest lock_timeout in ms.
+_MAX_DAYS = 36500
+_MAX_LOCK_TIMEOUT_MS = 2147483647
 
 
 def seconds(env: Mapping[str, str], name: str) -> float:
@@ -281,7 +295,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", 1024),
         feed_budget_bytes=_int(env, "RELAY_FEED_BUDGET_BYTES", 1024),
         search_config=search_config,
-        idempotency_ttl_seconds=_int(env, "RELAY_IDEMPOTENCY_TTL_SECONDS", 1),
+        idempotency_ttl_seconds=_int(env, "RELAY_IDEMPOTENCY_TTL_SECONDS", 1, _MAX_DAYS * 86400),
         webhook_timeout=_int(env, "RELAY_WEBHOOK_TIMEOUT", 1),
         webhook_schedule=_schedule(env),
         webhook_disable_after=_int(env, "RELAY_WEBHOOK_DISABLE_AFTER", 1),
@@ -307,10 +321,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         console_session_hours=_hours(env, "RELAY_CONSOLE_SESSION_HOURS"),
         console_login_limit=_rate(env, "RELAY_CONSOLE_LOGIN_LIMIT"),
         console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
-        retain_deliveries_days=_int(env, "RELAY_RETAIN_DELIVERIES_DAYS", 1),
-        retain_events_days=_int(env, "RELAY_RETAIN_EVENTS_DAYS", 1),
-        retain_closed_threads_days=_int(env, "RELAY_RETAIN_CLOSED_THREADS_DAYS", 0),
-        retention_lock_timeout_ms=_int(env, "RELAY_RETENTION_LOCK_TIMEOUT_MS", 1),
+        retain_deliveries_days=_int(env, "RELAY_RETAIN_DELIVERIES_DAYS", 1, _MAX_DAYS),
+        retain_events_days=_int(env, "RELAY_RETAIN_EVENTS_DAYS", 1, _MAX_DAYS),
+        retain_closed_threads_days=_int(env, "RELAY_RETAIN_CLOSED_THREADS_DAYS", 0, _MAX_DAYS),
+        retention_lock_timeout_ms=_int(env, "RELAY_RETENTION_LOCK_TIMEOUT_MS", 1, _MAX_LOCK_TIMEOUT_MS),
     )
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, OperationalError
+import psycopg2
+from sqlalchemy.exc import DBAPIError, ResourceClosedError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 # Bounds on what one invalid_params error shows, so a bad body of a few hundred KB (a list
@@ -152,29 +153,38 @@ _CONNECTION_SQLSTATES = ("08", "53", "57P")
 #: Seconds a 503 (database unreachable, pool exhausted) tells the client to wait (Retry-After).
 UNAVAILABLE_RETRY_AFTER = 1
 
-#: What a database outage raises: a driver error (is_connection_error tells which are
-#: outages) or the pool's timeout when no connection came free in time.
-DATABASE_ERRORS = (DBAPIError, PoolTimeout)
+#: What a database outage raises: a driver error, wrapped by SQLAlchemy or raw from a hot
+#: path's DBAPI cursor (is_connection_error tells which are outages), a session whose
+#: connection was closed under it, or the pool's timeout when no connection came free.
+DATABASE_ERRORS = (DBAPIError, psycopg2.Error, ResourceClosedError, PoolTimeout)
 
 
 def is_connection_error(exc: BaseException) -> bool:
     """True if ``exc`` means the database could not be reached or used, not that a statement was wrong.
 
     That is: SQLAlchemy invalidated the connection (a disconnect), or the driver's error
-    has a connection-level SQLSTATE (class 08, 53 or 57P), or it is an OperationalError
-    with no SQLSTATE at all (refused, reset, timed out before the server answered), or the
-    process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT`` (issue 27: the
-    budget is full, which a client should meet as a retryable 503, not a 500).
+    (wrapped by SQLAlchemy, or raw from a hot path's DBAPI cursor) has a connection-level
+    SQLSTATE (class 08, 53 or 57P), or it is an OperationalError with no SQLSTATE at all
+    (refused, reset, timed out before the server answered), or an InterfaceError or a
+    closed session connection (it was cut mid-request: a killed backend, a restarted
+    pooler), or the process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT``
+    (issue 27: the budget is full, which a client should meet as a retryable 503, not a 500).
     """
     if isinstance(exc, PoolTimeout):
         return True
-    if not isinstance(exc, DBAPIError):
-        return False
-    if exc.connection_invalidated:
+    if isinstance(exc, ResourceClosedError):
+        return "connection" in str(exc).lower()
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig
+    if isinstance(exc, psycopg2.InterfaceError):
         return True
-    code = getattr(exc.orig, "pgcode", None)
+    if not isinstance(exc, psycopg2.Error):
+        return False
+    code = exc.pgcode
     if code is None:
-        return isinstance(exc, OperationalError)
+        return isinstance(exc, psycopg2.OperationalError)
     return code.startswith(_CONNECTION_SQLSTATES)
 
 

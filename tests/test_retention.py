@@ -195,6 +195,16 @@ def test_partitions_are_created_ahead_and_rows_land_in_them(private):
     log.delivery(today + 13 * DAY + timedelta(hours=1), "succeeded")
 
 
+def test_a_missing_day_below_the_newest_partition_is_made_again(private):
+    app = private
+    tomorrow = _midnight(_db_now(app)) + DAY
+    gone = f"events_p{tomorrow:%Y%m%d}"
+    q(app, f"DROP TABLE {gone}")  # a day lost under the newest partition (hand DDL, a clock jump)
+    with app.app_context():
+        assert retention.ensure_ahead().created == [gone]
+    Log(app).delivery(tomorrow + timedelta(hours=2), "succeeded")  # writable again
+
+
 def test_expired_idempotency_records_go_with_their_partition(private):
     app = private
     now = _db_now(app)

@@ -112,6 +112,12 @@ def test_config_check_says_which_url_each_process_uses(base_env, tmp_path):
     assert "release (migrations)       DATABASE_URL (direct)" in pooled.stdout
     assert "DATABASE_CONNECTION_POOL_URL (pooler); prepared statements off" in pooled.stdout
     assert "hunter2" not in pooled.stdout
+    assert "warning" not in pooled.stdout
+    forced = _config_check({**pooled_env, "RELAY_DB_PREPARE": "1"})
+    assert [line for line in forced.stdout.splitlines() if line.startswith("warning:")] == [
+        "warning: RELAY_DB_PREPARE=1 behind DATABASE_CONNECTION_POOL_URL: a transaction-mode pooler"
+        " fails prepared statements; set RELAY_DB_PREPARE=auto or 0"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +138,16 @@ def test_prepare_is_off_behind_a_pooler_unless_asked(env, prepare):
 
 @pytest.mark.parametrize(
     ("name", "raw"),
-    [("RELAY_DB_PREPARE", "yes"), ("DATABASE_CONNECTION_POOL_URL", "mysql://x/y"), ("RELAY_DB_POOL_TIMEOUT", "0")],
+    [
+        ("RELAY_DB_PREPARE", "yes"),
+        ("DATABASE_CONNECTION_POOL_URL", "mysql://x/y"),
+        ("DATABASE_CONNECTION_POOL_URL", "postgres://u@h:notaport/db"),
+        ("DATABASE_URL", "postgresql://u:p@[::1/db"),
+        ("RELAY_DB_POOL_TIMEOUT", "0"),
+        # Past what a date or PostgreSQL's lock_timeout holds: refused here, not a traceback in beat.
+        ("RELAY_RETAIN_DELIVERIES_DAYS", "100000000"),
+        ("RELAY_RETENTION_LOCK_TIMEOUT_MS", "99999999999"),
+    ],
 )
 def test_a_bad_pool_setting_is_refused_naming_it(name, raw):
     with pytest.raises(ConfigError, match=name):
@@ -205,3 +220,59 @@ def test_prepared_statements_follow_relay_db_prepare(base_env, celery_app, redis
         assert relay_names, "the hot statements were not prepared"
     else:
         assert relay_names == []
+
+
+@pytest.mark.parametrize("surface", ["feed", "send"])
+def test_a_connection_cut_mid_request_answers_503_not_500(app, database_url, alice, bob, surface):
+    """A backend killed while the request's statement runs (a restart, a failover, a pooler's
+    server connection dropped) is an outage: 503 with Retry-After, as before it started."""
+    import threading
+
+    client = app.test_client()
+    client.get(feed(bob[0]), headers=bearer(bob[1]))  # the key cached, the pool warm
+    admin = connect(database_url)
+    admin.autocommit = True
+    blocker = connect(database_url)
+    answer: dict = {}
+
+    def call():
+        if surface == "feed":
+            answer["resp"] = client.get(feed(bob[0]), headers=bearer(bob[1]))
+        else:
+            body = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "message/send",
+                "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "cut"}]}},
+            }
+            answer["resp"] = client.post("/a2a", json=body, headers=bearer(alice[1]))
+
+    try:
+        with blocker.cursor() as cur:  # the request's statement waits on this lock ...
+            cur.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        with admin.cursor() as cur:  # ... until its backend is killed under it
+            deadline = 200
+            killed = 0
+            while not killed and deadline:
+                cur.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> %s",
+                    (blocker.get_backend_pid(),),
+                )
+                killed = cur.fetchone()[0]
+                deadline -= 1
+                threading.Event().wait(0.05)
+            assert killed, "the request never waited on the lock"
+        caller.join(30)
+        assert not caller.is_alive(), "the request did not answer within 30 s"
+    finally:
+        blocker.rollback()
+        blocker.close()
+        admin.close()
+    resp = answer["resp"]
+    assert resp.status_code == 503, resp.get_data(as_text=True)
+    assert resp.headers["Retry-After"] == "1"
+    # The next call gets a fresh connection and succeeds.
+    assert client.get(feed(bob[0]), headers=bearer(bob[1])).status_code == 200

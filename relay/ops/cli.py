@@ -139,6 +139,11 @@ def config_check(web_dynos: int, worker_dynos: int) -> None:
         + ("DATABASE_CONNECTION_POOL_URL (pooler)" if pooled else "DATABASE_URL (direct)")
         + f"; prepared statements {'on' if settings.db_prepare else 'off'}"
     )
+    if pooled and settings.db_prepare:
+        click.echo(
+            "warning: RELAY_DB_PREPARE=1 behind DATABASE_CONNECTION_POOL_URL: a transaction-mode pooler"
+            " fails prepared statements; set RELAY_DB_PREPARE=auto or 0"
+        )
     click.echo(f"connection budget ({web_dynos} web, {worker_dynos} worker dyno(s); pool size + overflow per process):")
     for line in budget.lines():
         click.echo("  " + line)

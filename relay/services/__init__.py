@@ -64,7 +64,9 @@ def own_transaction(session: Session) -> Iterator[bool]:
     try:
         yield alone
     finally:
-        if alone:
+        # A connection cut mid-statement is closed: setting autocommit would raise and
+        # hide the outage's own error (a 503) behind an InterfaceError.
+        if alone and not dbapi.closed:
             dbapi.autocommit = False
 
 

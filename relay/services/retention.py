@@ -154,10 +154,12 @@ def _busy(exc: OperationalError) -> bool:
 def ensure_ahead(now: datetime | None = None, report: PassReport | None = None) -> PassReport:
     """Create each table's missing daily partitions from today through :data:`AHEAD_DAYS` ahead.
 
-    A table's new partitions start at its newest partition's upper bound (or today, when
-    that is older), so they never overlap one another or the legacy partition. ``now``
-    (UTC; default the database's clock) is for tests and the bench. A table whose lock is
-    not granted within the lock timeout is skipped and reported.
+    Every day of that window that no partition overlaps gets one, gaps below the newest
+    partition too (a clock that jumped, a partition detached by hand): a day with no
+    partition would refuse every write of that day. A day partly covered is left alone,
+    so new partitions never overlap one another or the legacy partition. ``now`` (UTC;
+    default the database's clock) is for tests and the bench. A table whose lock is not
+    granted within the lock timeout is skipped and reported.
     """
     report = report or PassReport()
     settings = current_app.config["RELAY"]
@@ -167,16 +169,18 @@ def ensure_ahead(now: datetime | None = None, report: PassReport | None = None) 
                 conn = _begin_step(session, settings)
                 at = now or _db_now(conn)
                 existing = partitions(conn, table)
-                newest = max((p.hi for p in existing if p.hi is not None), default=None)
-                day = _day(at) if newest is None else max(newest, _day(at))
+                day = _day(at)
                 while day <= _day(at) + AHEAD_DAYS * _DAY:
-                    name = f"{table}_p{day:%Y%m%d}"
-                    conn.exec_driver_sql(
-                        f"CREATE TABLE {name} PARTITION OF {table}"
-                        f" FOR VALUES FROM ({_literal(day)}) TO ({_literal(day + _DAY)})"
-                    )
-                    report.created.append(name)
-                    day += _DAY
+                    end = day + _DAY
+                    covered = any((p.lo is None or p.lo < end) and (p.hi is None or p.hi > day) for p in existing)
+                    if not covered:
+                        name = f"{table}_p{day:%Y%m%d}"
+                        conn.exec_driver_sql(
+                            f"CREATE TABLE {name} PARTITION OF {table}"
+                            f" FOR VALUES FROM ({_literal(day)}) TO ({_literal(end)})"
+                        )
+                        report.created.append(name)
+                    day = end
         except OperationalError as exc:
             if not _busy(exc):
                 raise
