@@ -183,3 +183,14 @@ def test_agents_create_with_unreachable_database_fails_with_one_line(relay, cli_
     proc = relay("agents", "create", "frank@acme", "--name", "Frank", "--json", env=env)
     _assert_one_line_failure(proc)
     assert proc.stdout == ""
+
+
+def test_retention_on_a_database_not_migrated_fails_with_one_line(relay, cli_env, server_urls):
+    from tests.conftest import fresh_database
+
+    with fresh_database(server_urls[0], "relay_bare") as url:
+        env = dict(cli_env, DATABASE_URL=url)
+        env.pop("DATABASE_CONNECTION_POOL_URL", None)
+        for args in (("retention", "status", "--json"), ("retention", "run")):
+            line = _assert_one_line_failure(relay(*args, env=env))
+            assert "relay db upgrade" in line

@@ -13,11 +13,13 @@ from functools import wraps
 from pathlib import Path
 
 import click
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from relay.config import ConfigError
 from relay.errors import RelayError
 
+# SQLSTATEs of a missing table or type: a database the migrations have not reached.
+UNDEFINED_TABLE, UNDEFINED_OBJECT = "42P01", "42704"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,6 +58,10 @@ def with_app(fn):
             _fail(exc.message)
         except OperationalError as exc:
             _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
+        except ProgrammingError as exc:
+            if getattr(exc.orig, "pgcode", None) not in (UNDEFINED_TABLE, UNDEFINED_OBJECT):
+                raise
+            _fail("the database is not migrated (run `relay db upgrade`): " + str(exc.orig).strip().splitlines()[0])
 
     return wrapper
 
