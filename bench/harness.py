@@ -309,3 +309,22 @@ class Receiver:
                     return True
             time.sleep(0.05)
         return False
+
+
+def drained(database_url: str, timeout: float = 180) -> bool:
+    """Wait until the worker has indexed every message and fanned out every event; False at ``timeout`` s."""
+    conn, _ = _admin(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT (SELECT count(*) FROM messages WHERE search_vector IS NULL)"
+                    " + (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)"
+                )
+                if cur.fetchone()[0] == 0:
+                    return True
+            time.sleep(0.5)
+        return False
+    finally:
+        conn.close()

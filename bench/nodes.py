@@ -186,24 +186,6 @@ def _send(url: str, key: str, recipient: str, text: str) -> dict:
     return body["result"]
 
 
-def _drained(database_url: str, timeout: float = 180) -> bool:
-    conn, _ = harness._admin(database_url)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT (SELECT count(*) FROM messages WHERE search_vector IS NULL)"
-                    " + (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)"
-                )
-                if cur.fetchone()[0] == 0:
-                    return True
-            time.sleep(0.5)
-        return False
-    finally:
-        conn.close()
-
-
 def _verify(secret: str, headers: dict, body: bytes) -> bool:
     import standardwebhooks
 
@@ -332,7 +314,7 @@ def nodes(args) -> dict:
         fig["ratio_rps"] = fig["rps"] / near["rps"] if near["rps"] else None
         fig["cpu_s_per_run"] = cpu_windows
         results["throughput"] = fig
-        results["throughput_drained"] = _drained(database_url)
+        results["throughput_drained"] = harness.drained(database_url)
 
         # 2. Webhooks: each message through node A or B in turn, one endpoint per recipient.
         secrets_of, path_of = {}, {}
@@ -413,7 +395,7 @@ def nodes(args) -> dict:
             "latency_note": "receiver arrival time.time() - data.created_at, by the node the message was sent through",
             "window": used,
         }
-        results["webhooks_drained"] = _drained(database_url)
+        results["webhooks_drained"] = harness.drained(database_url)
 
         # 3. Wake-ups across nodes: waiters on node B for wb*, on node A for wa*; each message through the other.
         clients, outs = [], {}

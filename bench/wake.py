@@ -47,24 +47,6 @@ def _percentiles(values: list[float]) -> dict:
     return {"count": len(ordered), "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "max_ms": pct(100)}
 
 
-def _drained(database_url: str, timeout: float = 300) -> None:
-    """Wait until the worker has indexed every message and fanned out every event."""
-    conn, _ = harness._admin(database_url)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT (SELECT count(*) FROM messages WHERE search_vector IS NULL)"
-                    " + (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)"
-                )
-                if cur.fetchone()[0] == 0:
-                    return
-            time.sleep(0.5)
-    finally:
-        conn.close()
-
-
 def _cpu_by_process() -> dict[int, tuple[str, float]]:
     """Every process's CPU seconds so far: ``{pid: (name, seconds)}``."""
     seen = {}
@@ -245,7 +227,8 @@ def wake(
                 busy1, cpu1, wcpu1 = psutil.cpu_times(), harness.cpu_seconds(relay), harness.cpu_seconds(worker)
                 time.sleep(2)  # the last wake-ups
                 results["waiters_held_after"] = _slots_held(slots)
-                _drained(database_url)
+                if not harness.drained(database_url, 300):
+                    raise RuntimeError("the worker had not indexed and fanned out everything within 300 s")
                 results["send_with_waiters"] = throughput(f"{waiters} waiters held")
             results["peak_rss_mib"] = {"web_worker": round(rss.peak["web_worker"] / 2**20, 1)}
             wall = steady["wall_s"]
@@ -281,7 +264,8 @@ def wake(
                 "waiter_process_cpu_s": round(got["cpu_seconds"], 2),
             }
             results["waiters_held_after_stop"] = _slots_held(slots)
-            _drained(database_url)
+            if not harness.drained(database_url, 300):
+                raise RuntimeError("the worker had not indexed and fanned out everything within 300 s")
             results["send_without_waiters"] = throughput("no waiters")
             results["send_path_ratio"] = (
                 round(results["send_with_waiters"]["rps"] / results["send_without_waiters"]["rps"], 3)
