@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import psycopg2
 import psycopg2.extras
 import redis
@@ -31,8 +33,29 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
+class RelaySQLAlchemy(SQLAlchemy):
+    """Flask-SQLAlchemy whose end-of-request teardown never raises.
+
+    ``session.remove()`` rolls back the request's transaction; when PostgreSQL went away
+    mid-request that rollback raises (OperationalError on a dead socket) outside every
+    error handler, and gunicorn answered its own 500 after the app's 503 (issue 28: a
+    ``/readyz`` during a crash). The session is discarded either way and the pool
+    replaces the connection (checkout ping), so the error is only logged.
+    """
+
+    def _teardown_session(self, exc: BaseException | None) -> None:
+        try:
+            super()._teardown_session(exc)
+        except Exception:
+            logging.getLogger("relay.db").warning("session teardown failed; connection discarded", exc_info=True)
+            try:
+                self.session.registry.clear()  # drop the broken session so the next request gets a new one
+            except Exception:
+                pass
+
+
 # Services return rows after committing; keep their loaded attributes usable.
-db = SQLAlchemy(model_class=Base, session_options={"expire_on_commit": False})
+db = RelaySQLAlchemy(model_class=Base, session_options={"expire_on_commit": False})
 
 
 def redis_client() -> redis.Redis:

@@ -23,7 +23,10 @@ def _check_database() -> str | None:
         db.session.execute(text("SELECT 1"))
         return None
     except Exception as exc:  # any driver error means "not ready"
-        db.session.rollback()
+        try:
+            db.session.rollback()
+        except Exception:  # the connection itself is gone: teardown discards the session
+            pass
         return type(exc).__name__
 
 

@@ -270,7 +270,10 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     except RelayError as exc:
         answer = _relay_error(dialect, id_, exc)
     except Exception as exc:
-        db.session.rollback()
+        try:
+            db.session.rollback()
+        except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
+            pass
         if is_connection_error(exc):  # PostgreSQL unreachable: retryable, not a bug
             log.warning("database unavailable", extra={"request_id": g.get("request_id")})
             answer = _error(
@@ -380,15 +383,24 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
                 )
             )
         answers = [a for a in (_call(dialect, caller, item) for item in doc) if a is not None]
+        if any(_unavailable(a) for a in answers):
+            # One element lost the database: the whole batch is a 503 (with every answer
+            # in the body), so a client retries it; docs/decisions.md, "Outage answers".
+            return _response(answers, status=503)
         return _response(answers) if answers else _no_content()
     answer = _call(dialect, caller, doc, alone=True)
     if answer is not None and isinstance(answer.get("result"), Streamed):
         return _stream_response(dialect, answer["id"], answer["result"])
-    if answer is not None and "error" in answer and _symbol(answer["error"].get("data")) == "service_unavailable":
+    if answer is not None and _unavailable(answer):
         # The database went away inside the method (or no pooled connection came free):
         # an HTTP 503 a client or proxy retries, not a 200 carrying the error.
         return _response(answer, status=503)
     return _response(answer) if answer is not None else _no_content()
+
+
+def _unavailable(answer: dict) -> bool:
+    """True if ``answer`` is a -32603 ``service_unavailable`` error (an outage, retryable)."""
+    return "error" in answer and _symbol(answer["error"].get("data")) == "service_unavailable"
 
 
 def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response:
@@ -406,13 +418,18 @@ def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response
                 else:
                     # One line: orjson escapes newlines inside strings, so no data line breaks.
                     yield b"data: " + dumps_bytes({"jsonrpc": "2.0", "id": id_, "result": item}) + b"\n\n"
-        except Exception:  # a bug mid-stream: the client hears an internal error, not a cut connection
+        except Exception as exc:  # mid-stream: the client hears an error event, not a cut connection
             try:
                 db.session.rollback()
             except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
                 pass
-            log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
-            data = {"symbol": "internal_error", "request_id": g.get("request_id")}
+            if is_connection_error(exc):  # an outage: retryable (the 200 was already sent)
+                log.warning("database unavailable in a stream", extra={"request_id": g.get("request_id")})
+                symbol = "service_unavailable"
+            else:
+                log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
+                symbol = "internal_error"
+            data = {"symbol": symbol, "request_id": g.get("request_id")}
             yield b"event: error\ndata: " + dumps_bytes(_error(dialect, id_, -32603, MESSAGES[-32603], data)) + b"\n\n"
         finally:
             streamed.close()

@@ -1,0 +1,266 @@
+"""Outage answers (issue 28, Deliver 1): whichever statement of a method loses the database,
+the answer is a 503 with ``Retry-After`` (JSON-RPC keeping ``-32603 service_unavailable``),
+never an HTTP 200 carrying the error and never a 500, and a retry with the same idempotency
+key makes exactly one thread.
+
+The cut is real: the app reaches PostgreSQL (or the pooler, in the pooled pass) through a
+TCP proxy in this module that reads the frontend protocol's messages and, when armed,
+closes both sockets at the Nth simple query (``Q``) it sees: before forwarding it (the
+server never ran it) or just after (the server ran it; a COMMIT or an autocommit create
+may have committed, and the client cannot know). N runs from 1 until a request completes
+without reaching it, so every statement of the request is cut once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import uuid
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from relay.config import normalize_database_url
+from tests.conftest import bearer, connect, extra_app
+
+_UNTYPED_REQUESTS = (80877103, 80877104)  # SSLRequest, GSSENCRequest: answered with one byte, then startup
+
+
+class CuttingProxy:
+    """A loopback TCP proxy to ``upstream`` that can cut every connection at the Nth query."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.arm_at: int | None = None
+        self.after = False
+        self.seen = 0
+        self.fired = False
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, n: int, *, after: bool) -> None:
+        with self.lock:
+            self.arm_at, self.after, self.seen, self.fired = n, after, 0, False
+
+    def disarm(self) -> bool:
+        """Stop cutting; return whether the armed cut fired."""
+        with self.lock:
+            self.arm_at = None
+            return self.fired
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.conns:
+            _close(s)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.conns += [client, server]
+            threading.Thread(target=self._to_server, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
+
+    def _to_client(self, server: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := server.recv(65536):
+                client.sendall(data)
+        except OSError:
+            pass
+        _close(client)
+        _close(server)
+
+    def _to_server(self, client: socket.socket, server: socket.socket) -> None:
+        try:
+            while True:  # untyped: SSL/GSS requests, then the startup message
+                (length,) = struct.unpack("!i", _read(client, 4))
+                body = _read(client, length - 4)
+                server.sendall(struct.pack("!i", length) + body)
+                if len(body) < 4 or struct.unpack("!i", body[:4])[0] not in _UNTYPED_REQUESTS:
+                    break
+            while True:
+                head = _read(client, 5)
+                body = _read(client, struct.unpack("!i", head[1:])[0] - 4)
+                cut = False
+                if head[:1] == b"Q":
+                    with self.lock:
+                        if self.arm_at is not None and not self.fired:
+                            self.seen += 1
+                            if self.seen == self.arm_at:
+                                cut = self.fired = True
+                if cut and not self.after:
+                    break
+                server.sendall(head + body)
+                if cut:
+                    threading.Event().wait(0.2)  # let the server run it, then lose its answer
+                    break
+        except OSError:
+            pass
+        _close(client)
+        _close(server)
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("closed")
+        buf += chunk
+    return buf
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+@pytest.fixture
+def cut_app(base_env, celery_app, redis_url):
+    """An app whose every database connection runs through a CuttingProxy."""
+    name = "DATABASE_CONNECTION_POOL_URL" if base_env.get("DATABASE_CONNECTION_POOL_URL") else "DATABASE_URL"
+    url = make_url(normalize_database_url(base_env[name]))
+    proxy = CuttingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxied = url.set(host="127.0.0.1", port=proxy.port).update_query_dict({"sslmode": "disable"})
+    with extra_app(base_env, celery_app, redis_url, **{name: proxied.render_as_string(hide_password=False)}) as other:
+        yield other, proxy
+    proxy.close()
+
+
+def _rpc(method: str, params: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+
+
+def _send(recipient: str, text: str, key: str, **extra) -> dict:
+    params = {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}, **extra}
+    params["metadata"] = {"client_idempotency_key": key}
+    return _rpc("message/send", params)
+
+
+def _threads_with(database_url: str, text: str) -> int:
+    conn = connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(DISTINCT thread_id) FROM messages WHERE parts::text LIKE %s", (f"%{text}%",))
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _assert_outage_or_ok(resp, what: str) -> bool:
+    """Assert ``resp`` is a success or a proper outage answer; return True if it was an outage."""
+    body = resp.get_data(as_text=True)
+    assert resp.status_code in (200, 204, 503), f"{what}: HTTP {resp.status_code}: {body}"
+    if resp.status_code == 503:
+        assert resp.headers.get("Retry-After") == "1", f"{what}: 503 without Retry-After"
+        doc = json.loads(body)
+        docs = doc if isinstance(doc, list) else [doc]
+        symbols = [_symbol(d) for d in docs]
+        assert "service_unavailable" in symbols, f"{what}: 503 body {body}"
+        return True
+    if resp.status_code == 200 and body:
+        doc = json.loads(body)
+        for d in doc if isinstance(doc, list) else [doc]:
+            assert "error" not in d or d["error"].get("code") != -32603, f"{what}: HTTP 200 carrying -32603: {body}"
+    return False
+
+
+def _symbol(doc: dict) -> str | None:
+    error = doc.get("error") or {}
+    if error.get("code") == -32603:
+        data = error.get("data")
+        if isinstance(data, dict):
+            return data.get("symbol")
+        for item in data or ():  # A2A: a google.rpc.ErrorInfo in a list
+            if isinstance(item, dict) and item.get("reason"):
+                return (item.get("metadata") or {}).get("symbol") or item["reason"].lower()
+    return error.get("code") if isinstance(error.get("code"), str) else None
+
+
+def _cut_every_statement(proxy: CuttingProxy, call, after: bool, what: str) -> int:
+    """Cut ``call()`` at its 1st, 2nd, ... query until it completes uncut; return the outages seen."""
+    outages = 0
+    for n in range(1, 40):
+        proxy.arm(n, after=after)
+        resp = call(n)
+        fired = proxy.disarm()
+        if not fired:
+            assert resp.status_code in (200, 204), f"{what}: uncut answer {resp.status_code}"
+            return outages
+        outages += _assert_outage_or_ok(resp, f"{what}, cut at query {n} ({'after' if after else 'before'})")
+    raise AssertionError(f"{what}: still cutting at query 40")
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-forwarding", "after-forwarding"])
+def test_a_create_cut_at_each_statement_is_503_and_its_retry_makes_one_thread(cut_app, database_url, alice, bob, after):
+    app, proxy = cut_app
+    client = app.test_client()
+    assert client.get("/readyz").status_code == 200
+    run = uuid.uuid4().hex[:8]
+
+    def call(n):
+        return client.post("/a2a", json=_send(bob[0], f"cut-{run}-{n}", f"k-{run}-{n}"), headers=bearer(alice[1]))
+
+    outages = _cut_every_statement(proxy, call, after, "message/send create")
+    assert outages, "no cut reached a statement that mattered: the test proves nothing"
+    for n in range(1, outages + 3):
+        retry = call(n)  # the client's retry, same key, uncut
+        assert retry.status_code == 200 and "result" in retry.get_json(), retry.get_data(as_text=True)
+        assert _threads_with(database_url, f'cut-{run}-{n}"') == 1, f"key k-{run}-{n}: not exactly one thread"
+
+
+def test_an_append_a_batch_a_feed_read_and_readyz_cut_anywhere_are_503(cut_app, alice, bob):
+    app, proxy = cut_app
+    client = app.test_client()
+    opened = client.post("/a2a", json=_send(bob[0], "thread to append to", "opener"), headers=bearer(alice[1]))
+    task_id = opened.get_json()["result"]["task_id"]
+    feed = f"/api/v1/identities/{bob[0]}/a2a/messages"
+    calls = {
+        "append": lambda n: client.post(
+            "/a2a", json=_send(bob[0], f"append {n}", f"append-{n}", task_id=task_id), headers=bearer(alice[1])
+        ),
+        "batch": lambda n: client.post(
+            "/a2a",
+            json=[_send(bob[0], f"batch {n}", f"batch-{n}"), _rpc("tasks/get", {"task_id": task_id})],
+            headers=bearer(alice[1]),
+        ),
+        "feed": lambda n: client.get(feed, headers=bearer(bob[1])),
+        "a2a binding": lambda n: client.post(
+            f"/a2a/agents/{bob[0]}",
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {"message": {"messageId": f"a2a-{n}", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+            },
+            headers={**bearer(alice[1]), "A2A-Version": "1.0"},
+        ),
+    }
+    for what, call in calls.items():
+        for after in (False, True):
+            assert _cut_every_statement(proxy, call, after, what), f"{what}: no cut answered 503"
+
+    # /readyz's cut also lands in teardown's rollback: it must not escape as gunicorn's 500.
+    statuses = []
+    for n in range(1, 6):
+        proxy.arm(n, after=False)
+        ready = client.get("/readyz")
+        if not proxy.disarm():
+            break
+        statuses.append(ready.status_code)
+        if ready.status_code == 503:
+            assert ready.headers["Retry-After"] == "1"
+            assert ready.get_json()["checks"]["database"].startswith("failed"), ready.get_json()
+    assert 503 in statuses and set(statuses) <= {200, 503}, statuses
+    assert client.get("/readyz").status_code == 200
