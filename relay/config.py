@@ -42,6 +42,8 @@ DEFAULTS: dict[str, str] = {
     "RELAY_WEBHOOK_SLOW_MS": "2000",
     "RELAY_WEBHOOK_MAX_PAYLOAD_BYTES": str(256 * 1024),
     "RELAY_STREAMS_PER_AGENT": "10",
+    "RELAY_WORKER_HEARTBEAT": "1",
+    "RELAY_WORKER_STALE": "5",
     "RELAY_DB_POOL_SIZE": "4",
     "RELAY_DB_MAX_OVERFLOW": "1",
     "RELAY_DB_POOL_TIMEOUT": "5",
@@ -187,6 +189,11 @@ class Settings:
     # heartbeats (also a waiter's re-check and re-authentication: issue 14).
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
+    # Each worker's pump writes its heartbeat every worker_heartbeat seconds; a worker
+    # silent for worker_stale seconds is dead and its claimed deliveries are sent again
+    # (issue 28; docs/decisions.md, "Surviving the relay's own servers failing").
+    worker_heartbeat: float = 1.0
+    worker_stale: float = 5.0
     # PostgreSQL connections each process keeps open, and may open beyond them for a burst;
     # a request waits at most db_pool_timeout seconds for one, then answers 503 with
     # Retry-After. Small by default (issue 27): the Procfile's web (WEB_CONCURRENCY=2),
@@ -315,6 +322,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         database_pool_url=normalize_database_url(pool_url, "DATABASE_CONNECTION_POOL_URL") if pool_url else "",
         db_prepare=_prepare(env, pooled=bool(pool_url)),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
+        worker_heartbeat=seconds(env, "RELAY_WORKER_HEARTBEAT"),
+        worker_stale=seconds(env, "RELAY_WORKER_STALE"),
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),

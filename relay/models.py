@@ -102,6 +102,18 @@ class Generation(db.Model):
     value: Mapped[int] = mapped_column(BigInteger)
 
 
+class RelayWorker(db.Model):
+    """A running webhook pump (one per worker process) and its last heartbeat (migration 0010)."""
+
+    __tablename__ = "relay_workers"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    heartbeat_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
 class ApiKey(db.Model):
     """An API key; only the SHA-256 digest of the secret is stored."""
 
@@ -363,6 +375,7 @@ class WebhookDelivery(_PartitionedById, db.Model):
             "next_attempt_at",
             postgresql_where=text("status = 'pending'"),
         ),
+        Index("ix_webhook_deliveries_claimed_by", "claimed_by", postgresql_where=text("leased_until IS NOT NULL")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -373,6 +386,8 @@ class WebhookDelivery(_PartitionedById, db.Model):
     next_attempt_at: Mapped[datetime | None] = mapped_column(TZ)
     # Set while an attempt is in flight (claimed, not yet recorded); counted by the caps.
     leased_until: Mapped[datetime | None] = mapped_column(TZ)
+    # The pump (relay_workers.id) holding the lease: its death releases the lease early.
+    claimed_by: Mapped[uuid.UUID | None]
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TZ, primary_key=True, server_default=func.now())
     completed_at: Mapped[datetime | None] = mapped_column(TZ)

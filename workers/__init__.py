@@ -68,6 +68,16 @@ def celery_init_app(app: Flask) -> Celery:
     )
     celery_app.set_default()
     worker_ready.connect(queue_retention_pass, sender=None, weak=False, dispatch_uid="relay-retention-at-start")
+
+    def start_pump(sender=None, **_kwargs) -> None:
+        # The pump heartbeats, polls and reaps from the worker's start, not from its first
+        # task: a worker started while Redis is down still delivers what PostgreSQL holds.
+        if sender is None or getattr(sender, "app", None) is celery_app:
+            from workers.delivery import pump_for
+
+            pump_for(app)
+
+    worker_ready.connect(start_pump, sender=None, weak=False, dispatch_uid=f"relay-pump-at-start-{id(celery_app)}")
     app.extensions["celery"] = celery_app
     quiet_sweep_logs()
     return celery_app

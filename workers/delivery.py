@@ -7,15 +7,22 @@ threads makes the HTTP attempts over kept-alive connections (relay/services/outb
 So a slow receiver holds one of those threads, within its endpoint's and its org's caps,
 never a Celery process, and never another endpoint's first attempt.
 
-Nothing is lost if the process dies: an event not yet fanned out is found by the outbox
-sweep, a leased delivery is due again when its lease runs out, an unindexed message is
-found by the index sweep. Every second the pump also claims what has become due
-(retries, expired leases), so no retry needs a Celery countdown.
+Nothing is lost if the process dies: an event not yet fanned out is found by the next
+poll of any pump (or the outbox sweep), a delivery it had claimed is made due by the
+first live pump that sees its heartbeat stop (``RELAY_WORKER_STALE``; the lease running
+out is the backstop), an unindexed message is found by the index sweep. Every second
+the pump also claims what has become due (retries, released claims) and fans out events
+whose enqueue was lost (Redis down), so no retry needs a Celery countdown.
+
+Each pump has an id (a row of ``relay_workers``) and a heartbeat thread of its own, apart
+from the pump thread, so a long cycle never looks like a death.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -59,8 +66,12 @@ class Pump:
         self._in_flight = 0
         self._poll = True
         self._stopping = False
+        self.worker_id = uuid.uuid4()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="relay-webhook-pump", daemon=True)
         self._thread.start()
+        self._beater = threading.Thread(target=self._beat, name="relay-webhook-heartbeat", daemon=True)
+        self._beater.start()
 
     # -- called by tasks (any thread) --
 
@@ -102,12 +113,54 @@ class Pump:
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        self._stopped.set()
         self._thread.join(max(0.1, deadline - time.monotonic()))
+        self._beater.join(max(0.1, deadline - time.monotonic()))
+        self._leave()
         with self._cond:  # what is left is in PostgreSQL; the sweeps finish it
             for done in self._waiters:
                 done.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sender.close()
+
+    # -- the heartbeat thread --
+
+    def _beat(self) -> None:
+        """Heartbeat every RELAY_WORKER_HEARTBEAT s; reap dead pumps once ours has held for RELAY_WORKER_STALE s."""
+        s = self.settings
+        hostname, pid = socket.gethostname(), os.getpid()
+        healthy_since: float | None = None
+        with self.app.app_context():
+            while not self._stopped.is_set():
+                now = time.monotonic()
+                # Only a pump whose own heartbeats have gone through for a whole stale
+                # period may call another dead: after an outage every pump's heartbeat
+                # is old, and none must reap the others before they have written again.
+                reap = s.worker_stale if healthy_since is not None and now - healthy_since >= s.worker_stale else None
+                try:
+                    released = delivery.heartbeat(self.worker_id, hostname, pid, reap)
+                except Exception as exc:
+                    healthy_since = None
+                    log.warning("worker heartbeat failed (%s)", type(exc).__name__)
+                else:
+                    if healthy_since is None:
+                        healthy_since = now
+                    if released:
+                        with self._cond:  # claim them now rather than at the next poll
+                            self._endpoints |= set(released)
+                            self._cond.notify()
+                finally:
+                    db.session.remove()
+                self._stopped.wait(s.worker_heartbeat)
+
+    def _leave(self) -> None:
+        with self.app.app_context():
+            try:
+                delivery.leave(self.worker_id)
+            except Exception as exc:  # the database is down: the others reap this pump when it is back
+                log.warning("could not remove the worker's heartbeat row (%s)", type(exc).__name__)
+            finally:
+                db.session.remove()
 
     # -- the pump thread --
 
@@ -154,7 +207,7 @@ class Pump:
             self._next_poll = time.monotonic() + POLL_SECONDS
         # One transaction: record what ended (each freed a slot of its endpoint), fan out
         # the new events, claim within the caps and the budget, read the payloads.
-        prepared, again = delivery.cycle(results, events, wanting, poll, budget)
+        prepared, again = delivery.cycle(results, events, wanting, poll, budget, worker=self.worker_id)
         if again:
             with self._cond:  # the budget ran out before the work did
                 self._endpoints |= again
@@ -173,7 +226,8 @@ class Pump:
             result = delivery.attempt(prepared, self.sender, self.targets, self.settings)
         except Exception as exc:  # a bug, not the receiver: record it rather than hold the lease
             log.exception("webhook attempt crashed")
-            result = delivery.Result(prepared.claimed, datetime.now(UTC), outbound.Outcome(None, repr(exc), None, 0))
+            outcome = outbound.Outcome(None, repr(exc), None, 0)
+            result = delivery.Result(prepared.claimed, datetime.now(UTC), outcome, prepared.attempt)
         with self._cond:
             self._in_flight -= 1
             self._results.append(result)

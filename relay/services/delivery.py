@@ -9,8 +9,15 @@ Rules kept here:
 
 - One delivery per (event, endpoint); ``webhook-id`` is the event's id on every attempt.
 - A claim leases the delivery (``leased_until`` and ``next_attempt_at`` = now + timeout
-  + 30 s): nobody else sends it meanwhile; if the worker dies, the lease runs out and
-  the delivery is due again (at least once, never lost).
+  + 30 s) to the claiming pump (``claimed_by``): nobody else sends it meanwhile. Each pump
+  heartbeats (``relay_workers``, every ``RELAY_WORKER_HEARTBEAT`` s); a pump silent for
+  ``RELAY_WORKER_STALE`` s is dead, and the first live pump to notice makes its claims due
+  at once (:func:`heartbeat`). The lease running out is the backstop when no pump is
+  left alive (at least once, never lost).
+- Every attempt is in the delivery log, even one whose worker died mid-send: its
+  ``webhook_attempts`` row is written when it is prepared (``IN_FLIGHT``), before the POST,
+  and completed with the outcome when it is recorded; a dead pump's rows say
+  ``OUTCOME_UNKNOWN``.
 - Caps, counted over the leases of every process (claims are serialised by one advisory
   lock, so two workers cannot both see a free slot): at most
   ``RELAY_WEBHOOK_ENDPOINT_CONCURRENCY`` attempts in flight per endpoint and
@@ -35,7 +42,7 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -59,6 +66,9 @@ _CLAIM_LOCK = 0x72656C6179  # "relay"
 _ADVISORY = text("SELECT pg_advisory_xact_lock(:k)")
 MAX_CIRCUIT_OPEN = 3600
 MAX_RETRY_DELAY = 7 * 24 * 3600
+# An attempt row's error until its outcome is recorded, and after its pump died unrecorded.
+IN_FLIGHT = "in flight: the outcome is not recorded yet"
+OUTCOME_UNKNOWN = "outcome unknown: the worker stopped before recording it (the receiver may have it)"
 
 
 def _settings():
@@ -112,6 +122,23 @@ def _fan_out(session, event_ids) -> list[tuple[uuid.UUID, uuid.UUID]]:
         return []
     rows = session.connection().execute(_FAN_OUT, {"ids": [str(i) for i in event_ids], "test": TEST_EVENT}).all()
     return [(r.id, r.endpoint_id) for r in rows]
+
+
+_PENDING_EVENTS = text(
+    """
+    SELECT id FROM events WHERE fanned_out_at IS NULL AND created_at < now() - make_interval(secs => :age)
+    ORDER BY created_at LIMIT :limit
+    """
+)
+# A poll fans out events older than this that no pump was handed (younger ones are
+# normally on their way in a task), at most this many per poll.
+POLL_PENDING_AGE = 1.0
+POLL_PENDING_LIMIT = 500
+
+
+def pending_events(session, limit: int, older_than_seconds: float) -> list[uuid.UUID]:
+    """Events committed at least ``older_than_seconds`` ago and never fanned out, oldest first."""
+    return list(session.connection().execute(_PENDING_EVENTS, {"age": older_than_seconds, "limit": limit}).scalars())
 
 
 # --- claim --------------------------------------------------------------------------------
@@ -202,7 +229,8 @@ _PICK_ANY = text(_PICK.format(due=_DUE, only=""))
 _PICK_ONLY = text(_PICK.format(due=_DUE, only="AND id = ANY(CAST(:only AS uuid[]))"))
 _LEASE = text(
     """
-    UPDATE webhook_deliveries d SET leased_until = now() + :lease, next_attempt_at = now() + :lease
+    UPDATE webhook_deliveries d SET leased_until = now() + :lease, next_attempt_at = now() + :lease,
+        claimed_by = CAST(:worker AS uuid)
     FROM events ev, webhook_endpoints e, agents a
     WHERE d.id = ANY(CAST(:ids AS uuid[])) AND d.created_at = ANY(CAST(:created AS timestamptz[]))
       AND ev.id = d.event_id AND ev.created_at = d.created_at AND ev.created_at = ANY(CAST(:created AS timestamptz[]))
@@ -215,18 +243,22 @@ _LEASE = text(
 )
 
 
-def claim(endpoint_ids, budget: int, only: list[uuid.UUID] | None = None) -> list[Claimed]:
+def claim(
+    endpoint_ids, budget: int, only: list[uuid.UUID] | None = None, worker: uuid.UUID | None = None
+) -> list[Claimed]:
     """Lease up to ``budget`` due deliveries of these endpoints, oldest due first per endpoint, within the caps.
 
     Deliveries of a disabled endpoint are failed, of a disabled agent held; an endpoint
     whose circuit is open gets none, one whose pause has ended gets one (the probe).
-    ``only`` restricts the claim to those delivery ids. Returns what was leased.
+    ``only`` restricts the claim to those delivery ids; ``worker`` is the claiming pump's
+    id (None: a one-off attempt in this thread, released only by its lease). Returns
+    what was leased.
     """
     with unit_of_work() as session:
-        return _claim(session, endpoint_ids, budget, only)
+        return _claim(session, endpoint_ids, budget, only, worker)
 
 
-def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
+def _claim(session, endpoint_ids, budget: int, only=None, worker=None) -> list[Claimed]:
     ids = [str(i) for i in endpoint_ids]
     if not ids or budget <= 0:
         return []
@@ -290,7 +322,12 @@ def _claim(session, endpoint_ids, budget: int, only=None) -> list[Claimed]:
         session.connection()
         .execute(
             _LEASE,
-            {"ids": [str(p.id) for p in picked], "created": sorted({p.created_at for p in picked}), "lease": lease},
+            {
+                "ids": [str(p.id) for p in picked],
+                "created": sorted({p.created_at for p in picked}),
+                "lease": lease,
+                "worker": str(worker) if worker is not None else None,
+            },
         )
         .all()
     )
@@ -321,6 +358,8 @@ class Prepared:
     body: bytes
     headers: dict[str, str]
     error: str | None = None
+    # The webhook_attempts row written before the POST: (id, attempted_at).
+    attempt: tuple[int, datetime] | None = None
 
 
 def _feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
@@ -428,7 +467,28 @@ def _prepare(session, claims: list[Claimed]) -> list[Prepared]:
             out.append(Prepared(c, row.url, b"", {}, error=str(exc)))
             continue
         out.append(Prepared(c, row.url, body, headers))
-    return out
+    return _started(session, out, now)
+
+
+_START_ATTEMPTS = text(
+    """
+    INSERT INTO webhook_attempts (delivery_id, attempted_at, status_code, error, duration_ms)
+    SELECT d, CAST(:at AS timestamptz), NULL, :in_flight, 0 FROM unnest(CAST(:ids AS uuid[])) AS d
+    RETURNING id, delivery_id
+    """
+)
+
+
+def _started(session, prepared: list[Prepared], now: datetime) -> list[Prepared]:
+    """Write each attempt's row before it is sent (its outcome ``IN_FLIGHT``), in the claim's transaction."""
+    if not prepared:
+        return prepared
+    rows = session.connection().execute(
+        _START_ATTEMPTS,
+        {"ids": [str(p.claimed.delivery_id) for p in prepared], "at": now, "in_flight": IN_FLIGHT},
+    )
+    ids = {r.delivery_id: r.id for r in rows}
+    return [replace(p, attempt=(ids[p.claimed.delivery_id], now)) for p in prepared]
 
 
 # --- attempt ------------------------------------------------------------------------------
@@ -441,13 +501,14 @@ class Result:
     claimed: Claimed
     attempted_at: datetime
     outcome: outbound.Outcome
+    attempt: tuple[int, datetime] | None = None  # its row written before sending; None: insert one
 
 
 def attempt(prepared: Prepared, sender: outbound.Sender, targets: outbound.TargetCache, settings) -> Result:
     """Resolve, check and POST one prepared delivery (no database); thread-safe."""
     attempted_at = datetime.now(UTC)
     if prepared.error is not None:
-        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, prepared.error, None, 0))
+        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, prepared.error, None, 0), prepared.attempt)
     started = datetime.now(UTC)
     try:
         target = targets.resolve(
@@ -456,9 +517,9 @@ def attempt(prepared: Prepared, sender: outbound.Sender, targets: outbound.Targe
     except outbound.TargetRefused as exc:
         ms = int((datetime.now(UTC) - started).total_seconds() * 1000)
         reason = f"DNS failure: {exc}" if exc.kind == "dns" else f"refused: {exc}"
-        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, reason, None, ms))
+        return Result(prepared.claimed, attempted_at, outbound.Outcome(None, reason, None, ms), prepared.attempt)
     outcome = sender.post(target, prepared.body, prepared.headers, timeout=settings.webhook_timeout)
-    return Result(prepared.claimed, attempted_at, outcome)
+    return Result(prepared.claimed, attempted_at, outcome, prepared.attempt)
 
 
 # --- record -------------------------------------------------------------------------------
@@ -472,6 +533,14 @@ _INSERT_ATTEMPTS = text(
     WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = v.delivery_id)
     """
 )
+# The attempted_at list lets the planner prune to the partitions the rows are in.
+_FINISH_ATTEMPTS = text(
+    """
+    UPDATE webhook_attempts a SET status_code = v.status_code, error = v.error, duration_ms = v.duration_ms
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, status_code int, error text, duration_ms int)
+    WHERE a.id = v.id AND a.attempted_at = ANY(CAST(:at AS timestamptz[]))
+    """
+)
 _UPDATE_DELIVERIES = text(
     """
     UPDATE webhook_deliveries d SET
@@ -480,7 +549,8 @@ _UPDATE_DELIVERIES = text(
         next_attempt_at = CASE WHEN v.delay IS NULL THEN NULL ELSE now() + make_interval(secs => v.delay) END,
         completed_at = CASE WHEN v.status = 'pending' THEN NULL ELSE now() END,
         last_error = v.error,
-        leased_until = NULL
+        leased_until = NULL,
+        claimed_by = NULL
     FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id uuid, lease timestamptz, status text, delay float8, error text)
     -- Only the attempt holding the current lease writes the row: one whose lease ran out
     -- (and was claimed again) must not overwrite its successor's.
@@ -618,7 +688,28 @@ def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
             for e in endpoints
         ]
         conn.execute(_UPDATE_ENDPOINTS, {"rows": json.dumps(health_rows)})
-    attempts = [
+    _write_attempts(conn, results)
+    leases = {r.claimed.delivery_id: _lease_of(r.claimed) for r in results}
+    rows = [{"id": str(d), "lease": leases.get(d), **v} for d, v in verdicts.items()]
+    return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+
+
+def _write_attempts(conn, results: list[Result]) -> None:
+    """Complete the rows written before sending; insert one for a result that has none."""
+    started = [r for r in results if r.attempt is not None]
+    if started:
+        rows = [
+            {
+                "id": r.attempt[0],
+                "status_code": r.outcome.status,
+                "error": r.outcome.error,
+                "duration_ms": r.outcome.duration_ms,
+            }
+            for r in started
+        ]
+        at = sorted({r.attempt[1] for r in started})
+        conn.execute(_FINISH_ATTEMPTS, {"rows": json.dumps(rows), "at": at})
+    fresh = [
         {
             "delivery_id": str(r.claimed.delivery_id),
             "attempted_at": r.attempted_at.isoformat(),
@@ -627,11 +718,10 @@ def _record(session, results, by_endpoint, verdicts, s, now) -> list[uuid.UUID]:
             "duration_ms": r.outcome.duration_ms,
         }
         for r in results
+        if r.attempt is None
     ]
-    conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(attempts)})
-    leases = {r.claimed.delivery_id: _lease_of(r.claimed) for r in results}
-    rows = [{"id": str(d), "lease": leases.get(d), **v} for d, v in verdicts.items()]
-    return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows)}).scalars().all()
+    if fresh:
+        conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(fresh)})
 
 
 def _log_attempts(results: list[Result]) -> None:
@@ -658,13 +748,21 @@ def _grouped(results: list[Result]):
 
 
 def cycle(
-    results: list[Result], event_ids: list[uuid.UUID], endpoint_ids: set[uuid.UUID], poll: bool, budget: int
+    results: list[Result],
+    event_ids: list[uuid.UUID],
+    endpoint_ids: set[uuid.UUID],
+    poll: bool,
+    budget: int,
+    worker: uuid.UUID | None = None,
 ) -> tuple[list[Prepared], set[uuid.UUID]]:
     """One round of the pump in one transaction: record ended attempts, fan out events, claim and prepare.
 
     The endpoints looked at for claims are ``endpoint_ids``, those of the ended attempts
     (each freed a slot), those of the new deliveries and, if ``poll``, every endpoint with
-    a due delivery. Returns the prepared attempts (at most ``budget``) and, when the
+    a due delivery. A ``poll`` also fans out events that were never handed to a pump
+    (:func:`pending_events`: their enqueue was lost, e.g. while Redis was down), so they
+    go out within a poll of Redis coming back, not at the next outbox sweep. Claims are
+    ``worker``'s. Returns the prepared attempts (at most ``budget``) and, when the
     budget ran out, the endpoints to look at again.
     """
     endpoints = set(endpoint_ids)
@@ -673,10 +771,12 @@ def cycle(
             by_endpoint, verdicts, s, now = _grouped(results)
             _record(session, results, by_endpoint, verdicts, s, now)
             endpoints |= set(by_endpoint)
+        if poll:
+            event_ids = [*event_ids, *pending_events(session, POLL_PENDING_LIMIT, POLL_PENDING_AGE)]
         endpoints |= {endpoint for _d, endpoint in _fan_out(session, event_ids)}
         if poll:
             endpoints |= set(endpoints_with_due())
-        claims = _claim(session, endpoints, budget) if endpoints else []
+        claims = _claim(session, endpoints, budget, worker=worker) if endpoints else []
         prepared = _prepare(session, claims)
     if results:
         _log_attempts(results)
@@ -711,3 +811,70 @@ def health(endpoint: WebhookEndpoint, slow_ms: int) -> dict[str, Any]:
         "last_duration_ms": endpoint.last_duration_ms,
         "last_error": endpoint.last_error,
     }
+
+
+# --- workers ------------------------------------------------------------------------------
+
+_HEARTBEAT = text(
+    """
+    INSERT INTO relay_workers (id, hostname, pid) VALUES (:id, :hostname, :pid)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    """
+)
+_REAP = text(
+    """
+    DELETE FROM relay_workers WHERE heartbeat_at < now() - make_interval(secs => :stale) AND id <> :id
+    RETURNING id
+    """
+)
+_RELEASE = text(
+    """
+    UPDATE webhook_deliveries SET leased_until = NULL, claimed_by = NULL, next_attempt_at = now(),
+        attempt_count = attempt_count + 1, last_error = :unknown
+    WHERE claimed_by = ANY(CAST(:ids AS uuid[])) AND leased_until IS NOT NULL AND status = 'pending'
+    RETURNING id, endpoint_id
+    """
+)
+_UNKNOWN = text(
+    """
+    UPDATE webhook_attempts SET error = :unknown
+    WHERE delivery_id = ANY(CAST(:ids AS uuid[])) AND status_code IS NULL AND error = :in_flight
+    """
+)
+_LEAVE = text("DELETE FROM relay_workers WHERE id = :id")
+
+
+def heartbeat(worker: uuid.UUID, hostname: str, pid: int, reap_after: float | None) -> list[uuid.UUID]:
+    """Write ``worker``'s heartbeat; with ``reap_after`` (seconds), also release the claims of dead pumps.
+
+    A pump whose heartbeat is older than ``reap_after`` is deleted and each delivery it
+    had leased is due at once (its lease and claim cleared, the lost attempt counted);
+    its attempt rows still ``IN_FLIGHT`` become ``OUTCOME_UNKNOWN``: the receiver may
+    have had them. Concurrent reapers are safe: each dead row is deleted by one of them.
+    The caller passes ``reap_after`` only once its own heartbeats have succeeded for that
+    long, so pumps that were all cut off together (PostgreSQL down) do not reap each
+    other when it returns. Returns the endpoints of the released deliveries.
+    """
+    with unit_of_work() as session:
+        conn = session.connection()
+        conn.execute(_HEARTBEAT, {"id": worker, "hostname": hostname[:255], "pid": pid})
+        if reap_after is None:
+            return []
+        dead = [str(d) for d in conn.execute(_REAP, {"id": worker, "stale": reap_after}).scalars()]
+        return _release(conn, dead) if dead else []
+
+
+def leave(worker: uuid.UUID) -> list[uuid.UUID]:
+    """Remove a stopping pump's row and make the deliveries it still holds due now (their endpoints)."""
+    with unit_of_work() as session:
+        conn = session.connection()
+        conn.execute(_LEAVE, {"id": worker})
+        return _release(conn, [str(worker)])
+
+
+def _release(conn, workers: list[str]) -> list[uuid.UUID]:
+    rows = conn.execute(_RELEASE, {"ids": workers, "unknown": OUTCOME_UNKNOWN}).all()
+    if rows:
+        conn.execute(_UNKNOWN, {"ids": [str(r.id) for r in rows], "unknown": OUTCOME_UNKNOWN, "in_flight": IN_FLIGHT})
+        log.warning("released %d deliveries of stopped workers", len(rows), extra={"workers": workers})
+    return sorted({r.endpoint_id for r in rows})

@@ -144,9 +144,17 @@ def update_endpoint(agent: Agent, endpoint_id: str, changes: dict[str, Any]) -> 
 
 
 def delete_endpoint(agent: Agent, endpoint_id: str) -> None:
-    """Delete an endpoint and its delivery log."""
+    """Delete an endpoint and its delivery log (its deliveries cascade; their attempts, which
+    have no foreign key since migration 0009, are deleted here, in-flight ones included)."""
     with unit_of_work() as session:
-        session.delete(_own_endpoint(session, agent, endpoint_id, lock=True))
+        endpoint = _own_endpoint(session, agent, endpoint_id, lock=True)
+        session.execute(_DELETE_ATTEMPTS, {"id": endpoint.id})
+        session.delete(endpoint)
+
+
+_DELETE_ATTEMPTS = text(
+    "DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM webhook_deliveries WHERE endpoint_id = :id)"
+)
 
 
 def rotate_secret(agent: Agent, endpoint_id: str) -> dict:
@@ -272,14 +280,7 @@ def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
 
 def pending_events(limit: int = 200, older_than_seconds: float = 2.0) -> list[uuid.UUID]:
     """Events committed but never fanned out (lost enqueue), oldest first."""
-    return list(
-        db.session.scalars(
-            select(Event.id)
-            .where(Event.fanned_out_at.is_(None), Event.created_at < func.now() - timedelta(seconds=older_than_seconds))
-            .order_by(Event.created_at)
-            .limit(limit)
-        )
-    )
+    return delivery.pending_events(db.session, limit, older_than_seconds)
 
 
 def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
