@@ -285,6 +285,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         if relay_env == "production":
             raise ConfigError("RELAY_SECRET_KEY is required when RELAY_ENV=production")
         secret = DEV_SECRET_KEY
+    beat, stale = seconds(env, "RELAY_WORKER_HEARTBEAT"), seconds(env, "RELAY_WORKER_STALE")
+    if stale < 2 * beat:
+        # A worker one late heartbeat behind would be called dead and its attempts sent twice.
+        raise ConfigError(
+            f"RELAY_WORKER_STALE must be at least twice RELAY_WORKER_HEARTBEAT ({beat:g} s), got {stale:g}"
+        )
     return Settings(
         database_url=normalize_database_url(db),
         redis_url=redis_url,
@@ -322,8 +328,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         database_pool_url=normalize_database_url(pool_url, "DATABASE_CONNECTION_POOL_URL") if pool_url else "",
         db_prepare=_prepare(env, pooled=bool(pool_url)),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
-        worker_heartbeat=seconds(env, "RELAY_WORKER_HEARTBEAT"),
-        worker_stale=seconds(env, "RELAY_WORKER_STALE"),
+        worker_heartbeat=beat,
+        worker_stale=stale,
         log_level=_log_level(env),
         metrics_token=env.get("RELAY_METRICS_TOKEN", ""),
         public_url=_public_url(env),

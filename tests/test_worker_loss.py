@@ -83,9 +83,9 @@ def test_a_killed_workers_delivery_is_sent_again_after_its_heartbeat_stops_and_l
             # The attempt is in the delivery log before the receiver has answered it.
             rows = _query(shared_database, "SELECT status_code, error FROM webhook_attempts")
             assert rows == [(None, IN_FLIGHT)], rows
-            claimed = _query(
-                shared_database, "SELECT count(*) FROM webhook_deliveries WHERE claimed_by IS NOT NULL"
-            )[0][0]
+            claimed = _query(shared_database, "SELECT count(*) FROM webhook_deliveries WHERE claimed_by IS NOT NULL")[
+                0
+            ][0]
             assert claimed == 1, "the claim does not name its worker"
 
             worker = stack.proc("worker")
@@ -111,3 +111,11 @@ def test_a_killed_workers_delivery_is_sent_again_after_its_heartbeat_stops_and_l
             print(json.dumps({"sent_again_after_kill_s": round(after, 2)}))
     finally:
         rx.close()
+
+
+@pytest.mark.parametrize(("name", "raw"), [("RELAY_WORKER_STALE", "1"), ("RELAY_WORKER_HEARTBEAT", "0")])
+def test_a_stale_period_too_short_for_the_heartbeat_is_refused_naming_it(name, raw):
+    from relay.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=name):
+        load_settings({"DATABASE_URL": "postgresql://p@127.0.0.1/d", "REDIS_URL": "redis://x", name: raw})
