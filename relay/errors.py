@@ -146,8 +146,10 @@ def invalid(field: str, reason: str) -> RelayError:
 
 
 # SQLSTATE classes about the connection or the server, not the statement: 08 connection
-# exception, 53 insufficient resources, 57P operator intervention (shutdown, crash).
-_CONNECTION_SQLSTATES = ("08", "53", "57P")
+# exception, 53 insufficient resources, 57P operator intervention (shutdown, crash), and
+# 25006 read_only_sql_transaction: a write reached a standby, which during a failover (the
+# pooler not yet repointed at the promoted server) is an outage to retry, not a bug.
+_CONNECTION_SQLSTATES = ("08", "53", "57P", "25006")
 
 
 #: Seconds a 503 (database unreachable, pool exhausted) tells the client to wait (Retry-After).

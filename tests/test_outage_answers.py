@@ -264,3 +264,21 @@ def test_an_append_a_batch_a_feed_read_and_readyz_cut_anywhere_are_503(cut_app, 
             assert ready.get_json()["checks"]["database"].startswith("failed"), ready.get_json()
     assert 503 in statuses and set(statuses) <= {200, 503}, statuses
     assert client.get("/readyz").status_code == 200
+
+
+def test_a_write_refused_by_a_read_only_server_is_an_outage(database_url):
+    """A standby answering a write (a failover under way) is retryable, like a lost connection."""
+    import psycopg2
+
+    from relay.errors import is_connection_error
+
+    conn = connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+            with pytest.raises(psycopg2.Error) as refused:
+                cur.execute("CREATE TABLE never_made (id int)")
+    finally:
+        conn.close()
+    assert refused.value.pgcode == "25006"
+    assert is_connection_error(refused.value)
