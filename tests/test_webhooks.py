@@ -682,6 +682,24 @@ def test_broker_down_send_succeeds_and_sweep_delivers_once(
     assert got[0].header("webhook-id") == "evt_" + format_ulid(uuid.UUID(rows[0][0]))
 
 
+def test_a_lost_enqueue_is_fanned_out_by_a_running_pumps_poll(app, client, agents, rx, sql, app_down, celery_app):
+    """Issue 28: after Redis returns (or while it is away), an event whose enqueue was lost
+    goes out on a pump's next poll (about 2 s), with no task and no outbox sweep."""
+    from workers import delivery as pumps
+
+    hook = create_hook(client, BOB, agents[BOB], rx.url())
+    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("lost")})
+    assert "result" in body, body
+    with app.app_context():
+        pumps.pump_for(app)  # as a worker starts it; nothing is handed to it
+    try:
+        got = rx.wait_for(1, timeout=5)
+        wait_delivery(client, BOB, agents[BOB], hook["id"], "succeeded")
+    finally:
+        pumps.stop_pumps(celery_app)
+    assert verify(hook["secret"], got[0])["data"]["id"] == body["result"]["message_id"]
+
+
 # --------------------------------------------------------------------------- C12 / SSRF
 
 REFUSED_URLS = [  # (url, what the refusal must say)
