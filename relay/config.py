@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -235,6 +236,11 @@ class Settings:
         """The most PostgreSQL connections one process's pool opens: pool size plus overflow."""
         return self.db_pool_size + self.db_max_overflow
 
+    def _connect_args(self) -> dict:
+        if "connect_timeout=" in self.app_database_url.partition("?")[2]:
+            return {}
+        return {"connect_timeout": max(2, math.ceil(self.db_pool_timeout))}
+
     def flask_config(self) -> dict:
         """Return the Flask/extension config keys derived from these settings."""
         return {
@@ -246,6 +252,11 @@ class Settings:
                 "pool_size": self.db_pool_size,
                 "max_overflow": self.db_max_overflow,
                 "pool_timeout": self.db_pool_timeout,
+                # A new connection waits no longer than a pooled one would: a server or pooler
+                # that accepts TCP but never answers (a frozen PgBouncer) is then a 503, not a
+                # request thread blocked for good. libpq counts whole seconds, at least 2.
+                # A connect_timeout in the URL's query wins.
+                "connect_args": self._connect_args(),
             },
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
             "RATELIMIT_STORAGE_URI": self.redis_url,

@@ -276,3 +276,65 @@ def test_a_connection_cut_mid_request_answers_503_not_500(app, database_url, ali
     assert resp.headers["Retry-After"] == "1"
     # The next call gets a fresh connection and succeeds.
     assert client.get(feed(bob[0]), headers=bearer(bob[1])).status_code == 200
+
+
+def test_the_pooler_keeps_answering_after_thousands_of_logins(server_urls):
+    """relay.ops.pooler: PgBouncer logs every login; its log must never block it (a full stderr
+    pipe froze the pooled CI pass for good after a few hundred connections)."""
+    import psycopg2
+
+    from relay.ops.pooler import Pooler
+
+    pooler = Pooler(server_urls[0])
+    try:
+        for _ in range(2000):
+            psycopg2.connect(
+                host="127.0.0.1", port=pooler.port, user=pooler.user, dbname="postgres", connect_timeout=5
+            ).close()
+        assert "login attempt" in pooler.log()
+    finally:
+        pooler.stop()
+
+
+def test_a_database_that_accepts_but_never_answers_is_a_503_within_the_connect_timeout(
+    base_env, celery_app, redis_url, alice
+):
+    """config.Settings: a new connection waits at most ceil(RELAY_DB_POOL_TIMEOUT) s (2 s at
+    least) for the server's answer, so a frozen server or pooler is a 503, not a hung thread."""
+    import socket
+    import threading
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def hold() -> None:  # accept each connection and say nothing; let go after 20 s so a
+        while True:  # relay without the timeout fails this test instead of hanging the suite
+            try:
+                conn, _ = silent.accept()
+            except OSError:
+                return
+            held.append(conn)
+            threading.Timer(20, conn.close).start()
+
+    threading.Thread(target=hold, daemon=True).start()
+    name = "DATABASE_CONNECTION_POOL_URL" if base_env.get("DATABASE_CONNECTION_POOL_URL") else "DATABASE_URL"
+    try:
+        with extra_app(
+            base_env,
+            celery_app,
+            redis_url,
+            RELAY_DB_POOL_TIMEOUT="1",
+            **{name: f"postgresql://postgres@127.0.0.1:{port}/relay"},
+        ) as other:
+            started = time.monotonic()
+            resp = other.test_client().get(feed(alice[0]), headers=bearer(alice[1]))
+            waited = time.monotonic() - started
+    finally:
+        silent.close()
+        for conn in held:
+            conn.close()
+    assert resp.status_code == 503, resp.get_data(as_text=True)
+    assert resp.headers["Retry-After"] == "1"
+    assert waited < 15, f"waited {waited:.1f} s"  # libpq's 2 s per attempt, not until the server lets go

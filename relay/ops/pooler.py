@@ -89,12 +89,15 @@ class Pooler:
             for name in ("userlist.txt", "pgbouncer.ini"):
                 os.chmod(self.dir / name, 0o644)
             argv += ["-u", run_as]
-        self.proc = subprocess.Popen(
-            [*argv, str(self.dir / "pgbouncer.ini")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # PgBouncer copies every log line to stderr; a pipe nobody reads fills after a few hundred
+        # connections and then blocks its single thread for good, so stderr goes to a file too.
+        with open(self.dir / "stderr.log", "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [*argv, str(self.dir / "pgbouncer.ini")],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
@@ -115,9 +118,12 @@ class Pooler:
         raise PoolerError(f"pgbouncer did not answer within {timeout:g} s ({last}): {self.log()[-2000:]}")
 
     def log(self) -> str:
-        """PgBouncer's log so far (its file, then what it printed)."""
-        path = self.dir / "pgbouncer.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        """PgBouncer's log so far: its log file, or what it printed before it opened one."""
+        for name in ("pgbouncer.log", "stderr.log"):
+            path = self.dir / name
+            if path.exists() and (text := path.read_text(errors="replace")):
+                return text
+        return ""
 
     def url(self, database_url: str) -> str:
         """``database_url`` (direct) with the pooler's host and port: the same database, pooled."""
