@@ -49,12 +49,13 @@ class LiveStack:
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
         self.base = f"http://127.0.0.1:{env['PORT']}"
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, env: dict | None = None) -> subprocess.Popen:
+        """Start the Procfile's ``name`` on the stack's environment (or ``env``, if given)."""
         log = self.logdir / f"{name}-{len(self.procs)}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", f"exec {PROCFILE[name]}"],
-                env=self.env,
+                env=self.env if env is None else env,
                 cwd=ROOT,
                 start_new_session=True,
                 stdout=out,
@@ -205,8 +206,10 @@ _WORKERS: dict[str, list[str]] = {}
 
 
 @contextmanager
-def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator[str]:
+def live_relay(base_env: dict, *, worker: bool = True, worker_env: dict | None = None, **extra: str) -> Iterator[str]:
     """Run gunicorn (and a Celery worker) on ``base_env``'s servers; yield the base URL.
+
+    ``worker_env`` overrides variables for the worker alone (say, its application_name).
 
     With ``worker=False`` the stack's after-commit tasks go to the broker of the newest
     running stack (on the same database) that has a worker, so they are still done;
@@ -240,7 +243,7 @@ def live_relay(base_env: dict, *, worker: bool = True, **extra: str) -> Iterator
         cleanup.callback(stack.stop_all)
         stack.start("web")
         if worker:
-            stack.start("worker")
+            stack.start("worker", {**env, **worker_env} if worker_env else None)
             _WORKERS.setdefault(database, []).append(broker)
             cleanup.callback(_WORKERS[database].remove, broker)
         stack.wait_healthy()

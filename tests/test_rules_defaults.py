@@ -47,7 +47,12 @@ def test_production_defaults_from_only_the_server_urls():
     assert (s.streams_per_agent, s.stream_heartbeat) == (10, 15.0)
     # Issue 27: the Procfile's default deploy fits a 20-connection database; direct, prepared.
     assert (s.db_pool_size, s.db_max_overflow, s.db_pool_timeout) == (4, 1, 5.0)
-    assert s.flask_config()["SQLALCHEMY_ENGINE_OPTIONS"] == {"pool_size": 4, "max_overflow": 1, "pool_timeout": 5.0}
+    assert s.flask_config()["SQLALCHEMY_ENGINE_OPTIONS"] == {
+        "pool_size": 4,
+        "max_overflow": 1,
+        "pool_timeout": 5.0,
+        "connect_args": {"connect_timeout": 5},  # a new connection waits as long as a pooled one
+    }
     assert (s.database_pool_url, s.db_prepare) == ("", True)
 
 
@@ -98,3 +103,14 @@ def test_feed_of_60_messages_returns_50_by_default(app, client, alice, bob):
     page = resp.get_json()
     assert len(page["items"]) == 50
     assert page["next_cursor"] is not None
+
+
+def test_a_connect_timeout_in_the_url_wins_over_the_pool_timeout():
+    env = {"DATABASE_URL": "postgresql://u@db.example:5432/relay?connect_timeout=17", "REDIS_URL": "redis://c:6379/0"}
+    assert load_settings(env).flask_config()["SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"] == {}
+    env = {
+        "DATABASE_URL": "postgresql://u@db.example/relay",
+        "REDIS_URL": "redis://c:6379/0",
+        "RELAY_DB_POOL_TIMEOUT": "0.3",
+    }
+    assert load_settings(env).flask_config()["SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"] == {"connect_timeout": 2}

@@ -29,9 +29,17 @@ APP_NAME = "relay-live-streams"
 @pytest.fixture(scope="module")
 def live(base_env):
     env = with_application_name(base_env, APP_NAME)  # so the tests can count the relay's own connections
+    worker_env = with_application_name(base_env, f"{APP_NAME}-worker")
     with (
         claimed_redis_db(base_env["REDIS_URL"]) as broker,
-        live_relay(env, RELAY_STREAM_HEARTBEAT=HEARTBEAT, RELAY_STREAMS_PER_AGENT=str(CAP), REDIS_URL=broker) as base,
+        live_relay(
+            env,
+            # The worker's own connections (its pump, its tasks) are not the web's: counted apart.
+            worker_env={k: v for k, v in worker_env.items() if k.startswith("DATABASE")},
+            RELAY_STREAM_HEARTBEAT=HEARTBEAT,
+            RELAY_STREAMS_PER_AGENT=str(CAP),
+            REDIS_URL=broker,
+        ) as base,
     ):
         LIVE_REDIS[:] = [broker]
         yield base
@@ -427,7 +435,7 @@ def test_waiters_get_their_messages_after_postgresql_drops_every_connection(app,
     # What a restart looks like from the relay: every connection it holds is cut. Behind the
     # pooler those are the pooler's server connections (all but the one this query runs on).
     if pooler is None:
-        whose, params = "application_name = :n", {"n": APP_NAME}
+        whose, params = "application_name LIKE :n", {"n": f"{APP_NAME}%"}  # web and worker
     else:
         servers = [row["remote_pid"] for row in pooler.admin("SHOW SERVERS")]
         whose, params = "pid = ANY(:pids) AND pid <> pg_backend_pid()", {"pids": servers}

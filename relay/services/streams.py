@@ -31,6 +31,9 @@ from relay.services import feed, wakeup
 STREAM_BATCH = 100
 # Seconds a client is told to wait when its agent holds RELAY_STREAMS_PER_AGENT waits already.
 RETRY_AFTER_SECONDS = 5
+# A wait asks whether its client has gone at least this often (seconds), so a closed stream's
+# slot is free again within about this long (issue 28: within 2 s of the disconnect).
+GONE_CHECK_SECONDS = 0.5
 
 
 def take_slot(identity: Agent) -> wakeup.Slot:
@@ -63,10 +66,20 @@ class Held:
     Creating it takes the slot (rate_limited past ``RELAY_STREAMS_PER_AGENT``) and
     registers the waiter for ``identity``'s wake-ups; :meth:`close` gives both back
     (calling it twice is harmless). :meth:`rounds` is the loop streams share.
+    ``client_gone`` (relay.transport.disconnect.probe) is asked every
+    :data:`GONE_CHECK_SECONDS` while it waits; once it answers True the wait ends.
     """
 
-    def __init__(self, identity: Agent, still_allowed: Callable[[], Any], waiter: wakeup.Waiter | None = None):
+    def __init__(
+        self,
+        identity: Agent,
+        still_allowed: Callable[[], Any],
+        waiter: wakeup.Waiter | None = None,
+        client_gone: Callable[[], bool] | None = None,
+    ):
         self.still_allowed = still_allowed
+        self.client_gone = client_gone
+        self.gone = False
         self.tick = current_app.config["RELAY"].stream_heartbeat
         self.listener = wakeup.listener()
         try:
@@ -83,6 +96,21 @@ class Held:
 
     def finished(self) -> bool:
         """True once the stream has said everything (a subclass's end, e.g. a terminal task)."""
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True if woken. Sets :attr:`gone` (and returns False)
+        as soon as the client is found to have left."""
+        if self.client_gone is None:
+            return self.waiter.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not (gone := self.client_gone()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.waiter.wait(min(remaining, GONE_CHECK_SECONDS)):
+                return True
+        self.gone = gone
         return False
 
     def rounds(self, read: Callable[[], tuple[list, bool]]) -> Iterator[Any]:
@@ -114,8 +142,10 @@ class Held:
             if again:
                 continue
             remaining = next_beat - time.monotonic()
-            if remaining > 0 and self.waiter.wait(remaining):
+            if remaining > 0 and self.wait(remaining):
                 continue
+            if self.gone:
+                return  # nobody to write to: the response closes and the slot goes back now
             next_beat = time.monotonic() + self.tick
             self.slot.refresh()
             try:
@@ -151,6 +181,7 @@ def wait_for_messages(
     cursor: tuple[datetime, uuid.UUID] | None = None,
     after: uuid.UUID | None = None,
     limit: int = 50,
+    client_gone: Callable[[], bool] | None = None,
     **filter_params: Any,
 ) -> dict[str, Any]:
     """The feed's ``wait``: :func:`feed.list_messages`'s arguments, answered as :func:`wait_for_page` does."""
@@ -163,6 +194,7 @@ def wait_for_messages(
         cursor=cursor,
         after=position,
         limit=limit,
+        client_gone=client_gone,
     )
 
 
@@ -172,6 +204,7 @@ def open_stream(
     still_allowed: Callable[[], Any],
     after: uuid.UUID | None = None,
     after_field: str = "after",
+    client_gone: Callable[[], bool] | None = None,
     **filter_params: Any,
 ) -> Stream:
     """A :class:`Stream` of the feed with :func:`feed.filters`' keywords, resuming after message ``after``.
@@ -180,7 +213,8 @@ def open_stream(
     message is not in the feed, rate_limited past ``RELAY_STREAMS_PER_AGENT``.
     """
     position = feed.position_of(identity, after, after_field) if after is not None else None
-    return Stream(identity, feed.filters(**filter_params), after=position, still_allowed=still_allowed)
+    flt = feed.filters(**filter_params)
+    return Stream(identity, flt, after=position, still_allowed=still_allowed, client_gone=client_gone)
 
 
 def wait_for_page(
@@ -192,6 +226,7 @@ def wait_for_page(
     cursor: tuple[datetime, uuid.UUID] | None = None,
     after: tuple[datetime, uuid.UUID] | None = None,
     limit: int = 50,
+    client_gone: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """One feed page, waiting up to ``wait`` seconds for it to hold a row (the feed's ``wait``).
 
@@ -200,7 +235,8 @@ def wait_for_page(
     runs out. ``still_allowed()`` re-authenticates the caller (it raises RelayError once
     the key is revoked or the agent disabled) after every wake-up. Raises rate_limited
     (``retry_after`` in details) past ``RELAY_STREAMS_PER_AGENT``, service_unavailable if
-    the database could not be read when the time ran out.
+    the database could not be read when the time ran out. A client found gone
+    (``client_gone``) ends the wait at once with the page read last.
     """
     deadline = time.monotonic() + wait
     # The waiter is registered before the first read, so a message committed after that
@@ -211,7 +247,7 @@ def wait_for_page(
         result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
         if result["items"]:
             return result
-        held = Held(identity, still_allowed, waiter=early)
+        held = Held(identity, still_allowed, waiter=early, client_gone=client_gone)
     except BaseException:
         listener.unregister(early)
         raise
@@ -224,7 +260,9 @@ def wait_for_page(
                 if failed:
                     raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
                 return result
-            held.waiter.wait(min(remaining, held.first_tick))
+            held.wait(min(remaining, held.first_tick))
+            if held.gone:
+                return result  # nobody reads it; the slot goes back now
             held.first_tick = held.tick
             held.slot.refresh()
             try:
@@ -257,8 +295,9 @@ class Stream(Held):
         *,
         after: tuple[datetime, uuid.UUID] | None,
         still_allowed: Callable[[], Any],
+        client_gone: Callable[[], bool] | None = None,
     ):
-        super().__init__(identity, still_allowed)
+        super().__init__(identity, still_allowed, client_gone=client_gone)
         self.identity, self.flt = identity, flt
         try:
             if after is None and flt.since is None:

@@ -85,8 +85,15 @@ class TaskStream(streams.Held):
     (always call it; calling it twice is harmless) gives the slot and the waiter back.
     """
 
-    def __init__(self, caller: Agent, peer: Agent, *, still_allowed: Callable[[], Any]):
-        super().__init__(caller, still_allowed)
+    def __init__(
+        self,
+        caller: Agent,
+        peer: Agent,
+        *,
+        still_allowed: Callable[[], Any],
+        client_gone: Callable[[], bool] | None = None,
+    ):
+        super().__init__(caller, still_allowed, client_gone=client_gone)
         self.caller, self.peer = caller, peer
         self.task_id: uuid.UUID | None = None
         self.first: dict | None = None

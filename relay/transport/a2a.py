@@ -46,7 +46,7 @@ from relay.schemas.a2a import (
 from relay.services import a2a_view as view
 from relay.services import agents, push, task_streams, threads
 from relay.services.agents import get_agent, normalize_handle
-from relay.transport import jsonrpc
+from relay.transport import disconnect, jsonrpc
 from relay.transport.auth import INVALID_KEY, bearer_token
 from relay.transport.jsonrpc import Dialect, Method, Streamed
 
@@ -206,6 +206,10 @@ def _still_allowed() -> Callable[[], None]:
     return check
 
 
+def _client_gone() -> Callable[[], bool] | None:
+    return disconnect.probe(request.environ)
+
+
 def _streamed(stream: task_streams.TaskStream, opening: Callable[[], Any]) -> Streamed:
     """Run ``opening`` (the send, the first read) with the stream's slot and waiter held; an
     error it raises gives them back and is the call's answer (no stream starts)."""
@@ -221,13 +225,13 @@ def _send_streaming(caller: Agent, peer: Agent, req: dict) -> Streamed:
     send = _sender(caller, peer, req)  # bad params are refused before a slot is taken
     history = (req.get("configuration") or {}).get("historyLength")
     # The slot and the waiter come before the send: nothing the recipient does after it is missed.
-    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed())
+    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed(), client_gone=_client_gone())
     return _streamed(stream, lambda: stream.open(send(), history_length=history))
 
 
 def _subscribe(caller: Agent, peer: Agent, req: dict) -> Streamed:
     task_id = shapes.task_id(req["id"], "id")
-    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed())
+    stream = task_streams.TaskStream(caller, peer, still_allowed=_still_allowed(), client_gone=_client_gone())
     return _streamed(stream, lambda: stream.open(task_id, subscribing=True))
 
 

@@ -23,6 +23,7 @@ from relay.encoding import dumps_bytes
 from relay.errors import RelayError, invalid
 from relay.schemas.rest import StreamQuery
 from relay.services import streams
+from relay.transport import disconnect
 from relay.transport.rest import bp, identity, load_query, still_allowed
 
 # How long an EventSource waits before reconnecting, in milliseconds (the SSE "retry" field).
@@ -61,7 +62,13 @@ def stream_messages(handle: str):
         params["after"], field = resume, "Last-Event-ID"
     else:
         field = "after"
-    opened = streams.open_stream(caller, still_allowed=still_allowed(handle), after_field=field, **params)
+    opened = streams.open_stream(
+        caller,
+        still_allowed=still_allowed(handle),
+        after_field=field,
+        client_gone=disconnect.probe(request.environ),
+        **params,
+    )
 
     def body():
         # Sent once the starting position is taken: from here on nothing is missed.

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from flask import request
+
 from relay.errors import invalid
 from relay.ids import parse_ulid
 from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBody
 from relay.services import feed, streams, threads
+from relay.transport import disconnect
 from relay.transport.rest import bp, identity, load_json, load_query, still_allowed
 
 # Schemas hold no request state: built once, not per request.
@@ -27,7 +30,9 @@ def list_messages(handle: str):
     wait = params.pop("wait", None)
     if wait is None:
         return feed.list_messages(caller, **params)
-    return streams.wait_for_messages(caller, wait=wait, still_allowed=still_allowed(handle), **params)
+    return streams.wait_for_messages(
+        caller, wait=wait, still_allowed=still_allowed(handle), client_gone=disconnect.probe(request.environ), **params
+    )
 
 
 @bp.get("/identities/<handle>/a2a/tasks")

@@ -1,0 +1,152 @@
+"""Stream slots are freed when the client goes, not at the next write (issue 28, Deliver 3).
+
+Against a live gunicorn + Celery worker whose heartbeat is 30 s, so a wait writes nothing
+for 30 s: a slot freed sooner was freed because the relay noticed the closed socket
+(relay/transport/disconnect.py). Each surface that holds a slot is tried: the REST SSE
+stream, the feed's long-poll and an A2A ``SendStreamingMessage``. The clients are raw
+sockets, so "closed" is a real FIN on the wire. Slots are counted where the relay keeps
+them (its Redis), and the cap is shown exact by what is admitted and refused afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import requests
+
+from tests.conftest import bearer, sql
+from tests.live import claimed_redis_db, live_relay
+
+CAP = 3  # RELAY_STREAMS_PER_AGENT for this module's relay
+HEARTBEAT = "30"  # seconds: far beyond the 2 s the slot must be back within
+FREED_WITHIN = 2.0  # seconds after the last close (issue 28)
+LIVE_REDIS: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def live(base_env):
+    with (
+        claimed_redis_db(base_env["REDIS_URL"]) as broker,
+        live_relay(
+            base_env, RELAY_STREAM_HEARTBEAT=HEARTBEAT, RELAY_STREAMS_PER_AGENT=str(CAP), REDIS_URL=broker
+        ) as base,
+    ):
+        LIVE_REDIS[:] = [broker]
+        yield base
+
+
+def slots_held(app, handle: str) -> int:
+    """How many waits and streams ``handle`` holds now (its unexpired slots in the relay's Redis)."""
+    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
+    client = redis.Redis.from_url(LIVE_REDIS[0])
+    try:
+        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
+    finally:
+        client.close()
+
+
+def _request(surface: str, handle: str, key: str, peer: str) -> tuple[str, str, dict | None]:
+    """``(method, path, json body)`` of one long-lived request on ``surface``."""
+    if surface == "sse":
+        return "GET", f"/api/v1/identities/{handle}/a2a/messages/stream", None
+    if surface == "long-poll":
+        return "GET", f"/api/v1/identities/{handle}/a2a/messages?wait=60", None
+    message = {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": "held open"}]}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": message}}
+    return "POST", f"/a2a/agents/{peer}", body
+
+
+def open_raw(base: str, surface: str, handle: str, key: str, peer: str) -> socket.socket:
+    """Send one long-lived request on a raw socket and return the socket, its answer unread."""
+    url = urlsplit(base)
+    method, path, body = _request(surface, handle, key, peer)
+    payload = json.dumps(body).encode() if body is not None else b""
+    head = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {url.netloc}",
+        f"Authorization: Bearer {key}",
+        "A2A-Version: 1.0",
+        "Accept: text/event-stream",
+    ]
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    return sock
+
+
+def refused(base: str, surface: str, handle: str, key: str, peer: str) -> bool:
+    """Whether one more long-lived request is refused for the cap; the socket is closed after.
+
+    REST answers 429; the A2A binding answers HTTP 200 with an error whose symbol is ``rate_limited``.
+    """
+    sock = open_raw(base, surface, handle, key, peer)
+    try:
+        sock.settimeout(10 if surface != "long-poll" else 3)
+        try:
+            answer = sock.recv(65536)
+        except TimeoutError:
+            return False  # a long-poll admitted: it holds its answer back, a refusal is at once
+        status = int(answer.split(b" ", 2)[1])
+        if surface == "a2a" and status == 200:
+            while b"\r\n\r\n" not in answer or answer.endswith(b"\r\n\r\n"):
+                answer += sock.recv(65536)  # the head, then the first event or the error body
+            return b'"symbol":"rate_limited"' in answer
+        return status == 429
+    finally:
+        sock.close()
+
+
+def wait_for_slots(app, handle: str, want: int, within: float) -> float:
+    """Seconds until ``handle`` holds ``want`` slots; fails naming the count if not within ``within``."""
+    started = time.monotonic()
+    while (held := slots_held(app, handle)) != want:
+        assert time.monotonic() - started < within, f"{handle} still holds {held} slots, not {want}, after {within} s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("surface", ["sse", "long-poll", "a2a"])
+def test_a_closed_wait_gives_its_slot_back_within_two_seconds(app, live, make_agent, surface):
+    handle, key = make_agent(f"slots-{surface}@acme")
+    peer, _ = make_agent(f"slots-peer-{surface}@acme")
+    held = [open_raw(live, surface, handle, key, peer) for _ in range(CAP)]
+    try:
+        wait_for_slots(app, handle, CAP, within=15)
+        assert refused(live, surface, handle, key, peer), "the cap admitted one too many"
+    finally:
+        for sock in held:
+            sock.close()
+    took = wait_for_slots(app, handle, 0, within=FREED_WITHIN)
+    # The cap is exact again: CAP admitted, then one refused.
+    again = [open_raw(live, surface, handle, key, peer) for _ in range(CAP)]
+    try:
+        wait_for_slots(app, handle, CAP, within=15)
+        assert refused(live, surface, handle, key, peer), "the cap admitted one too many after the reconnect"
+    finally:
+        for sock in again:
+            sock.close()
+    wait_for_slots(app, handle, 0, within=FREED_WITHIN)
+    print(f"{surface}: slots back {took:.2f} s after the close")
+
+
+def test_an_open_stream_keeps_its_slot_while_its_client_stays(app, live, make_agent):
+    """The probe peeks, never reads: a client that is still there is never taken for gone."""
+    handle, key = make_agent("slots-stays@acme")
+    resp = requests.get(
+        f"{live}/api/v1/identities/{handle}/a2a/messages/stream", headers=bearer(key), stream=True, timeout=10
+    )
+    try:
+        assert resp.status_code == 200
+        wait_for_slots(app, handle, 1, within=15)
+        time.sleep(3)  # six of the probe's checks
+        assert slots_held(app, handle) == 1
+    finally:
+        resp.close()
+    wait_for_slots(app, handle, 0, within=FREED_WITHIN)
