@@ -22,7 +22,10 @@ worker_class = "relay.transport.server.RelayWorker"
 worker_connections = _int("WEB_CONNECTIONS", "1000")
 timeout = _int("GUNICORN_TIMEOUT", "30")
 graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", "20")
-keepalive = 5
+# Seconds an idle kept-alive connection waits for its next request. Longer than the idle
+# timeouts in front of it (AWS ALB and nginx 60 s, Heroku's router 55 s) so those close
+# first: a proxy that reuses a connection the server closed at the same moment answers 502.
+keepalive = _int("GUNICORN_KEEPALIVE", "75")
 # Behind Heroku's router (or any proxy) set FORWARDED_ALLOW_IPS='*' so X-Forwarded-* is trusted.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # The app writes one JSON line per request (relay.request); gunicorn's own access log
