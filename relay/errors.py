@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg2
-from sqlalchemy.exc import DBAPIError, ResourceClosedError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError, ResourceClosedError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 # Bounds on what one invalid_params error shows, so a bad body of a few hundred KB (a list
@@ -157,8 +157,10 @@ UNAVAILABLE_RETRY_AFTER = 1
 
 #: What a database outage raises: a driver error, wrapped by SQLAlchemy or raw from a hot
 #: path's DBAPI cursor (is_connection_error tells which are outages), a session whose
-#: connection was closed under it, or the pool's timeout when no connection came free.
-DATABASE_ERRORS = (DBAPIError, psycopg2.Error, ResourceClosedError, PoolTimeout)
+#: connection was closed under it (ResourceClosedError, an InvalidRequestError), a pool
+#: whose every reconnection on checkout failed, or the pool's timeout when no connection
+#: came free.
+DATABASE_ERRORS = (DBAPIError, psycopg2.Error, InvalidRequestError, PoolTimeout)
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -169,13 +171,17 @@ def is_connection_error(exc: BaseException) -> bool:
     SQLSTATE (class 08, 53 or 57P), or it is an OperationalError with no SQLSTATE at all
     (refused, reset, timed out before the server answered), or an InterfaceError or a
     closed session connection (it was cut mid-request: a killed backend, a restarted
-    pooler), or the process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT``
+    pooler), or a checkout whose reconnections all failed their ping (SQLAlchemy's "This
+    connection is closed": a pooler that takes logins but reaches no server, as in a
+    failover before the repoint), or the process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT``
     (issue 27: the budget is full, which a client should meet as a retryable 503, not a 500).
     """
     if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, ResourceClosedError):
         return "connection" in str(exc).lower()
+    if isinstance(exc, InvalidRequestError):
+        return str(exc) == "This connection is closed"  # pool/base.py: reconnection attempts exhausted
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True

@@ -338,3 +338,62 @@ def test_a_database_that_accepts_but_never_answers_is_a_503_within_the_connect_t
     assert resp.status_code == 503, resp.get_data(as_text=True)
     assert resp.headers["Retry-After"] == "1"
     assert waited < 15, f"waited {waited:.1f} s"  # libpq's 2 s per attempt, not until the server lets go
+
+
+def test_a_pooler_that_reaches_no_server_is_a_503_and_the_repoint_is_taken_up(
+    base_env, celery_app, redis_url, database_url, alice
+):
+    """A pooler whose server is gone (a failover before the repoint) is an outage (503), not a
+    500; once the pooler points at a live server the same app answers again, with no restart."""
+    from sqlalchemy.engine import make_url
+
+    from relay.ops.embedded import free_port
+    from relay.ops.pooler import Pooler
+
+    direct = make_url(database_url)
+    pooler = Pooler(database_url, query_wait_timeout=1)  # each ping waits 1 s for a server, then fails
+    try:
+        with extra_app(base_env, celery_app, redis_url, DATABASE_CONNECTION_POOL_URL=pooler.url(database_url)) as other:
+            client = other.test_client()
+            assert client.get(feed(alice[0]), headers=bearer(alice[1])).status_code == 200  # params cached
+            pooler.repoint(free_port(), [direct.database])  # nothing listens there
+            pooler.admin("RECONNECT")  # its server connections go, as a crashed primary's would
+            gone = client.get(feed(alice[0]), headers=bearer(alice[1]))
+            rpc = client.post(
+                "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}}, headers=bearer(alice[1])
+            )
+            pooler.repoint(direct.port or 5432, [direct.database])
+            back = client.get(feed(alice[0]), headers=bearer(alice[1]))
+    finally:
+        pooler.stop()
+    assert gone.status_code == 503, gone.get_data(as_text=True)
+    assert gone.headers["Retry-After"] == "1"
+    assert rpc.status_code == 503, rpc.get_data(as_text=True)
+    assert rpc.get_json()["error"]["data"]["symbol"] == "service_unavailable"
+    assert back.status_code == 200, back.get_data(as_text=True)
+
+
+def test_a_checkout_whose_every_reconnection_fails_its_ping_is_an_outage(database_url):
+    """errors.is_connection_error: when each reconnection on checkout fails the ping too (the
+    bench's failover drill met it: PgBouncer took logins while its server was gone),
+    SQLAlchemy gives up with InvalidRequestError "This connection is closed"; that is an
+    outage to answer 503, and DATABASE_ERRORS catches it."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy import exc as sa_exc
+
+    from relay.config import normalize_database_url
+    from relay.errors import DATABASE_ERRORS, is_connection_error
+
+    engine = create_engine(normalize_database_url(database_url), pool_size=1, max_overflow=0)
+
+    @event.listens_for(engine, "checkout")
+    def _no_server(dbapi_connection, record, proxy):
+        raise sa_exc.DisconnectionError("the pooler reached no server")
+
+    try:
+        with pytest.raises(DATABASE_ERRORS) as info:
+            engine.connect()
+    finally:
+        engine.dispose()
+    assert type(info.value) is sa_exc.InvalidRequestError and str(info.value) == "This connection is closed"
+    assert is_connection_error(info.value)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import psycopg2
@@ -44,10 +45,14 @@ def _run_as() -> str | None:
 class Pooler:
     """One running PgBouncer: :meth:`url` turns a direct database URL into the pooled one."""
 
-    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000):
+    def __init__(
+        self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000, query_wait_timeout: int = 10
+    ):
         """Start PgBouncer for ``server_url``'s server (TCP host and port), waiting until it answers.
 
         ``pool_size`` is its ``default_pool_size``: server connections per database and user.
+        ``query_wait_timeout`` (seconds) is how long a query may wait for a server connection
+        before PgBouncer fails it (120 s by default there, longer than any client waits).
         Raises PoolerError when the binary is missing or it does not answer within 10 s.
         """
         binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None)
@@ -72,6 +77,10 @@ class Pooler:
                     "auth_type = trust",
                     f"auth_file = {self.dir / 'userlist.txt'}",
                     "pool_mode = transaction",
+                    # After a failed server login PgBouncer waits this long before the next
+                    # (15 s by default): a failover's new primary would sit unused that long.
+                    "server_login_retry = 1",
+                    f"query_wait_timeout = {query_wait_timeout}",
                     f"default_pool_size = {pool_size}",
                     f"max_client_conn = {max_client_conn}",
                     f"admin_users = {user}",
@@ -143,6 +152,20 @@ class Pooler:
                 return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         finally:
             conn.close()
+
+    def repoint(self, port: int, databases: Iterable[str], host: str = "127.0.0.1") -> None:
+        """Send ``databases`` (and any other, through ``*``) to the server at ``host:port`` (a failover's last step).
+
+        Rewrites the ini's ``[databases]`` and RELOADs: transactions under way finish where
+        they are, new ones go to the new server. The databases clients already use are named
+        one by one: an entry PgBouncer made from ``*`` keeps its old server across a RELOAD.
+        """
+        ini = self.dir / "pgbouncer.ini"
+        text = ini.read_text().splitlines()
+        head, rest = text[: text.index("[databases]") + 1], text[text.index("[pgbouncer]") :]
+        entries = [f"{name} = host={host} port={port} dbname={name}" for name in databases]
+        ini.write_text("\n".join([*head, *entries, f"* = host={host} port={port}", *rest]) + "\n")
+        self.admin("RELOAD")
 
     def stop(self) -> None:
         """Stop PgBouncer (SIGINT: a safe shutdown) and remove its folder."""
