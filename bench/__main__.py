@@ -1,5 +1,5 @@
 """``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
-``pools-probe``, ``nodes``, ``retention``., ``nodes``.
+``pools-probe``, ``nodes``, ``retention``, ``faults [--quick] [--only S] [--failover]``.
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
   direct or through PgBouncer; pool 4+1 against the old 15+5), each against one bare ceiling.
@@ -7,6 +7,8 @@
 - ``budget``: PostgreSQL connections one default deploy (web, worker, beat) holds under a burst of 40 clients.
 - ``retention``: a retention pass (partition drop) against the equivalent DELETE, and the hot queries.
 - ``nodes``: two full stacks through one PgBouncer: send throughput, webhooks, wake-ups across nodes, CPU, connections.
+- ``faults``: Redis and PostgreSQL stopped and crashed, workers killed, a failover to a standby, under load;
+  invariants (nothing lost or duplicated, every webhook and attempt logged) and recovery times (bench/faults.py).
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -144,6 +146,24 @@ def main() -> None:
     ret_p.add_argument("--days", type=int, default=30, help="days of delivery log before the expired ones (30)")
     ret_p.add_argument("--per-day", type=int, default=10_000, help="events a day, one delivery and attempt each")
     ret_p.add_argument("--queries", type=int, default=200, help="timed calls per query and phase (200)")
+    faults_p = sub.add_parser(
+        "faults",
+        parents=[common],
+        help="the stack under steady sends while servers and processes are broken; invariants and recovery times",
+    )
+    faults_p.add_argument(
+        "--quick", "--short", action="store_true", help="CI's preset: the five faults in one run, then the failover"
+    )
+    faults_p.add_argument(
+        "--only",
+        help="scenarios, comma-separated: redis,pg-stop,gunicorn,celery,pg-crash,all,failover-sync,failover-async",
+    )
+    faults_p.add_argument("--failover", action="store_true", help="only the two failover drills")
+    faults_p.add_argument("--rate", type=float, help="sends/s (default 30; 10 with --quick)")
+    faults_p.add_argument("--outage", type=float, help="seconds each server stays down (default 5; 2 with --quick)")
+    faults_p.add_argument("--settle", type=float, help="seconds between faults (default 20; 6 with --quick)")
+    faults_p.add_argument("--drain-timeout", type=float, help="seconds to wait for every webhook after the load")
+    faults_p.add_argument("--logs", metavar="DIR", help="keep each scenario's process logs here")
     args = parser.parse_args()
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
@@ -238,6 +258,12 @@ def main() -> None:
         results = {**hostile(args.duration, args.slow, args.hostile_agents), "commit": git_commit()}
         print_hostile(results)
         name = f"{results['date'][:10]}-{results['commit']}-hostile.json"
+    elif args.command == "faults":
+        from bench.faults import faults, print_faults
+
+        results = faults(args)
+        print_faults(results)
+        name = f"{results['date'][:10]}-{results['commit']}-faults{'-quick' if args.quick else ''}.json"
     elif args.command == "webhooks":
         from bench.webhooks import print_webhooks, webhooks
 
@@ -270,6 +296,8 @@ def main() -> None:
     path = folder / name
     path.write_text(json.dumps(results, indent=2, default=str))
     print(f"results written to {path}")
+    if args.command == "faults" and not results["ok"]:
+        raise SystemExit(1)  # an invariant failed: the results file says which
 
 
 if __name__ == "__main__":
