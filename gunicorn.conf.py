@@ -2,30 +2,32 @@
 
 import os
 
+from relay.config import ConfigError, web_integer
 
-def _int(name: str, default: str) -> int:
-    raw = os.environ.get(name) or default
-    if not raw.isdigit() or int(raw) < 1:
+
+def _int(name: str) -> int:
+    try:
+        return web_integer(os.environ, name)
+    except ConfigError as exc:
         # One line naming the variable, not a traceback; gunicorn stops.
-        raise SystemExit(f"relay: configuration error: {name} must be a positive integer, got {raw!r}")
-    return int(raw)
+        raise SystemExit(f"relay: configuration error: {exc}") from None
 
 
-bind = f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT', '8000')}"
-workers = _int("WEB_CONCURRENCY", "2")
+bind = f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT')}"
+workers = _int("WEB_CONCURRENCY")
 # gevent with header, body and idle deadlines: a slow client holds a greenlet, not a
 # process (relay/transport/server.py; RELAY_HEADER_TIMEOUT, RELAY_BODY_TIMEOUT,
 # RELAY_CLIENT_IDLE_TIMEOUT). Feed waits and streams hold a greenlet each too: `python -m
 # bench wake` held 500 at 105 MiB a worker, and gthread with 300 threads took more CPU and
 # memory for the same wake latency (README, Performance).
 worker_class = "relay.transport.server.RelayWorker"
-worker_connections = _int("WEB_CONNECTIONS", "1000")
-timeout = _int("GUNICORN_TIMEOUT", "30")
-graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", "20")
+worker_connections = _int("WEB_CONNECTIONS")
+timeout = _int("GUNICORN_TIMEOUT")
+graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT")
 # Seconds an idle kept-alive connection waits for its next request. Longer than the idle
 # timeouts in front of it (AWS ALB and nginx 60 s, Heroku's router 55 s) so those close
 # first: a proxy that reuses a connection the server closed at the same moment answers 502.
-keepalive = _int("GUNICORN_KEEPALIVE", "75")
+keepalive = _int("GUNICORN_KEEPALIVE")
 # Behind Heroku's router (or any proxy) set FORWARDED_ALLOW_IPS='*' so X-Forwarded-* is trusted.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # The app writes one JSON line per request (relay.request); gunicorn's own access log

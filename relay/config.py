@@ -402,6 +402,29 @@ class Budget:
         return out + [f"total   {self.total} connections"]
 
 
+#: gunicorn.conf.py's whole-number settings and their defaults: read there, checked by
+#: ``relay config check`` and ``relay up`` too, so a bad one is one line before anything starts.
+WEB_INTEGERS = {
+    "PORT": "8000",
+    "WEB_CONCURRENCY": "2",
+    "WEB_CONNECTIONS": "1000",
+    "GUNICORN_TIMEOUT": "30",
+    "GUNICORN_GRACEFUL_TIMEOUT": "20",
+    "GUNICORN_KEEPALIVE": "75",
+}
+
+
+def web_integer(env: Mapping[str, str], name: str) -> int:
+    """``env[name]`` (else its :data:`WEB_INTEGERS` default) as a positive integer.
+
+    Raises ConfigError naming ``name`` when it is not one.
+    """
+    raw = env.get(name) or WEB_INTEGERS[name]
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def connection_budget(
     settings: Settings, env: Mapping[str, str], *, web_dynos: int = 1, worker_dynos: int = 1
 ) -> Budget:
@@ -409,8 +432,6 @@ def connection_budget(
 
     Raises ConfigError naming WEB_CONCURRENCY when it is not a positive integer.
     """
-    raw = env.get("WEB_CONCURRENCY") or "2"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"WEB_CONCURRENCY must be a positive integer, got {raw!r}")
+    web = web_integer(env, "WEB_CONCURRENCY")
     each = settings.connections_per_process
-    return Budget({"web": (web_dynos * int(raw), each), "worker": (worker_dynos, each), "beat": (1, 0)})
+    return Budget({"web": (web_dynos * web, each), "worker": (worker_dynos, each), "beat": (1, 0)})

@@ -282,3 +282,35 @@ def test_a_write_refused_by_a_read_only_server_is_an_outage(database_url):
         conn.close()
     assert refused.value.pgcode == "25006"
     assert is_connection_error(refused.value)
+
+
+@pytest.fixture
+def down_app(base_env, celery_app, redis_url):
+    """An app whose database URL names a port nothing listens on: every statement fails."""
+    import socket as _socket
+
+    probe = _socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    name = "DATABASE_CONNECTION_POOL_URL" if base_env.get("DATABASE_CONNECTION_POOL_URL") else "DATABASE_URL"
+    with extra_app(base_env, celery_app, redis_url, **{name: f"postgresql://postgres@127.0.0.1:{port}/relay"}) as other:
+        yield other
+
+
+def test_every_json_rpc_endpoint_answers_an_outage_as_json_rpc(down_app, alice, bob):
+    """With PostgreSQL down for the whole request, both JSON-RPC endpoints answer 503 with a
+    JSON-RPC envelope (the request's id, -32603 service_unavailable), never the REST shape."""
+    client = down_app.test_client()
+    message = {"messageId": "m-down", "role": "ROLE_USER", "parts": [{"text": "while it is down"}]}
+    v1 = client.post(
+        f"/a2a/agents/{bob[0]}",
+        json={"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}},
+        headers={**bearer(alice[1]), "A2A-Version": "1.0"},
+    )
+    seed = client.post("/a2a", json={**_send(bob[0], "while it is down", "k-down"), "id": 8}, headers=bearer(alice[1]))
+    for resp, id_ in ((v1, 7), (seed, 8)):
+        assert resp.status_code == 503, resp.get_data(as_text=True)
+        assert resp.headers["Retry-After"] == "1"
+        doc = resp.get_json()
+        assert doc["jsonrpc"] == "2.0" and doc["id"] == id_, doc
+        assert _symbol(doc) == "service_unavailable", doc

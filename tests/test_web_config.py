@@ -45,7 +45,7 @@ def test_a_bad_timeout_stops_the_web_server_with_one_line(base_env, name, raw):
 
 
 # WEB_CONCURRENCY is read by gunicorn itself before any config file runs (its own default).
-@pytest.mark.parametrize("name", ["WEB_CONNECTIONS", "PORT", "GUNICORN_TIMEOUT"])
+@pytest.mark.parametrize("name", ["WEB_CONNECTIONS", "PORT", "GUNICORN_TIMEOUT", "GUNICORN_KEEPALIVE"])
 def test_a_bad_integer_in_gunicorn_conf_is_one_line_not_a_traceback(base_env, name):
     done = _gunicorn(base_env, **{name: "zero"})
     assert done.returncode != 0
@@ -62,6 +62,23 @@ def test_config_check_refuses_a_bad_timeout(base_env):
         timeout=60,
     )
     assert done.returncode == 1 and "RELAY_BODY_TIMEOUT" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["GUNICORN_KEEPALIVE", "WEB_CONNECTIONS", "PORT", "GUNICORN_GRACEFUL_TIMEOUT"])
+@pytest.mark.parametrize("command", [["config", "check"], ["up"]])
+def test_config_check_and_relay_up_refuse_a_bad_web_integer_in_one_line(base_env, tmp_path, name, command):
+    """relay.config.web_integer: what gunicorn.conf.py would refuse after relay up's banner
+    (or a traceback, for PORT) is refused first, in one line, and nothing starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", *command],
+        env={**base_env, "RELAY_HOME": str(tmp_path / "home"), name: "abc"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == f"error: {name} must be a positive integer, got 'abc'"
+    assert "serving" not in done.stdout
 
 
 def test_a_second_relay_up_on_one_relay_home_is_refused(base_env, tmp_path):

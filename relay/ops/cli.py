@@ -119,12 +119,13 @@ def config_check(web_dynos: int, worker_dynos: int) -> None:
 
     from sqlalchemy.engine import make_url
 
-    from relay.config import connection_budget, load_settings
+    from relay.config import WEB_INTEGERS, connection_budget, load_settings, web_integer
 
     env = _effective_env()
     try:
         settings = load_settings(env)
         budget = connection_budget(settings, env, web_dynos=web_dynos, worker_dynos=worker_dynos)
+        web = {name: web_integer(env, name) for name in WEB_INTEGERS}
     except ConfigError as exc:
         _fail(str(exc))
     for field in dataclasses.fields(settings):
@@ -138,6 +139,8 @@ def config_check(web_dynos: int, worker_dynos: int) -> None:
         elif isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
         click.echo(f"{field.name:<26} {value}")
+    for name, value in web.items():  # gunicorn.conf.py's
+        click.echo(f"{name:<26} {value}")
     pooled = bool(settings.database_pool_url)
     click.echo("release (migrations)       DATABASE_URL (direct)")
     click.echo(
@@ -442,13 +445,21 @@ def retention_run(as_json: bool) -> None:
 
 
 @main.command("up")
-@click.option("--port", type=int, default=lambda: int(os.environ.get("PORT", "8000")), show_default="8000 or $PORT")
-def up(port: int) -> None:
+@click.option("--port", type=click.IntRange(min=1), default=None, show_default="8000 or $PORT")
+def up(port: int | None) -> None:
     """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset."""
     from honcho.environ import parse_procfile
     from honcho.manager import Manager
 
-    from relay.config import normalize_database_url
+    from relay.config import WEB_INTEGERS, normalize_database_url, web_integer
+
+    try:  # gunicorn's settings, checked before anything starts (it would only stop after the banner)
+        for name in WEB_INTEGERS:
+            web_integer(os.environ, name)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if port is None:
+        port = web_integer(os.environ, "PORT")
     from relay.ops import embedded
     from relay.ops.migrate import upgrade
 

@@ -29,7 +29,8 @@ from typing import Any
 from flask import Blueprint, Response, current_app, request
 from packaging.version import InvalidVersion, Version
 
-from relay.errors import RelayError
+from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
+from relay.extensions import db
 from relay.models import Agent
 from relay.schemas import a2a as shapes
 from relay.schemas.a2a import (
@@ -419,7 +420,19 @@ def agent_rpc(handle: str) -> Response:
     """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
     # A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
     # service), but its senders still read and cancel the tasks they gave it.
-    peer = _peer(handle, disabled_ok=True)
+    try:
+        peer = _peer(handle, disabled_ok=True)
+    except DATABASE_ERRORS as exc:
+        if not is_connection_error(exc):
+            raise
+        # The recipient could not be read: an outage, answered as this endpoint answers
+        # everything (a JSON-RPC error), not in the REST shape of the app's catch-all.
+        try:
+            db.session.rollback()
+        except Exception:  # the connection itself is gone; the pool replaces it
+            pass
+        unavailable = RelayError("service_unavailable", "the database is unavailable; retry shortly")
+        return jsonrpc.relay_error_response(ERRORS_ONLY, unavailable, unavailable.http_status)
     if peer is None:
         return jsonrpc.relay_error_response(
             ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404
