@@ -421,12 +421,13 @@ VARIANTS = {
     "prepare1-direct": ("RELAY_DB_PREPARE=1, direct connections, pool 4+1 (the new defaults)", {"RELAY_DB_PREPARE": "1"}, False),
     "prepare0-direct": ("RELAY_DB_PREPARE=0, direct connections, pool 4+1", {"RELAY_DB_PREPARE": "0"}, False),
     "prepare0-pooled": ("RELAY_DB_PREPARE=0 through PgBouncer 1.18 (transaction mode), pool 4+1", {"RELAY_DB_PREPARE": "0"}, True),
-    "pool-4-1": ("RELAY_DB_POOL_SIZE=4, RELAY_DB_MAX_OVERFLOW=1 (new defaults), direct, prepare on", {}, False),
+    "pool-4-1": ("RELAY_DB_POOL_SIZE=4, RELAY_DB_MAX_OVERFLOW=1 (the defaults until 2026-12-03), direct, prepare on", {"RELAY_DB_POOL_SIZE": "4", "RELAY_DB_MAX_OVERFLOW": "1"}, False),
     "pool-15-5": ("RELAY_DB_POOL_SIZE=15, RELAY_DB_MAX_OVERFLOW=5 (old defaults), direct, prepare on", {"RELAY_DB_POOL_SIZE": "15", "RELAY_DB_MAX_OVERFLOW": "5"}, False),
+    "pool-5-0": ("RELAY_DB_POOL_SIZE=5, RELAY_DB_MAX_OVERFLOW=0 (the defaults: the same 5 a process as 4 + 1, all kept open), direct, prepare on", {}, False),
 }  # fmt: skip
 VARIANT_SETS = {
     "prepare": ["prepare1-direct", "prepare0-direct", "prepare0-pooled"],
-    "pools": ["pool-4-1", "pool-15-5"],
+    "pools": ["pool-5-0", "pool-15-5", "pool-4-1"],
     "all": ["prepare1-direct", "prepare0-direct", "prepare0-pooled", "pool-15-5"],
 }
 COMPARE_PATHS = ["send_create", "tasks_get", "tasks_list", "feed"]

@@ -45,8 +45,8 @@ DEFAULTS: dict[str, str] = {
     "RELAY_STREAMS_PER_AGENT": "10",
     "RELAY_WORKER_HEARTBEAT": "1",
     "RELAY_WORKER_STALE": "5",
-    "RELAY_DB_POOL_SIZE": "4",
-    "RELAY_DB_MAX_OVERFLOW": "1",
+    "RELAY_DB_POOL_SIZE": "5",
+    "RELAY_DB_MAX_OVERFLOW": "0",
     "RELAY_DB_POOL_TIMEOUT": "5",
     "RELAY_DB_PREPARE": "auto",
     "RELAY_STREAM_HEARTBEAT": "15",
@@ -200,8 +200,10 @@ class Settings:
     # Retry-After. Small by default (issue 27): the Procfile's web (WEB_CONCURRENCY=2),
     # worker and beat must fit a 20-connection database; a gevent worker's requests each
     # hold a connection only between checkout and teardown, and waiters hold none.
-    db_pool_size: int = 4
-    db_max_overflow: int = 1
+    # 5 + 0 rather than 4 + 1: the same 5 a process, but kept open; at 4 + 1 message/send
+    # ran at 0.83x of 5 + 0 (python -m bench modes, 2026-12-03; docs/decisions.md).
+    db_pool_size: int = 5
+    db_max_overflow: int = 0
     db_pool_timeout: float = 5.0
     # The pooler's URL (Heroku's DATABASE_CONNECTION_POOL_URL) when set: web, worker and
     # beat reach PostgreSQL through it; migrations use database_url, the direct one.

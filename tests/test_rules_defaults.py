@@ -46,10 +46,10 @@ def test_production_defaults_from_only_the_server_urls():
     # Issue 14: waits and streams, and the pool that keeps their bursts off new backends.
     assert (s.streams_per_agent, s.stream_heartbeat) == (10, 15.0)
     # Issue 27: the Procfile's default deploy fits a 20-connection database; direct, prepared.
-    assert (s.db_pool_size, s.db_max_overflow, s.db_pool_timeout) == (4, 1, 5.0)
+    assert (s.db_pool_size, s.db_max_overflow, s.db_pool_timeout) == (5, 0, 5.0)
     assert s.flask_config()["SQLALCHEMY_ENGINE_OPTIONS"] == {
-        "pool_size": 4,
-        "max_overflow": 1,
+        "pool_size": 5,
+        "max_overflow": 0,
         "pool_timeout": 5.0,
         "connect_args": {"connect_timeout": 5},  # a new connection waits as long as a pooled one
     }

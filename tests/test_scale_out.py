@@ -69,7 +69,7 @@ def test_the_default_deploy_fits_twenty_connections(base_env, tmp_path):
     proc = _config_check(env)
     assert proc.returncode == 0, proc.stderr
     budget = _budget(proc.stdout)
-    # The Procfile's default: two gunicorn workers, one Celery worker, beat; 4 + 1 each.
+    # The Procfile's default: two gunicorn workers, one Celery worker, beat; 5 + 0 each.
     assert budget["web"] == (2, 5, 10)
     assert budget["worker"] == (1, 5, 5)
     assert budget["beat"] == (1, 0, 0)
