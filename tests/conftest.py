@@ -11,6 +11,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -506,6 +507,19 @@ def alice(make_agent):
 def bob(make_agent):
     """``bob@acme`` (backend): ``(handle, api_key)``."""
     return make_agent("bob@acme", name="Bob", role="backend")
+
+
+def slots_in(app, redis_url: str, handle: str) -> int:
+    """How many waits and streams ``handle`` holds now in the Redis at ``redis_url`` (its unexpired
+    slots, services/wakeup.Slot), across every web process of the relay using it."""
+    import redis
+
+    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
+    finally:
+        client.close()
 
 
 def sql(app, statement: str, **params):

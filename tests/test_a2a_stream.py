@@ -14,7 +14,6 @@ import asyncio
 import json
 import queue
 import threading
-import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import UnsupportedOperationError
 
-from tests.conftest import bearer, connections_named, sql, wait_until, with_application_name
+from tests.conftest import bearer, connections_named, slots_in, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -106,14 +105,7 @@ def open_task(base: str, handle: str, key: str, text: str = "please adopt the ne
 
 def slots_held(app, handle: str) -> int:
     """How many waits and streams ``handle`` holds now, across web processes (its slots in Redis)."""
-    import redis
-
-    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
-    client = redis.Redis.from_url(LIVE_REDIS[0])
-    try:
-        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
-    finally:
-        client.close()
+    return slots_in(app, LIVE_REDIS[0], handle)
 
 
 @dataclass

@@ -17,10 +17,9 @@ import uuid
 from urllib.parse import urlsplit
 
 import pytest
-import redis
 import requests
 
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, slots_in
 from tests.live import claimed_redis_db, live_relay
 
 CAP = 3  # RELAY_STREAMS_PER_AGENT for this module's relay
@@ -43,12 +42,7 @@ def live(base_env):
 
 def slots_held(app, handle: str) -> int:
     """How many waits and streams ``handle`` holds now (its unexpired slots in the relay's Redis)."""
-    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
-    client = redis.Redis.from_url(LIVE_REDIS[0])
-    try:
-        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
-    finally:
-        client.close()
+    return slots_in(app, LIVE_REDIS[0], handle)
 
 
 def _request(surface: str, handle: str, key: str, peer: str) -> tuple[str, str, dict | None]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
 import requests
 
 from relay.ops.embedded import free_port
-from tests.conftest import bearer, connections_named, sql, wait_until, with_application_name
+from tests.conftest import bearer, connections_named, slots_in, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 from tests.sse import SSE
 
@@ -98,14 +97,7 @@ class Poll(threading.Thread):
 
 def slots_held(app, handle: str) -> int:
     """How many waits and streams ``handle`` holds now, across web processes (its slots in Redis)."""
-    import redis
-
-    agent_id = sql(app, "SELECT id FROM agents WHERE handle = :h", h=handle)[0][0]
-    client = redis.Redis.from_url(LIVE_REDIS[0])
-    try:
-        return client.zcount(f"relay:waits:{uuid.UUID(str(agent_id)).hex}", time.time(), "+inf")
-    finally:
-        client.close()
+    return slots_in(app, LIVE_REDIS[0], handle)
 
 
 @pytest.fixture
