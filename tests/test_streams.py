@@ -388,6 +388,27 @@ class Boom(Exception):
     pass
 
 
+def test_a_wake_up_that_lands_as_a_wait_times_out_is_kept_for_the_next_wait():
+    from relay.services import wakeup
+
+    class LateWake(threading.Event):
+        """The wake-up arrives just after the wait's timeout, before the wait returns."""
+
+        def wait(self, timeout=None):
+            woken = super().wait(timeout)
+            if not woken and not getattr(self, "fired", False):
+                self.fired = True
+                self.set()
+            return woken
+
+    waiter = wakeup.Waiter((uuid.uuid4(),))
+    waiter._event = LateWake()
+    assert not waiter.wait(0.01), "nothing had woken it yet"
+    # A stream waiting in slices goes straight into its next slice: it must see that wake-up.
+    assert waiter.wait(0.01), "the wake-up that came as the first wait timed out was lost"
+    assert not waiter.wait(0.01), "a wake-up is handed to one wait, not kept for ever"
+
+
 def test_a_rolled_back_write_wakes_nobody(app, make_agent):
     from relay.services import threads, wakeup
     from relay.services.agents import get_agent
