@@ -102,6 +102,15 @@ class Generation(db.Model):
     value: Mapped[int] = mapped_column(BigInteger)
 
 
+class Floor(db.Model):
+    """The oldest ``created_at`` a pending row of a partitioned queue can have (migration 0011)."""
+
+    __tablename__ = "relay_floors"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    floor: Mapped[datetime] = mapped_column(TZ)
+
+
 class RelayWorker(db.Model):
     """A running webhook pump (one per worker process) and its last heartbeat (migration 0010)."""
 

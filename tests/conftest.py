@@ -364,10 +364,13 @@ def _children_first(cur, names: list[str]) -> list[str]:
 def _empty_tables(database_url: str) -> None:
     """Empty every table of the session's database (its schema and Alembic's version stay)."""
     with _admin_conn(database_url).cursor() as cur:
-        # relay_generations is schema state, like alembic_version (migration 0006).
+        # relay_generations is schema state, like alembic_version (migration 0006); so are
+        # relay_floors' rows (0011), set back to what the migration wrote: a test's rows
+        # may be of any age, and a floor raised by an earlier test's pass would hide them.
+        cur.execute("UPDATE relay_floors SET floor = '-infinity'")
         cur.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-            " AND tablename NOT IN ('alembic_version', 'relay_generations')"
+            " AND tablename NOT IN ('alembic_version', 'relay_generations', 'relay_floors')"
         )
         names = sorted(r[0] for r in cur.fetchall())
         if not names:

@@ -8,9 +8,11 @@ pass run "as of" a later time sees today's partitions as old.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -59,7 +61,7 @@ def _names(app, table: str) -> list[str]:
 class Log:
     """Rows written straight into the log tables, at chosen times."""
 
-    def __init__(self, app):
+    def __init__(self, app, events: str = "[]"):
         self.app = app
         self.agent = uuid.uuid4()
         self.endpoint = uuid.uuid4()
@@ -67,9 +69,10 @@ class Log:
         q(
             app,
             "INSERT INTO webhook_endpoints (id, agent_id, url, description, events, enabled, secret_encrypted)"
-            " VALUES (:e, :a, 'http://127.0.0.1:9/', '', '[]', true, 'x')",
+            " VALUES (:e, :a, 'http://127.0.0.1:9/', '', CAST(:events AS jsonb), true, 'x')",
             e=self.endpoint,
             a=self.agent,
+            events=events,
         )
 
     def delivery(self, at: datetime, status: str, thread=None) -> uuid.UUID:
@@ -420,3 +423,185 @@ def test_beat_schedules_retention_hourly_and_a_worker_start_queues_one_pass():
 
     queue_retention_pass(sender=_Consumer())
     assert sent == ["workers.tasks.retention"]
+
+
+# --------------------------------------------------------------------------- pending floors
+
+
+def _floor(app, name: str = "webhook_deliveries") -> datetime:
+    return q(app, "SELECT floor FROM relay_floors WHERE name = :n", n=name)[0][0]
+
+
+def _raise(app) -> None:
+    from relay.services import delivery
+
+    with app.app_context():
+        delivery.raise_floors()
+        db.session.remove()
+
+
+def test_a_pass_raises_each_floor_to_its_oldest_pending_row_at_most_a_day_back(private):
+    app = private
+    now = _db_now(app)
+    assert _floor(app) < now - timedelta(days=3650)  # as migrated: prunes nothing
+    log = Log(app)
+    old = log.delivery(now - timedelta(days=3), "pending")
+    log.delivery(now - timedelta(days=5), "succeeded")  # delivered: not a floor
+    q(
+        app,
+        "INSERT INTO events (id, type, agent_id, payload, created_at) VALUES (:id, 'message.created', :a, '{}', :at)",
+        id=uuid.uuid4(),
+        a=log.agent,
+        at=now - timedelta(days=2),
+    )
+    report = _pass(app, now).as_dict()
+    assert _floor(app) == now - timedelta(days=3)
+    assert _floor(app, "events") == now - timedelta(days=2)
+    assert report["floors"]["webhook_deliveries"] == (now - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    q(app, "UPDATE webhook_deliveries SET status = 'succeeded', next_attempt_at = NULL WHERE id = :d", d=old)
+    q(app, "UPDATE events SET fanned_out_at = now()")
+    _raise(app)
+    # Nothing pending: at most a day back, so a writer still in flight is above it.
+    for name in ("webhook_deliveries", "events"):
+        assert now - timedelta(days=1, minutes=5) < _floor(app, name) <= _db_now(app) - timedelta(days=1)
+
+
+def _claimed(app, endpoint) -> set:
+    from relay.services import delivery
+
+    with app.app_context():
+        found = {c.delivery_id for c in delivery.claim([endpoint], 10)}
+        db.session.remove()
+        return found
+
+
+def test_a_redriven_delivery_older_than_the_floor_is_claimed(private):
+    from relay.services import webhooks
+    from relay.services.agents import get_agent
+
+    app = private
+    log = Log(app)
+    failed = log.delivery(_db_now(app) - timedelta(days=3), "failed")
+    _raise(app)
+    assert _floor(app) > _db_now(app) - timedelta(days=2)  # above it: it was not pending
+    with app.app_context():
+        webhooks.redrive(get_agent("ret@x"), log.endpoint, failed)
+        db.session.remove()
+    assert _floor(app) <= _db_now(app) - timedelta(days=3)
+    assert _claimed(app, log.endpoint) == {failed}
+
+
+def test_a_recovered_old_event_is_claimed(private):
+    from relay.services import webhooks
+    from relay.services.agents import get_agent
+
+    app = private
+    log = Log(app, events='["message.created"]')
+    at = _db_now(app) - timedelta(days=3)
+    event = uuid.uuid4()
+    q(
+        app,
+        "INSERT INTO events (id, type, agent_id, payload, created_at, fanned_out_at)"
+        " VALUES (:id, 'message.created', :a, '{}', :at, :at)",
+        id=event,
+        a=log.agent,
+        at=at,
+    )
+    _raise(app)
+    with app.app_context():
+        assert webhooks.recover(get_agent("ret@x"), log.endpoint, at - timedelta(hours=1))["created"] == 1
+        db.session.remove()
+    assert len(_claimed(app, log.endpoint)) == 1
+
+
+def test_an_old_event_fanned_out_late_is_claimed_in_the_same_pump_cycle(private):
+    from relay.services import delivery
+
+    app = private
+    log = Log(app, events='["message.created"]')
+    at = _db_now(app) - timedelta(days=2)
+    q(
+        app,
+        "INSERT INTO events (id, type, agent_id, payload, created_at) VALUES (:id, 'message.created', :a, '{}', :at)",
+        id=uuid.uuid4(),
+        a=log.agent,
+        at=at,
+    )
+    _raise(app)  # the events' floor is the event's day; the deliveries' a day back
+    assert _floor(app) > at
+    with app.app_context():
+        prepared, _again = delivery.cycle([], [], set(), True, 10)
+        db.session.remove()
+    assert [p.claimed.endpoint_id for p in prepared] == [log.endpoint]
+    assert _floor(app) <= at
+
+
+def test_a_raise_waits_for_a_writer_lowering_the_floor_and_then_sees_its_row(private):
+    from relay.services import webhooks
+
+    app = private
+    log = Log(app)
+    old = _db_now(app) - timedelta(days=3)
+    failed = log.delivery(old, "failed")
+    _raise(app)
+    writer_lowered, commit = threading.Event(), threading.Event()
+    errors = []
+
+    def writer():
+        try:
+            with app.app_context():
+                from relay.services import unit_of_work
+
+                with unit_of_work() as session:
+                    webhooks._requeue(session, [failed])
+                    writer_lowered.set()
+                    assert commit.wait(20), "the test never let the writer commit"
+                db.session.remove()
+        except Exception as exc:  # noqa: BLE001 (reported by the test below)
+            errors.append(exc)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    assert writer_lowered.wait(20), "the writer did not requeue"
+    r = threading.Thread(target=_raise, args=(app,))
+    r.start()
+    # The raise is blocked on the floor's row lock while the writer is open.
+    deadline = time.monotonic() + 20
+    while not q(
+        app,
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        " AND query LIKE '%relay_floors%'",
+    ):
+        assert time.monotonic() < deadline, "the raise never waited for the writer's lock"
+        time.sleep(0.05)
+    commit.set()
+    w.join(20)
+    r.join(20)
+    assert not errors and not w.is_alive() and not r.is_alive()
+    assert _floor(app) <= old, "the raise moved the floor above a delivery made pending while it ran"
+    assert _claimed(app, log.endpoint) == {failed}
+
+
+def test_the_pump_plans_only_the_partitions_from_the_floor(private):
+    from relay.services import delivery
+
+    app = private
+    today = _midnight(_db_now(app))
+    # A deploy 10 days into daily partitions: the (empty) legacy one replaced by days.
+    q(app, "DROP TABLE webhook_deliveries_legacy")
+    for n in range(10, -1, -1):
+        day = today - n * DAY
+        q(
+            app,
+            f"CREATE TABLE webhook_deliveries_p{day:%Y%m%d} PARTITION OF webhook_deliveries"
+            f" FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + DAY).isoformat()}')",
+        )
+    total = len(_names(app, "webhook_deliveries"))
+    _raise(app)
+    params = {"eids": [str(uuid.uuid4())], "limits": [5], "floor": _floor(app)}
+    with app.app_context():
+        plan = "\n".join(r[0] for r in db.session.execute(text("EXPLAIN " + delivery._PICK_ANY.text), params).all())
+        db.session.remove()
+    planned = set(re.findall(r"\bwebhook_deliveries_p\d{8}\b(?!_)", plan))
+    # From yesterday (a day back) on; the nine days before it are not planned.
+    assert total >= 13 and len(planned) == total - 9, (total, sorted(planned))

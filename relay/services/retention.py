@@ -40,7 +40,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from relay.models import PARTITIONED
-from relay.services import unit_of_work
+from relay.services import delivery, unit_of_work
 
 log = logging.getLogger("relay.retention")
 
@@ -76,14 +76,17 @@ class PassReport:
     dropped: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     threads_deleted: int = 0
+    floors: dict[str, datetime] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        """``{"created": [name], "dropped": [name], "skipped": [{"name", "reason"}], "threads_deleted": n}``."""
+        """``{"created": [name], "dropped": [name], "skipped": [{"name", "reason"}], "threads_deleted": n,
+        "floors": {table: ISO 8601}}`` (the pending floors after the pass, relay/services/delivery.py)."""
         return {
             "created": self.created,
             "dropped": self.dropped,
             "skipped": self.skipped,
             "threads_deleted": self.threads_deleted,
+            "floors": {name: _iso(at) for name, at in self.floors.items()},
         }
 
 
@@ -323,10 +326,11 @@ def delete_closed_threads(now: datetime | None = None) -> int:
 
 
 def run_pass(now: datetime | None = None) -> PassReport:
-    """One retention pass: partitions ahead, expired partitions dropped, closed threads (opt-in)."""
+    """One retention pass: partitions ahead, expired partitions dropped, closed threads (opt-in), floors raised."""
     report = ensure_ahead(now)
     drop_expired(now, report)
     report.threads_deleted = delete_closed_threads(now)
+    report.floors = delivery.raise_floors()
     if report.created or report.dropped or report.skipped or report.threads_deleted:
         log.info(
             "retention: %d partitions created, %d dropped, %d skipped, %d closed threads deleted",
@@ -391,7 +395,7 @@ def status() -> dict:
 
 
 def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if at is None else at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # The first partition starts at MINVALUE: its oldest row is estimated from the planner's

@@ -288,7 +288,11 @@ def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
     return list(
         db.session.scalars(
             select(WebhookDelivery.id)
-            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= func.now())
+            .where(
+                WebhookDelivery.status == "pending",
+                WebhookDelivery.next_attempt_at <= func.now(),
+                WebhookDelivery.created_at >= delivery.floors(db.session).deliveries,
+            )
             .order_by(WebhookDelivery.next_attempt_at)
             .limit(limit)
         )
@@ -387,7 +391,7 @@ def redrive(agent: Agent, endpoint_id: str | uuid.UUID, delivery_id: str | uuid.
 
 
 def _requeue(session, delivery_ids) -> None:
-    session.execute(
+    created = session.scalars(
         update(WebhookDelivery)
         .where(WebhookDelivery.id.in_(delivery_ids))
         .values(
@@ -401,8 +405,10 @@ def _requeue(session, delivery_ids) -> None:
             leased_until=None,
             last_error=None,
         )
+        .returning(WebhookDelivery.created_at)
         .execution_options(synchronize_session=False)
-    )
+    ).all()
+    delivery.lower_floor(session, min(created, default=None))  # an old failed delivery is pending again
 
 
 # The events since T addressed to the endpoint's agent, of a type it subscribes to, that
@@ -420,7 +426,7 @@ _RECOVER_MISSING = text(
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = :endpoint)
     ORDER BY ev.created_at, ev.id
     ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
-    RETURNING id
+    RETURNING id, created_at
     """
 )
 
@@ -464,6 +470,7 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
                 "types": types,
             },
         ).all()
+        delivery.lower_floor(session, min((r.created_at for r in created), default=None))
         if failed or created:
             after_commit(_poke_pump)
     return {"requeued": len(failed), "created": len(created)}
