@@ -4,7 +4,8 @@ Two databases on the same server, filled with the same rows:
 
 - **partitioned**: migrated to head (0009), its first partition replaced by daily ones
   from ``--days`` + 3 days ago, as a deploy that has run 0009 that long has them;
-- **plain**: migrated to 0008, the same tables unpartitioned.
+- **plain**: migrated to 0008, the same tables unpartitioned, plus the columns and
+  tables the later migrations add besides partitions (``_plain_schema_since_0009``).
 
 Each gets ``--per-day`` events a day over that span (one delivery each, to one of 20
 endpoints, delivered, with one attempt; created by ``generate_series`` in SQL, not the
@@ -60,6 +61,24 @@ def _database(revision: str):
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def _plain_schema_since_0009(url: str) -> None:
+    """Give the plain (0008) database what the later migrations add besides partitions.
+
+    0010's ``claimed_by`` column (and its index) and 0011's floors, at ``-infinity``:
+    on plain tables there is nothing to prune, so the floor only filters.
+    """
+    conn, _ = harness._admin(url)
+    with conn.cursor() as cur:
+        cur.execute("ALTER TABLE webhook_deliveries ADD COLUMN claimed_by uuid")
+        cur.execute(
+            "CREATE INDEX ix_webhook_deliveries_claimed_by ON webhook_deliveries (claimed_by)"
+            " WHERE leased_until IS NOT NULL"
+        )
+        cur.execute("CREATE TABLE relay_floors (name text PRIMARY KEY, floor timestamptz NOT NULL)")
+        cur.execute("INSERT INTO relay_floors VALUES ('webhook_deliveries', '-infinity'), ('events', '-infinity')")
+    conn.close()
 
 
 def _daily_partitions(url: str, first_day: datetime) -> None:
@@ -309,6 +328,7 @@ def retention_bench(days: int, per_day: int, queries: int) -> dict:
     queue = f"relay-bench-retention-{secrets.token_hex(4)}"
     with _database("head") as part_url, _database("0008") as plain_url, _dropping_queue(queue):
         _daily_partitions(part_url, start)
+        _plain_schema_since_0009(plain_url)
         runs = {}
         for label, url in (("partitioned", part_url), ("plain", plain_url)):
             app = _app(url, queue)

@@ -440,7 +440,7 @@ def _raise(app) -> None:
         db.session.remove()
 
 
-def test_a_pass_raises_each_floor_to_its_oldest_pending_row_at_most_a_day_back(private):
+def test_a_pass_raises_each_floor_to_its_oldest_pending_row_at_most_raise_cap_back(private):
     app = private
     now = _db_now(app)
     assert _floor(app) < now - timedelta(days=3650)  # as migrated: prunes nothing
@@ -461,9 +461,11 @@ def test_a_pass_raises_each_floor_to_its_oldest_pending_row_at_most_a_day_back(p
     q(app, "UPDATE webhook_deliveries SET status = 'succeeded', next_attempt_at = NULL WHERE id = :d", d=old)
     q(app, "UPDATE events SET fanned_out_at = now()")
     _raise(app)
-    # Nothing pending: at most a day back, so a writer still in flight is above it.
+    # Nothing pending: RAISE_CAP back, so a writer still in flight is above it.
+    from relay.services.delivery import RAISE_CAP
+
     for name in ("webhook_deliveries", "events"):
-        assert now - timedelta(days=1, minutes=5) < _floor(app, name) <= _db_now(app) - timedelta(days=1)
+        assert now - RAISE_CAP - timedelta(minutes=5) < _floor(app, name) <= _db_now(app) - RAISE_CAP
 
 
 def _claimed(app, endpoint) -> set:
@@ -483,7 +485,7 @@ def test_a_redriven_delivery_older_than_the_floor_is_claimed(private):
     log = Log(app)
     failed = log.delivery(_db_now(app) - timedelta(days=3), "failed")
     _raise(app)
-    assert _floor(app) > _db_now(app) - timedelta(days=2)  # above it: it was not pending
+    assert _floor(app) > _db_now(app) - timedelta(days=1)  # above it: it was not pending
     with app.app_context():
         webhooks.redrive(get_agent("ret@x"), log.endpoint, failed)
         db.session.remove()
@@ -527,7 +529,7 @@ def test_an_old_event_fanned_out_late_is_claimed_in_the_same_pump_cycle(private)
         a=log.agent,
         at=at,
     )
-    _raise(app)  # the events' floor is the event's day; the deliveries' a day back
+    _raise(app)  # the events' floor is the event's time; the deliveries' RAISE_CAP back
     assert _floor(app) > at
     with app.app_context():
         prepared, _again = delivery.cycle([], [], set(), True, 10)
@@ -582,7 +584,7 @@ def test_a_raise_waits_for_a_writer_lowering_the_floor_and_then_sees_its_row(pri
     assert _claimed(app, log.endpoint) == {failed}
 
 
-def test_the_pump_plans_only_the_partitions_from_the_floor(private):
+def test_the_pump_plans_only_the_partitions_between_the_floor_and_the_ceiling(private):
     from relay.services import delivery
 
     app = private
@@ -596,12 +598,43 @@ def test_the_pump_plans_only_the_partitions_from_the_floor(private):
             f"CREATE TABLE webhook_deliveries_p{day:%Y%m%d} PARTITION OF webhook_deliveries"
             f" FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + DAY).isoformat()}')",
         )
-    total = len(_names(app, "webhook_deliveries"))
+    names = _names(app, "webhook_deliveries")
     _raise(app)
-    params = {"eids": [str(uuid.uuid4())], "limits": [5], "floor": _floor(app)}
     with app.app_context():
+        bounds = delivery.floors(db.session).of_deliveries()
+        params = {"eids": [str(uuid.uuid4())], "limits": [5], **bounds}
         plan = "\n".join(r[0] for r in db.session.execute(text("EXPLAIN " + delivery._PICK_ANY.text), params).all())
         db.session.remove()
     planned = set(re.findall(r"\bwebhook_deliveries_p\d{8}\b(?!_)", plan))
-    # From yesterday (a day back) on; the nine days before it are not planned.
-    assert total >= 13 and len(planned) == total - 9, (total, sorted(planned))
+    # Only the days that meet [floor, ceiling): today, and yesterday or tomorrow near midnight;
+    # not the ten days before, nor the days made ahead.
+    expected = set()
+    for name in names:
+        day = datetime.strptime(name.rsplit("_p", 1)[1], "%Y%m%d").replace(tzinfo=UTC)
+        if day < bounds["ceiling"] and day + DAY > bounds["floor"]:
+            expected.add(name)
+    assert len(names) >= 13 and 1 <= len(expected) <= 2 and planned == expected, (sorted(planned), sorted(expected))
+
+
+def test_a_delivery_log_page_reads_the_newest_day_first_and_then_the_rest_in_order(private):
+    from relay.services import webhooks
+    from relay.services.agents import get_agent
+
+    app = private
+    log = Log(app)
+    now = _db_now(app)
+    ats = [now - timedelta(hours=h) for h in (1, 30, 50, 80)]  # one inside the first window, three before it
+    ids = [log.delivery(at, "succeeded") for at in ats]
+
+    def page(limit, cursor=None):
+        with app.app_context():
+            got = webhooks.list_deliveries(get_agent("ret@x"), str(log.endpoint), limit, cursor)
+            db.session.remove()
+            return [uuid.UUID(i["id"]) for i in got["items"]], got["next_cursor"]
+
+    assert page(10) == (ids, None)
+    first, cursor = page(2)
+    assert first == ids[:2] and cursor is not None
+    # The second page starts a day before its cursor: again the window, then the rest.
+    assert page(2, (ats[1], ids[1]))[0] == ids[2:]
+    assert page(1, (ats[0], ids[0]))[0] == [ids[1]]

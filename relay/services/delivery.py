@@ -89,8 +89,11 @@ def event_id_text(event_id: uuid.UUID) -> str:
 # constant no pending row is older than (``relay_floors``, migration 0011), and only the
 # partitions from it on are planned.
 #
+# The other bound is a ceiling, the database's clock plus CEILING_MARGIN, read with the
+# floors: the days retention makes ahead hold nothing yet and are not planned either.
+#
 # The floor is raised by :func:`raise_floors` (every retention pass, hourly and at each
-# worker's start) to the oldest pending row, but never past a day before now. A writer
+# worker's start) to the oldest pending row, but never past RAISE_CAP before now. A writer
 # that makes a row pending lowers it first, in its own transaction, when the row is
 # older than LOWER_HORIZON (a fan-out of an old event, a redrive, a recover): it takes
 # the floor's row lock, which the raise takes before it looks, so a raise either sees
@@ -98,20 +101,35 @@ def event_id_text(event_id: uuid.UUID) -> str:
 # row needs no lock: it is above any floor a raise can set while it is in flight.
 
 DELIVERIES, EVENTS = "webhook_deliveries", "events"
-LOWER_HORIZON = timedelta(hours=12)
-RAISE_CAP = timedelta(days=1)  # the newest a floor can be: now minus this (> LOWER_HORIZON)
+LOWER_HORIZON = timedelta(hours=1)
+# The newest a floor can be: now minus this. Its lead over LOWER_HORIZON (5 hours) is
+# how long a writer that took no lock may stay in flight while a raise runs.
+RAISE_CAP = timedelta(hours=6)
 NO_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)  # a floor row is missing: prune nothing
+# The other bound: no row is newer than the database's clock when it was written, so
+# one read now plus this margin (longer than any pump transaction) bounds every row the
+# transaction can see, and the days ahead that retention makes in advance are not planned.
+CEILING_MARGIN = timedelta(minutes=10)
 
 
 @dataclass
 class Floors:
-    """The floors read at the start of a transaction (``created_at`` bounds, aware datetimes)."""
+    """The bounds read at the start of a transaction (``created_at``, aware datetimes)."""
 
     deliveries: datetime = NO_FLOOR
     events: datetime = NO_FLOOR
+    ceiling: datetime = datetime(9999, 1, 1, tzinfo=UTC)
+
+    def of_deliveries(self) -> dict[str, datetime]:
+        """The ``:floor`` and ``:ceiling`` parameters of a scan of pending deliveries."""
+        return {"floor": self.deliveries, "ceiling": self.ceiling}
+
+    def of_events(self) -> dict[str, datetime]:
+        """The ``:floor`` and ``:ceiling`` parameters of a scan of events not fanned out."""
+        return {"floor": self.events, "ceiling": self.ceiling}
 
 
-_FLOORS = text("SELECT name, floor FROM relay_floors")
+_FLOORS = text("SELECT name, floor, clock_timestamp() + CAST(:margin AS interval) AS ceiling FROM relay_floors")
 _LOWER = text("UPDATE relay_floors SET floor = least(floor, :t) WHERE name = :name RETURNING floor")
 _LOCK_FLOORS = text("SELECT name FROM relay_floors ORDER BY name FOR UPDATE")
 # A second statement after the lock: in READ COMMITTED it takes a new snapshot, so it sees
@@ -128,9 +146,12 @@ _RAISE = text(
 
 
 def floors(session) -> Floors:
-    """The current floors, read in ``session``'s transaction."""
-    found = dict(session.connection().execute(_FLOORS).tuples().all())
-    return Floors(found.get(DELIVERIES, NO_FLOOR), found.get(EVENTS, NO_FLOOR))
+    """The current floors and ceiling, read in ``session``'s transaction."""
+    rows = session.connection().execute(_FLOORS, {"margin": CEILING_MARGIN}).all()
+    if not rows:
+        return Floors()
+    found = {r.name: r.floor for r in rows}
+    return Floors(found.get(DELIVERIES, NO_FLOOR), found.get(EVENTS, NO_FLOOR), rows[0].ceiling)
 
 
 def lower_floor(session, oldest: datetime | None, current: Floors | None = None) -> None:
@@ -207,7 +228,7 @@ def _fan_out(session, event_ids, current: Floors | None = None) -> list[tuple[uu
 _PENDING_EVENTS = text(
     """
     SELECT id FROM events WHERE fanned_out_at IS NULL AND created_at < now() - make_interval(secs => :age)
-      AND created_at >= :floor
+      AND created_at >= :floor AND created_at < :ceiling
     ORDER BY created_at LIMIT :limit
     """
 )
@@ -217,14 +238,12 @@ POLL_PENDING_AGE = 1.0
 POLL_PENDING_LIMIT = 500
 
 
-def pending_events(session, limit: int, older_than_seconds: float, floor: datetime | None = None) -> list[uuid.UUID]:
+def pending_events(session, limit: int, older_than_seconds: float, current: Floors | None = None) -> list[uuid.UUID]:
     """Events committed at least ``older_than_seconds`` ago and never fanned out, oldest first.
 
-    ``floor``: the events' floor read in this transaction (None: read it now).
+    ``current``: the bounds read in this transaction (None: read them now).
     """
-    if floor is None:
-        floor = floors(session).events
-    params = {"age": older_than_seconds, "limit": limit, "floor": floor}
+    params = {"age": older_than_seconds, "limit": limit, **(current or floors(session)).of_events()}
     return list(session.connection().execute(_PENDING_EVENTS, params).scalars())
 
 
@@ -251,6 +270,7 @@ _CAPACITY = text(
         SELECT endpoint_id, count(*) AS n, bool_or(leased_until < now() + CAST(:lingering AS interval)) AS lingering
         FROM webhook_deliveries
         WHERE leased_until IS NOT NULL AND leased_until > now() AND status = 'pending' AND created_at >= :floor
+          AND created_at < :ceiling
         GROUP BY endpoint_id
     ), ep AS (
         SELECT e.id, a.org, coalesce(l.n, 0) AS busy,
@@ -268,7 +288,7 @@ _CAPACITY = text(
            ep.busy, ep.unproven, o.n AS org_busy, o.unproven_n AS org_unproven,
            (SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries d
                 WHERE d.endpoint_id = e.id AND d.status = 'pending' AND d.next_attempt_at <= now()
-                  AND d.created_at >= :floor
+                  AND d.created_at >= :floor AND d.created_at < :ceiling
                 LIMIT :cap) due) AS due
     FROM webhook_endpoints e JOIN agents a ON a.id = e.agent_id
     JOIN ep ON ep.id = e.id JOIN org_busy o ON o.org = ep.org
@@ -279,8 +299,11 @@ _CAPACITY = text(
 
 
 def _due(alias: str = "") -> str:
-    """Due and pending, at or above the deliveries' floor (``:floor``)."""
-    return f"{alias}status = 'pending' AND {alias}next_attempt_at <= now() AND {alias}created_at >= :floor"
+    """Due and pending, within the deliveries' bounds (``:floor``, ``:ceiling``)."""
+    return (
+        f"{alias}status = 'pending' AND {alias}next_attempt_at <= now()"
+        f" AND {alias}created_at >= :floor AND {alias}created_at < :ceiling"
+    )
 
 
 _DUE = _due()
@@ -358,7 +381,7 @@ def _claim(session, endpoint_ids, budget: int, only=None, worker=None, current: 
         return []
     s = _settings()
     session.connection().execute(_ADVISORY, {"k": _CLAIM_LOCK})
-    floor = (current or floors(session)).deliveries
+    bounds = (current or floors(session)).of_deliveries()
     lease = timedelta(seconds=s.webhook_timeout + 30)
     rows = (
         session.connection()
@@ -369,7 +392,7 @@ def _claim(session, endpoint_ids, budget: int, only=None, worker=None, current: 
                 "slow_ms": s.webhook_slow_ms,
                 "lingering": lease - timedelta(milliseconds=s.webhook_slow_ms),
                 "cap": s.webhook_endpoint_concurrency,
-                "floor": floor,
+                **bounds,
             },
         )
         .all()
@@ -399,16 +422,16 @@ def _claim(session, endpoint_ids, budget: int, only=None, worker=None, current: 
             org_free[r.org] -= take
             budget -= take
     if disabled:
-        session.connection().execute(_FAIL_DISABLED, {"ids": disabled, "floor": floor})
+        session.connection().execute(_FAIL_DISABLED, {"ids": disabled, **bounds})
     if held:
-        session.connection().execute(_HOLD, {"ids": held, "held": HELD, "floor": floor})
+        session.connection().execute(_HOLD, {"ids": held, "held": HELD, **bounds})
     if not limits:
         return []
     params: dict[str, Any] = {
         "eids": list(limits),
         "limits": list(limits.values()),
         "lease": lease,
-        "floor": floor,
+        **bounds,
     }
     if only is not None:
         params["only"] = [str(i) for i in only]
@@ -438,14 +461,13 @@ _WITH_DUE = text(
 )
 
 
-def endpoints_with_due(limit: int = 1000, floor: datetime | None = None) -> list[uuid.UUID]:
+def endpoints_with_due(limit: int = 1000, current: Floors | None = None) -> list[uuid.UUID]:
     """Endpoints that have a due delivery (retries, expired leases, work beyond a cap).
 
-    ``floor``: the deliveries' floor read in this transaction (None: read it now).
+    ``current``: the bounds read in this transaction (None: read them now).
     """
-    if floor is None:
-        floor = floors(db.session).deliveries
-    return list(db.session.connection().execute(_WITH_DUE, {"n": limit, "floor": floor}).scalars())
+    params = {"n": limit, **(current or floors(db.session)).of_deliveries()}
+    return list(db.session.connection().execute(_WITH_DUE, params).scalars())
 
 
 # --- prepare ------------------------------------------------------------------------------
@@ -632,7 +654,8 @@ _INSERT_ATTEMPTS = text(
     SELECT v.delivery_id, v.attempted_at, v.status_code, v.error, v.duration_ms
     FROM jsonb_to_recordset(CAST(:rows AS jsonb))
          AS v(delivery_id uuid, attempted_at timestamptz, status_code int, error text, duration_ms int)
-    WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = v.delivery_id AND d.created_at >= :floor)
+    WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = v.delivery_id
+        AND d.created_at >= :floor AND d.created_at < :ceiling)
     """
 )
 # The attempted_at list lets the planner prune to the partitions the rows are in.
@@ -657,7 +680,7 @@ _UPDATE_DELIVERIES = text(
     -- Only the attempt holding the current lease writes the row: one whose lease ran out
     -- (and was claimed again) must not overwrite its successor's.
     WHERE d.id = v.id AND d.status = 'pending' AND (v.lease IS NULL OR d.leased_until = v.lease)
-      AND d.created_at >= :floor
+      AND d.created_at >= :floor AND d.created_at < :ceiling
     RETURNING d.id
     """
 )
@@ -779,7 +802,7 @@ def _json_value(value):
 
 def _record(session, results, by_endpoint, verdicts, s, now, current: Floors | None = None) -> list[uuid.UUID]:
     conn = session.connection()
-    floor = (current or floors(session)).deliveries
+    bounds = (current or floors(session)).of_deliveries()
     # Lock the endpoints in id order: two recorders never wait on each other in a cycle.
     endpoints = [
         SimpleNamespace(**row._mapping) for row in conn.execute(_LOCK_ENDPOINTS, {"ids": [str(i) for i in by_endpoint]})
@@ -792,13 +815,13 @@ def _record(session, results, by_endpoint, verdicts, s, now, current: Floors | N
             for e in endpoints
         ]
         conn.execute(_UPDATE_ENDPOINTS, {"rows": json.dumps(health_rows)})
-    _write_attempts(conn, results, floor)
+    _write_attempts(conn, results, bounds)
     leases = {r.claimed.delivery_id: _lease_of(r.claimed) for r in results}
     rows = [{"id": str(d), "lease": leases.get(d), **v} for d, v in verdicts.items()]
-    return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows), "floor": floor}).scalars().all()
+    return conn.execute(_UPDATE_DELIVERIES, {"rows": json.dumps(rows), **bounds}).scalars().all()
 
 
-def _write_attempts(conn, results: list[Result], floor: datetime) -> None:
+def _write_attempts(conn, results: list[Result], bounds: dict[str, datetime]) -> None:
     """Complete the rows written before sending; insert one for a result that has none."""
     started = [r for r in results if r.attempt is not None]
     if started:
@@ -825,7 +848,7 @@ def _write_attempts(conn, results: list[Result], floor: datetime) -> None:
         if r.attempt is None
     ]
     if fresh:
-        conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(fresh), "floor": floor})
+        conn.execute(_INSERT_ATTEMPTS, {"rows": json.dumps(fresh), **bounds})
 
 
 def _log_attempts(results: list[Result]) -> None:
@@ -877,11 +900,11 @@ def cycle(
             _record(session, results, by_endpoint, verdicts, s, now, current)
             endpoints |= set(by_endpoint)
         if poll:
-            pending = pending_events(session, POLL_PENDING_LIMIT, POLL_PENDING_AGE, current.events)
+            pending = pending_events(session, POLL_PENDING_LIMIT, POLL_PENDING_AGE, current)
             event_ids = [*event_ids, *pending]
         endpoints |= {endpoint for _d, endpoint in _fan_out(session, event_ids, current)}
         if poll:
-            endpoints |= set(endpoints_with_due(floor=current.deliveries))
+            endpoints |= set(endpoints_with_due(current=current))
         claims = _claim(session, endpoints, budget, worker=worker, current=current) if endpoints else []
         prepared = _prepare(session, claims)
     if results:

@@ -189,6 +189,10 @@ def send_test(agent: Agent, endpoint_id: str) -> dict:
     return {"event_id": event_id_text(event.id), "type": TEST_EVENT}
 
 
+# The first window of a delivery log page: this long before its cursor (or now).
+LOG_WINDOW = timedelta(days=1)
+
+
 def list_deliveries(
     agent: Agent, endpoint_id: str, limit: int = 50, cursor: tuple[datetime, uuid.UUID] | None = None
 ) -> dict:
@@ -197,9 +201,15 @@ def list_deliveries(
     stmt = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint.id)
     if cursor is not None:
         stmt = stmt.where(tuple_(WebhookDelivery.created_at, WebhookDelivery.id) < tuple_(*cursor))
-    rows = list(
-        db.session.scalars(stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()).limit(limit + 1))
-    )
+    stmt = stmt.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
+    # The newest day first, then the rest: a busy endpoint's page is planned over the
+    # partitions of that day (and those made ahead), not over every day retention keeps.
+    # Every row of the first window is newer than every row of the second, so the order holds.
+    window = (cursor[0] if cursor is not None else datetime.now(UTC)) - LOG_WINDOW
+    rows = list(db.session.scalars(stmt.where(WebhookDelivery.created_at >= window).limit(limit + 1)))
+    if len(rows) <= limit:
+        older = stmt.where(WebhookDelivery.created_at < window).limit(limit + 1 - len(rows))
+        rows += db.session.scalars(older)
     # The events and attempts are read apart, by values PostgreSQL can prune the daily
     # partitions with (migration 0009): a join on the event id alone is planned over every
     # day's partition and hash-joins the whole outbox.
@@ -285,13 +295,15 @@ def pending_events(limit: int = 200, older_than_seconds: float = 2.0) -> list[uu
 
 def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
     """Pending deliveries whose next attempt is due (including leases that expired)."""
+    bounds = delivery.floors(db.session)
     return list(
         db.session.scalars(
             select(WebhookDelivery.id)
             .where(
                 WebhookDelivery.status == "pending",
                 WebhookDelivery.next_attempt_at <= func.now(),
-                WebhookDelivery.created_at >= delivery.floors(db.session).deliveries,
+                WebhookDelivery.created_at >= bounds.deliveries,
+                WebhookDelivery.created_at < bounds.ceiling,
             )
             .order_by(WebhookDelivery.next_attempt_at)
             .limit(limit)
