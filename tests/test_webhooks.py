@@ -19,6 +19,7 @@ import json
 import socket
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -548,6 +549,60 @@ def test_delivery_fails_after_the_last_attempt_of_the_schedule(client, agents, r
     assert len({r.header("webhook-id") for r in rx.requests()}) == 1
     record = get_hook(client, BOB, b, hook["id"])
     assert record["enabled"] is True and record["failing_since"] is not None
+
+
+def _ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@pytest.mark.parametrize(
+    "retry_after, least, most",
+    [
+        ("4", 3.5, 60),  # delay-seconds, above the schedule's 1 s
+        ("date+4", 3.0, 60),  # an HTTP-date 4 s ahead (counted from before the attempt)
+        ("3600", 4.5, 60),  # bounded by the schedule's longest wait, 5 s
+        ("date+3600", 4.5, 60),
+        ("soon", 0.5, 4.0),  # neither form: the schedule alone (1 s)
+    ],
+)
+def test_retry_after_in_either_form_sets_the_next_attempt_within_the_schedule(
+    client, agents, rx, settle, celery_worker, retry_after, least, most
+):
+    from email.utils import format_datetime
+
+    if retry_after.startswith("date+"):
+        ahead = timedelta(seconds=int(retry_after.removeprefix("date+")))
+        retry_after = format_datetime(datetime.now(UTC) + ahead, usegmt=True)
+    rx.program("/hook", [{"status": 503, "headers": {"Retry-After": retry_after}}], default=200)
+    b = agents[BOB]
+    hook = create_hook(client, BOB, b, rx.url())
+    create_thread(client, agents[ALICE], BOB)
+
+    def first_recorded():
+        items = deliveries(client, BOB, b, hook["id"])
+        return items if items and items[0]["attempts"] and items[0]["next_attempt_at"] else None
+
+    [delivery] = wait_until(first_recorded, what="the first attempt recorded")
+    # RELAY_WEBHOOK_SCHEDULE=0,1,2,5: the second attempt is 1 s after the first unless the receiver asks later.
+    wait = (_ts(delivery["next_attempt_at"]) - _ts(delivery["attempts"][0]["attempted_at"])).total_seconds()
+    assert least <= wait <= most, (retry_after, wait)
+    settle()
+
+
+def test_parse_retry_after_reads_seconds_and_dates():
+    from email.utils import format_datetime
+
+    from relay.services.outbound import parse_retry_after
+
+    now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("120", now) == 120
+    assert parse_retry_after(" 7 ", now) == 7
+    assert parse_retry_after(format_datetime(now + timedelta(seconds=9), usegmt=True), now) == 9
+    assert parse_retry_after("Thu, 03 Dec 2026 12:00:09 GMT", now) == 9
+    assert parse_retry_after("Thursday, 03-Dec-26 12:00:09 GMT", now) == 9  # RFC 850, obsolete but allowed
+    assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now) == 0
+    for bad in (None, "", "soon", "-5", "1.5", "Thu, 99 Foo 2026"):
+        assert parse_retry_after(bad, now) is None, bad
 
 
 def test_answer_slower_than_the_timeout_is_a_failed_attempt(client, agents, rx, settle, celery_worker):

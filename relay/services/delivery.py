@@ -65,7 +65,6 @@ HELD = "held: the agent is disabled; sent when it is re-enabled"
 _CLAIM_LOCK = 0x72656C6179  # "relay"
 _ADVISORY = text("SELECT pg_advisory_xact_lock(:k)")
 MAX_CIRCUIT_OPEN = 3600
-MAX_RETRY_DELAY = 7 * 24 * 3600
 # An attempt row's error until its outcome is recorded, and after its pump died unrecorded.
 IN_FLIGHT = "in flight: the outcome is not recorded yet"
 OUTCOME_UNKNOWN = "outcome unknown: the worker stopped before recording it (the receiver may have it)"
@@ -703,7 +702,8 @@ def _verdict(result: Result, schedule: tuple[int, ...]) -> dict[str, Any]:
         return {"status": "failed", "delay": None, "error": error}
     return {
         "status": "pending",
-        "delay": float(min(max(schedule[done], o.retry_after or 0), MAX_RETRY_DELAY)),
+        # A receiver's Retry-After can put the next attempt later, never past the schedule's longest wait.
+        "delay": float(min(max(schedule[done], o.retry_after or 0), max(schedule))),
         "error": error,
     }
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import base64
 import http.client
 import ipaddress
+import math
 import secrets
 import socket
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import urllib3
@@ -186,6 +189,26 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
     return Target(scheme, host, port, path, addresses[0])
 
 
+def parse_retry_after(raw: str | None, now: datetime | None = None) -> int | None:
+    """The seconds a ``Retry-After`` value asks for: delay-seconds or an HTTP-date (RFC 9110, 10.2.3).
+
+    A date is counted from ``now`` (default: this clock) and rounded up; one in the past
+    is 0. None when the header is absent or neither form (the schedule alone then decides).
+    """
+    value = (raw or "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return int(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; the obsolete forms may carry no zone
+        when = when.replace(tzinfo=UTC)
+    return max(0, math.ceil((when - (now or datetime.now(UTC))).total_seconds()))
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One attempt's result: ``status`` (None when no response), ``error`` (None on a response),
@@ -351,10 +374,7 @@ class Sender:
                 response.read(MAX_RESPONSE_BYTES)
             finally:
                 response.release_conn()
-            retry_after = None
-            raw = response.headers.get("Retry-After")
-            if raw and raw.strip().isdigit():
-                retry_after = int(raw.strip())
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
             if fired.is_set():
                 raise urllib3.exceptions.ReadTimeoutError(None, target.path, "deadline")
             return Outcome(response.status, None, retry_after, _ms(started))
