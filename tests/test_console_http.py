@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from urllib.parse import unquote
 
 import pytest
 
@@ -86,6 +87,17 @@ PAGES = [
 ]
 # Pages that name a thing of acme: another org's operator gets 404 for each.
 ORG_PAGES = [p for p in PAGES if "{" in p]
+# The fragments htmx polls, and the page each belongs to; the matrix asks for them as htmx does.
+FRAGMENTS = {
+    "/console/agents/{bob}/threads": "/console/agents/{bob}",
+    "/console/threads/{task}/live": "/console/threads/{task}",
+}
+
+
+def _as_htmx(page: str) -> dict:
+    return {"HX-Request": "true"} if page in FRAGMENTS else {}
+
+
 ACTIONS = [
     ("/console/threads/{task}/cancel", {}, 303),
     ("/console/agents/{bob}/blocks", {"blocked_handle": "alice@acme"}, 303),
@@ -109,18 +121,20 @@ def test_signed_out_page_redirects_to_sign_in(app, world, page):
     resp = app.test_client().get(page.format(**world))
     assert resp.status_code == 302
     assert resp.headers["Location"].startswith("/console/login?next=")
+    # A fragment opened as a page sends the sign-in on to its page, never to itself.
+    assert unquote(resp.headers["Location"].split("next=", 1)[1]) == FRAGMENTS.get(page, page).format(**world)
 
 
 @pytest.mark.parametrize("page", ORG_PAGES)
 def test_other_orgs_page_is_404(app, world, page):
-    resp = _signed_in(app, world, GLOBEX).get(page.format(**world))
+    resp = _signed_in(app, world, GLOBEX).get(page.format(**world), headers=_as_htmx(page))
     assert resp.status_code == 404
     assert "Not found" in resp.get_data(as_text=True)
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_own_orgs_page_is_200(app, world, page):
-    resp = _signed_in(app, world, ACME).get(page.format(**world))
+    resp = _signed_in(app, world, ACME).get(page.format(**world), headers=_as_htmx(page))
     assert resp.status_code == 200, resp.get_data(as_text=True)[:500]
 
 
@@ -339,6 +353,61 @@ def test_logout_ends_the_session_even_for_a_copied_cookie(app, world):
 def test_a_polled_partial_of_an_ended_session_redirects_htmx(app, world):
     resp = app.test_client().get(f"/console/agents/{world['bob']}/threads", headers={"HX-Request": "true"})
     assert resp.status_code == 401 and resp.headers["HX-Redirect"].startswith("/console/login")
+
+
+def _next_of(location: str) -> str:
+    return unquote(location.split("next=", 1)[1])
+
+
+def test_a_polled_partial_sends_the_sign_in_back_to_the_page_it_polls_from(app, world):
+    task = world["task"]
+    live = f"/console/threads/{task}/live?seen=1&version=1"
+    page = f"/console/threads/{task}"
+    headers = {"HX-Request": "true", "HX-Current-URL": f"http://localhost{page}?tab=audit"}
+    resp = app.test_client().get(live, headers=headers)
+    assert resp.status_code == 401 and _next_of(resp.headers["HX-Redirect"]) == f"{page}?tab=audit"
+    # Another host's URL, or none: the fragment's own page, never the fragment.
+    for current in ("http://evil.example/console/", None):
+        hx = {"HX-Request": "true", **({"HX-Current-URL": current} if current else {})}
+        resp = app.test_client().get(live, headers=hx)
+        assert resp.status_code == 401 and _next_of(resp.headers["HX-Redirect"]) == page, current
+    # Signing in from that link lands on the page (a full document), not on a 204 or a bare table.
+    client = app.test_client()
+    login = client.get(resp.headers["HX-Redirect"])
+    token = csrf_from(login.get_data(as_text=True))
+    done = client.post(
+        resp.headers["HX-Redirect"],
+        data={"email": ACME, "password": world["passwords"][ACME], "csrf_token": token},
+    )
+    assert done.status_code == 303 and done.headers["Location"] == page
+    assert "<html" in client.get(done.headers["Location"]).get_data(as_text=True)
+
+
+def test_a_fragment_opened_as_a_page_redirects_to_its_page(app, world):
+    client = _signed_in(app, world, ACME)
+    resp = client.get(f"/console/agents/{world['bob']}/threads?box=sent&state=pending")
+    assert resp.status_code == 302
+    assert resp.headers["Location"] == f"/console/agents/{world['bob']}?box=sent&state=pending"
+    resp = client.get(f"/console/threads/{world['task']}/live?seen=0&version=0")
+    assert resp.status_code == 302 and resp.headers["Location"] == f"/console/threads/{world['task']}"
+
+
+@pytest.mark.parametrize(
+    "bad_next",
+    ["/console/%0D%0ASet-Cookie:%20pwned=1", "/console/%0Aa", "/console/%09x", "/console/%7Fx", "//evil.example/"],
+)
+def test_a_next_with_control_characters_or_another_host_falls_back_to_the_overview(app, world, bad_next):
+    client = _signed_in(app, world, ACME)
+    resp = client.get(f"/console/login?next={bad_next}")  # signed in: straight on
+    assert resp.status_code == 302 and resp.headers["Location"] == "/console/"
+    fresh = app.test_client()
+    token = csrf_from(fresh.get(f"/console/login?next={bad_next}").get_data(as_text=True))
+    resp = fresh.post(
+        f"/console/login?next={bad_next}",
+        data={"email": ACME, "password": world["passwords"][ACME], "csrf_token": token},
+    )
+    assert resp.status_code == 303 and resp.headers["Location"] == "/console/"
+    assert "Set-Cookie" not in resp.headers or "pwned" not in resp.headers["Set-Cookie"]
 
 
 # --------------------------------------------------------------------------- CSRF

@@ -91,18 +91,52 @@ def _session_operator():
 
 
 def _safe_next(raw: Any) -> str:
-    """A path of this console to go to after signing in; anything else (another host) is the overview."""
-    if isinstance(raw, str) and raw.startswith("/console/") and "\\" not in raw and not raw.startswith("//"):
+    """A path of this console to go to after signing in; anything else is the overview.
+
+    Anything else: another host, a backslash, or a control character (a CR/LF would be
+    refused by the Location header as a 500; opencve#80, flask-login#211).
+    """
+    if (
+        isinstance(raw, str)
+        and raw.startswith("/console/")
+        and "\\" not in raw
+        and not raw.startswith("//")
+        and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw)
+    ):
         parts = urlsplit(raw)
         if not parts.scheme and not parts.netloc:
             return raw
     return url_for("console.overview")
 
 
+# The fragments htmx polls, each with the page it belongs to: a sign-in or a plain visit
+# goes to the page, never to a bare fragment (HyphaApp/hypha#4530).
+def _fragment_page() -> str | None:
+    args = request.view_args or {}
+    if request.endpoint == "console.agent_threads":
+        return url_for("console.agent", handle=args.get("handle"), **request.args.to_dict())
+    if request.endpoint == "console.thread_live":
+        return url_for("console.thread", task_id=args.get("task_id"))
+    return None
+
+
+def _current_page() -> str | None:
+    """The console page an htmx request came from (``HX-Current-URL``), if it is this host's console."""
+    parts = urlsplit(request.headers.get("HX-Current-URL", ""))
+    if parts.netloc != request.host or not parts.path.startswith("/console/"):
+        return None
+    here = parts.path + (f"?{parts.query}" if parts.query else "")
+    return here if _safe_next(here) == here else None
+
+
 def _to_sign_in():
     if g.get("session_ended"):
         flash("Your session has ended; sign in again.", "info")
     here = request.full_path.rstrip("?")
+    if request.headers.get("HX-Request"):
+        here = _current_page() or _fragment_page() or here
+    else:
+        here = _fragment_page() or here
     target = url_for("console.login", next=here) if request.method == "GET" else url_for("console.login")
     if request.headers.get("HX-Request"):
         # A polled partial: have htmx load the sign-in page, not swap it into the fragment.
@@ -122,6 +156,9 @@ def _gate():
     g.operator = _session_operator()
     if g.operator is None and request.endpoint not in PUBLIC:
         return _to_sign_in()
+    page = None if request.headers.get("HX-Request") else _fragment_page()
+    if page is not None:
+        return redirect(page)  # a fragment opened as a page (a link, a reload): its page
     if request.method == "POST":
         csrf.protect()  # CSRFError (400) when the token is missing or wrong
     return None
