@@ -144,3 +144,46 @@ def test_an_open_stream_keeps_its_slot_while_its_client_stays(app, live, make_ag
     finally:
         resp.close()
     wait_for_slots(app, handle, 0, within=FREED_WITHIN)
+
+
+# --------------------------------------------------------------------------- revocation (issue 34, item 1)
+#
+# With a 30 s heartbeat, the only thing that makes these streams read before the test ends
+# is the wake-up of the message sent after the revocation: had they not re-checked the key
+# on it, they would have sent that message (the reported bug: read for up to a heartbeat).
+
+
+def _revoke_only_key(base: str, handle: str, key: str) -> None:
+    keys = requests.get(f"{base}/api/v1/identities/{handle}/keys", headers=bearer(key), timeout=30).json()["items"]
+    assert len(keys) == 1, keys
+    revoked = requests.delete(f"{base}/api/v1/identities/{handle}/keys/{keys[0]['key_id']}", headers=bearer(key))
+    assert revoked.status_code == 200, revoked.text
+
+
+def test_a_feed_stream_of_a_revoked_key_ends_before_the_next_message(live, make_agent):
+    from tests.sse import SSE
+    from tests.test_streams import send
+
+    bob, bob_key = make_agent("rev-feed-bob@acme")
+    alice, alice_key = make_agent("rev-feed-alice@acme")
+    stream = SSE(f"{live}/api/v1/identities/{bob}/a2a/messages/stream", headers=bearer(bob_key), read_timeout=25)
+    stream.until_ready()
+    _revoke_only_key(live, bob, bob_key)
+    send(live, alice_key, bob, "new work for a leaked key")
+    kinds = [e.event for e in stream.events() if e.event != "comment"]  # to the end of the stream
+    assert kinds == ["error"], kinds
+
+
+def test_an_a2a_task_stream_of_a_revoked_key_ends_before_the_next_update(live, make_agent):
+    from tests.test_a2a_stream import RpcStream, open_task, seed
+
+    alice, alice_key = make_agent("rev-a2a-alice@acme")
+    bob, bob_key = make_agent("rev-a2a-bob@acme")
+    task = open_task(live, bob, alice_key)
+    stream = RpcStream(live, bob, alice_key, "SubscribeToTask", {"id": task["id"]})
+    stream.result()  # the task as it is
+    _revoke_only_key(live, alice, alice_key)
+    seed(live, bob_key, "message/send", {"task_id": task["id"], "message": {"parts": [{"type": "text", "text": "ok"}]}})
+    rest = stream.rest()
+    assert [kind for kind, _ in rest] == ["error"], rest
+    assert rest[0][1]["error"]["data"][0]["metadata"]["symbol"] == "unauthenticated", rest

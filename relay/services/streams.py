@@ -117,25 +117,32 @@ class Held:
         """Yield the items of each ``read()`` (``(items, read_again_at_once)``), waiting between reads.
 
         A read follows every wake-up and every tick; each tick also yields
-        :data:`HEARTBEAT`, refreshes the slot and re-authenticates the caller. A
-        RelayError (from ``read`` or the re-authentication) is yielded last and ends it.
+        :data:`HEARTBEAT` and refreshes the slot. The caller is re-authenticated before
+        every read after the first (a wake-up's or a tick's), so a revoked key or a
+        disabled agent is never sent another event: the check is a cache hit unless a key
+        changed (the key generation). A RelayError (from ``read`` or the
+        re-authentication) is yielded last and ends it.
         A read or check that cannot reach PostgreSQL is tried again on the next round.
         The session is closed after each, so no connection is held while waiting.
         """
         next_beat = time.monotonic() + self.first_tick
+        check = False  # the request itself was just authenticated
         while True:
+            items, again = [], False
             try:
+                if check:
+                    self.still_allowed()
                 items, again = read()
             except DATABASE_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise
-                db.session.rollback()
-                items, again = [], False  # PostgreSQL restarting: read again from the same position
+                db.session.rollback()  # PostgreSQL restarting: checked and read again next round
             except RelayError as exc:
                 yield exc
                 return
             finally:
                 _release_connection()
+            check = not again  # the next page of this round needs no second check
             yield from items
             if self.finished():
                 return
@@ -148,17 +155,6 @@ class Held:
                 return  # nobody to write to: the response closes and the slot goes back now
             next_beat = time.monotonic() + self.tick
             self.slot.refresh()
-            try:
-                self.still_allowed()
-            except RelayError as exc:
-                yield exc
-                return
-            except DATABASE_ERRORS as exc:
-                if not is_connection_error(exc):
-                    raise
-                db.session.rollback()  # cannot tell yet: the next tick authenticates again
-            finally:
-                _release_connection()
             yield HEARTBEAT
 
     def close(self) -> None:
