@@ -205,7 +205,11 @@ def list_deliveries(
     # The newest day first, then the rest: a busy endpoint's page is planned over the
     # partitions of that day (and those made ahead), not over every day retention keeps.
     # Every row of the first window is newer than every row of the second, so the order holds.
-    window = (cursor[0] if cursor is not None else datetime.now(UTC)) - LOG_WINDOW
+    anchor = cursor[0] if cursor is not None else datetime.now(UTC)
+    try:
+        window = anchor - LOG_WINDOW
+    except OverflowError:  # a cursor within a day of year 1: no first window
+        window = anchor
     rows = list(db.session.scalars(stmt.where(WebhookDelivery.created_at >= window).limit(limit + 1)))
     if len(rows) <= limit:
         older = stmt.where(WebhookDelivery.created_at < window).limit(limit + 1 - len(rows))
