@@ -504,3 +504,34 @@ def test_missing_configuration_exits_3_with_one_line(missing):
         timeout=60,
     )
     assert done.returncode == 3 and missing in done.stderr
+
+
+# --------------------------------------------------------------------------- cancelling a wait (issue 34, item 4)
+
+
+def test_a_cancelled_wait_for_messages_takes_no_message_from_the_next_call(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            # Esc in the client: the SDK cancels the call and sends notifications/cancelled.
+            with anyio.move_on_after(3) as scope:
+                await alice.call_tool("wait_for_messages", {"timeout_seconds": 60})
+            assert scope.cancelled_caught, "the wait answered although nothing was sent"
+            ok(await bob.call_tool("send_handoff", {"recipient": "alice@acme", "text": "sent after the cancel"}))
+            # Had the cancelled wait gone on, it would have taken this message and dropped it.
+            got = ok(await alice.call_tool("wait_for_messages", {"timeout_seconds": 30}))
+            assert not got["timed_out"] and [m["body"] for m in got["messages"]] == ["sent after the cancel"], got
+
+    run(test)
+
+
+def test_a_wait_cancelled_after_it_took_messages_puts_the_position_back():
+    from types import SimpleNamespace
+
+    from relay.agent.mcp import _Take
+
+    position = SimpleNamespace(after="m2", since="t2", seen=["m2"])
+    take = _Take()
+    take.moved_from = ("m1", "t1", ["m1"])  # the wait took m2 and its answer was not yet sent
+    take.cancel(position)
+    assert (position.after, position.since, position.seen) == ("m1", "t1", ["m1"])
+    assert take.cancelled

@@ -562,13 +562,37 @@ class _PerThreadClient:
 _BEGINNING = "1970-01-01T00:00:00+00:00"
 
 
+# A cancelled wait_for_messages notices within this many seconds (it waits in slices).
+CANCEL_CHECK_SECONDS = 2.0
+
+
+class _Take:
+    """One wait_for_messages call's hold on the position: cancelled, or what it moved the position from."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.moved_from: tuple | None = None
+
+    def cancel(self, position: _WaitPosition) -> None:
+        """The client cancelled the call (``notifications/cancelled``): its messages were never delivered.
+
+        The wait stops at its next slice; if it had already taken messages, the position
+        goes back to before them, so the next call returns them (at least once, never lost).
+        """
+        with self.lock:
+            self.cancelled = True
+            if self.moved_from is not None:
+                position.after, position.since, position.seen = self.moved_from
+
+
 class _WaitPosition:
     """Where wait_for_messages goes on from, for the whole relay-mcp process (not saved anywhere).
 
     It starts at the newest message when the server starts (taken on a thread, so a slow
     or absent relay does not hold the server's start-up; failing that, at the first call),
     and moves past every message a call returns. One call waits at a time, so two calls
-    never return the same message.
+    never return the same message. A cancelled call moves it nowhere (:class:`_Take`).
     """
 
     def __init__(self, client: RelayClient):
@@ -600,8 +624,13 @@ class _WaitPosition:
             self.since, self.seen = next_position([newest], _BEGINNING)
         self._started.set()
 
-    def wait(self, client: RelayClient, timeout: float) -> tuple[list[FeedRow], bool]:
-        """The other side's next messages (oldest first) and whether the time ran out first."""
+    def wait(self, client: RelayClient, timeout: float, take: _Take | None = None) -> tuple[list[FeedRow], bool]:
+        """The other side's next messages (oldest first) and whether the time ran out first.
+
+        With ``take``, the wait ends (``[], True``) within CANCEL_CHECK_SECONDS of
+        ``take.cancel`` and moves the position only while ``take`` is not cancelled.
+        """
+        take = take or _Take()
         deadline = time.monotonic() + timeout
         if not self.lock.acquire(timeout=timeout):
             return [], True
@@ -612,18 +641,25 @@ class _WaitPosition:
             self._take()  # if the start-up read failed: the position is "now" (raises if the relay is away)
             me = client.handle
             while True:
+                if take.cancelled:
+                    return [], True
                 remaining = max(0.0, deadline - time.monotonic())
                 where = {"after": self.after} if self.after else {"since": self.since, "seen": self.seen}
                 try:
-                    rows = client.wait(**where, timeout=remaining)
+                    rows = client.wait(**where, timeout=min(remaining, CANCEL_CHECK_SECONDS))
                 except InvalidParams as exc:
                     if not (self.after and isinstance(exc.data, dict) and "after" in exc.data):
                         raise
                     self.after = None  # that message is gone (its agent deleted): go on from its time
                     continue
                 if rows:
-                    self.after = rows[-1].id
-                    self.since, self.seen = next_position(rows, self.since, self.seen)
+                    with take.lock:
+                        if take.cancelled:
+                            return [], True  # nobody will read them: the position stays before them
+                        if take.moved_from is None:
+                            take.moved_from = (self.after, self.since, self.seen)
+                        self.after = rows[-1].id
+                        self.since, self.seen = next_position(rows, self.since, self.seen)
                 theirs = [row for row in rows if row.author != me]
                 if theirs:
                     return theirs, False
@@ -644,9 +680,9 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     position = _WaitPosition(client)
     client = _PerThreadClient(client)  # type: ignore[assignment]
 
-    async def run(call: Callable[[], dict[str, Any]]) -> CallToolResult:
+    async def run(call: Callable[[], dict[str, Any]], abandon_on_cancel: bool = False) -> CallToolResult:
         try:
-            return _ok(await anyio.to_thread.run_sync(call))
+            return _ok(await anyio.to_thread.run_sync(call, abandon_on_cancel=abandon_on_cancel))
         except RelayError as exc:
             return _fail(error_line(exc))
         except Exception as exc:  # a bug here, not the caller's: logged with its traceback, answered in one line
@@ -954,11 +990,18 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         from 1 to 600), rate_limited (this agent holds too many waits and streams), connection_error.
         """
 
+        take = _Take()
+
         def call() -> dict[str, Any]:
-            rows, timed_out = position.wait(client, float(timeout_seconds))
+            rows, timed_out = position.wait(client, float(timeout_seconds), take)
             return {"messages": [_feed_row(r) for r in rows], "count": len(rows), "timed_out": timed_out}
 
-        return await run(call)
+        try:
+            # Abandoned on cancel: the handler ends at once; the thread stops at its next slice.
+            return await run(call, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            take.cancel(position)  # notifications/cancelled: whatever it took was never answered
+            raise
 
     return server
 
