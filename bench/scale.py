@@ -833,6 +833,13 @@ def scale(
             results["plan_identity_of_rotating_cases"] = ordinary.handle
             if big_id is not None:
                 cases[f"tasks/get {big_thread}-message thread"] = lambda: thread_service.get_thread(big_reader, big_id)
+                # Its first and last pages of 50 (issue 34: a read that fits an agent's context).
+                cases[f"tasks/get {big_thread}-message thread, messages_limit=50"] = lambda: thread_service.get_thread(
+                    big_reader, big_id, messages_limit=50
+                )
+                cases[f"tasks/get {big_thread}-message thread, messages_limit=50 after {big_thread - 50}"] = lambda: (
+                    thread_service.get_thread(big_reader, big_id, messages_limit=50, messages_after=big_thread - 50)
+                )
             results["waits"]["timing"] = wait_for_log(wait_log)
             results["waits"]["timing_idle"] = wait_for_idle(idle_below)
             print(f"[{time.strftime('%H:%M:%S')}] timing", flush=True)
@@ -841,9 +848,13 @@ def scale(
                     fn()  # warm
                     results["queries"][name] = _timed(fn, queries)
                     if name.startswith("tasks/get"):
-                        from relay.services.threads import _GET_MESSAGES_SQL, _GET_THREAD_SQL
+                        from relay.services.threads import _GET_MESSAGES_SQL, _GET_PAGE, _GET_THREAD_SQL
 
-                        plan = _explain_raw(_GET_MESSAGES_SQL, {"id": big_id})
+                        if "messages_limit" in name:
+                            after = big_thread - 50 if "after" in name else 0
+                            plan = _explain_raw(_GET_PAGE.sql, {"id": big_id, "after": after, "n": 51})
+                        else:
+                            plan = _explain_raw(_GET_MESSAGES_SQL, {"id": big_id})
                         results["plans"][name] = plan
                         results["plans"][name + " (thread row)"] = thread_plan = _explain_raw(
                             _GET_THREAD_SQL, {"id": big_id}

@@ -551,6 +551,55 @@ def test_summary_is_the_opening_messages_text_only(alice, bob):
     assert thread["summary"] == "opening text"
 
 
+def test_tasks_get_pages_messages_with_limit_and_after(alice, bob):
+    tid = alice.create("bob@acme", "m1")["task_id"]
+    for n in range(2, 6):
+        (bob if n % 2 else alice).append(tid, f"m{n}")
+    whole = bob.get(tid)
+    assert "messages_next" not in whole and [m["sequence_no"] for m in whole["messages"]] == [1, 2, 3, 4, 5]
+
+    def page(**p):
+        got = bob.ok("tasks/get", {"task_id": tid, **p})
+        return [m["body"] for m in got["messages"]], got["messages_next"]
+
+    assert page(messages_limit=2) == (["m1", "m2"], 2)
+    assert page(messages_limit=2, messages_after=2) == (["m3", "m4"], 4)
+    assert page(messages_limit=2, messages_after=4) == (["m5"], None)
+    assert page(messages_after=3) == (["m4", "m5"], None)  # the rest, at most 1000
+    assert page(messages_after=5) == ([], None)
+    assert page(messages_limit=2)[0] == ["m1", "m2"]
+
+
+def test_tasks_get_pages_mark_read_only_what_they_returned(alice, bob):
+    tid = alice.create("bob@acme", "m1")["task_id"]
+    alice.append(tid, "m2")
+    alice.append(tid, "m3")
+    bob.ok("tasks/get", {"task_id": tid, "messages_limit": 1})
+    assert _item(bob.inbox(), tid)["unread_messages"] == 2
+    bob.ok("tasks/get", {"task_id": tid, "messages_after": 0, "messages_limit": 3})
+    assert _item(bob.inbox(), tid)["unread_messages"] == 0
+    bob.ok("tasks/get", {"task_id": tid, "messages_limit": 1})  # an older page marks nothing back
+    assert _item(bob.inbox(), tid)["unread_messages"] == 0
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"messages_limit": 0}, "messages_limit"),
+        ({"messages_limit": 1001}, "messages_limit"),
+        ({"messages_limit": "5"}, "messages_limit"),
+        ({"messages_limit": 2.5}, "messages_limit"),
+        ({"messages_after": -1}, "messages_after"),
+        ({"messages_after": 2**31}, "messages_after"),  # beyond the column: was a 500
+        ({"messages_after": "x"}, "messages_after"),
+        ({"messages_before": 3}, "messages_before"),
+    ],
+)
+def test_tasks_get_bad_page_is_invalid_params_naming_it(alice, bob, params, field):
+    tid = alice.create("bob@acme")["task_id"]
+    alice.invalid("tasks/get", {"task_id": tid, **params}, field)
+
+
 # --------------------------------------------------------------------------- unread
 
 

@@ -238,6 +238,23 @@ def test_get_task_returns_history_and_marks_read(client, alice, bob):
     assert tasks(client, b_key, b_handle)["items"][0]["unread_messages"] == 0
 
 
+def test_get_task_pages_its_messages(client, alice, bob):
+    _a, a_key = alice
+    b_handle, b_key = bob
+    sent = create(client, a_key, b_handle, "m1")
+    for text in ("m2", "m3"):
+        rpc(client, a_key, "message/send", {"task_id": sent["task_id"], "message": msg(text)})
+    path = f"{b_handle}/a2a/tasks/{sent['task_id']}"
+    first = ok(get(client, b_key, path, messages_limit=2))
+    assert [m["body"] for m in first["messages"]] == ["m1", "m2"] and first["messages_next"] == 2
+    rest = ok(get(client, b_key, path, messages_limit=2, messages_after=first["messages_next"]))
+    assert [m["body"] for m in rest["messages"]] == ["m3"] and rest["messages_next"] is None
+    assert "messages_next" not in ok(get(client, b_key, path))
+    for bad, field in (({"messages_limit": 0}, "messages_limit"), ({"messages_after": "x"}, "messages_after")):
+        error = assert_error(get(client, b_key, path, **bad), 422, "invalid_params")
+        assert field in error["details"], error
+
+
 def test_get_task_accepts_the_uuid_form_of_the_id(client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob

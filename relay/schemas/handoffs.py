@@ -209,6 +209,29 @@ class TaskRef(StrictSchema):
     task_id = Ulid(required=True)
 
 
+MAX_SEQUENCE_NO = 2**31 - 1  # messages.sequence_no is an integer column
+
+
+class MessagesPage(StrictSchema):
+    """A thread read's optional page of messages (issue 34): ``messages_limit`` 1-1000, ``messages_after`` >= 0."""
+
+    class Meta:
+        unknown = RAISE
+
+    messages_limit = fields.Integer(
+        load_default=None, strict=True, validate=validate.Range(min=1, max=1000, error="must be 1-1000")
+    )
+    messages_after = fields.Integer(
+        load_default=None,
+        strict=True,
+        validate=validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be a sequence_no, 0 to 2147483647"),
+    )
+
+
+class TaskGetParams(TaskRef, MessagesPage):
+    """``tasks/get`` params: ``{task_id, messages_limit?, messages_after?}``; without a page, every message."""
+
+
 class TasksUpdateParams(StrictSchema):
     """``tasks/update`` params: a transition of seed 000's state machine."""
 

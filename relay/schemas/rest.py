@@ -10,6 +10,7 @@ from relay.models import THREAD_STATES
 from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictBool, StrictSchema, Ulid
 from relay.schemas.handoffs import (
     MAX_ARTIFACTS,
+    MAX_SEQUENCE_NO,
     MAX_SHORT,
     MAX_STATUS_FILTER,
     TRANSITIONS,
@@ -71,6 +72,19 @@ class FeedQuery(FeedFilters):
 
 class StreamQuery(FeedFilters):
     """Query parameters of ``GET /identities/{handle}/a2a/messages/stream``: the feed's filters, no paging."""
+
+
+class TaskGetQuery(StrictSchema):
+    """Query parameters of ``GET /identities/{handle}/a2a/tasks/{task_id}``: tasks/get's message page."""
+
+    class Meta:
+        unknown = RAISE
+
+    messages_limit = fields.Integer(load_default=None, validate=validate.Range(min=1, max=1000, error="must be 1-1000"))
+    messages_after = fields.Integer(
+        load_default=None,
+        validate=validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be a sequence_no, 0 to 2147483647"),
+    )
 
 
 class TaskListQuery(StrictSchema):

@@ -450,13 +450,29 @@ def _status(thread: Thread) -> dict[str, Any]:
     return {"state": thread.state}
 
 
-def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, mark_read: bool = True) -> dict:
-    """Return the whole thread with its messages and mark it read for the caller (seed 000, ``tasks/get``).
+def get_thread(
+    caller: Agent,
+    task_id: uuid.UUID,
+    *,
+    peer: Agent | None = None,
+    mark_read: bool = True,
+    messages_limit: int | None = None,
+    messages_after: int | None = None,
+    messages_last: int | None = None,
+) -> dict:
+    """Return the thread with its messages and mark them read for the caller (seed 000, ``tasks/get``).
 
-    ``mark_read=False`` only reads (the A2A binding answering a send or a cancel with the
-    task: the caller has not read the other side's messages by doing that). Raises
-    thread_not_found, not_a_participant (``peer``: see _load_thread).
+    Without paging, every message, as the seed says. ``messages_limit`` (1-1000) and/or
+    ``messages_after`` (a ``sequence_no``; 0 is the start) return one page: the messages
+    after it, oldest first, at most ``messages_limit`` (default 1000), and the answer has
+    ``messages_next``, the ``messages_after`` of the next page (None when none remain).
+    ``messages_last=N`` returns only the newest N (A2A ``historyLength``). ``artifacts``
+    is then the returned messages' artifacts. Read marks go up to the newest message
+    returned, never back. ``mark_read=False`` only reads (the A2A binding answering a
+    send or a cancel with the task: the caller has not read the other side's messages by
+    doing that). Raises thread_not_found, not_a_participant (``peer``: see _load_thread).
     """
+    paged = messages_limit is not None or messages_after is not None
     with unit_of_work() as session, statement_cursor(session, alone=True) as cur:
         cur.execute(_GET_THREAD.ready(session), {"id": task_id})
         t = cur.fetchone()
@@ -464,8 +480,19 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
             raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")
         if caller.id not in (t[2], t[3]):
             raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
-        cur.execute(_GET_MESSAGES.ready(session), {"id": task_id})
-        messages = [_message_row(*m) for m in cur.fetchall()]
+        more = False
+        if paged:
+            limit = messages_limit or MAX_MESSAGES_PAGE
+            cur.execute(_GET_PAGE.ready(session), {"id": task_id, "after": messages_after or 0, "n": limit + 1})
+            rows = cur.fetchall()
+            more, rows = len(rows) > limit, rows[:limit]
+        elif messages_last is not None:
+            cur.execute(_GET_LAST.ready(session), {"id": task_id, "n": messages_last})
+            rows = cur.fetchall()[::-1]
+        else:
+            cur.execute(_GET_MESSAGES.ready(session), {"id": task_id})
+            rows = cur.fetchall()
+        messages = [_message_row(*m) for m in rows]
         if mark_read and messages:
             # Read up to what this answer holds (not the thread's counter, which a later
             # append may have moved on): a message is marked read only once it was shown.
@@ -490,6 +517,7 @@ def get_thread(caller: Agent, task_id: uuid.UUID, *, peer: Agent | None = None, 
         "cancelled_at": iso(t[12]),
         "created_at": iso(t[13]),
         "updated_at": iso(t[14]),
+        **({"messages_next": messages[-1]["sequence_no"] if more else None} if paged else {}),
     }
 
 
@@ -509,6 +537,14 @@ WHERE m.thread_id = %(id)s ORDER BY m.sequence_no
 """
 
 _GET_THREAD, _GET_MESSAGES = Prepared(_GET_THREAD_SQL), Prepared(_GET_MESSAGES_SQL)
+# One page forward from a sequence number, and the newest n: the (thread_id, sequence_no)
+# index either way, so a page of a 1,000-message thread reads only its rows.
+_MESSAGES_OF = _GET_MESSAGES_SQL.split("WHERE")[0]
+_GET_PAGE = Prepared(
+    _MESSAGES_OF + "WHERE m.thread_id = %(id)s AND m.sequence_no > %(after)s ORDER BY m.sequence_no LIMIT %(n)s"
+)
+_GET_LAST = Prepared(_MESSAGES_OF + "WHERE m.thread_id = %(id)s ORDER BY m.sequence_no DESC LIMIT %(n)s")
+MAX_MESSAGES_PAGE = 1000
 
 
 def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int) -> None:

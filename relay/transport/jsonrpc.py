@@ -25,7 +25,7 @@ from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
-from relay.schemas.handoffs import MessageSendParams, TaskRef, TasksListParams, TasksUpdateParams
+from relay.schemas.handoffs import MessageSendParams, TaskGetParams, TaskRef, TasksListParams, TasksUpdateParams
 from relay.services import threads
 from relay.transport.auth import current_agent, retry_after_seconds
 from relay.transport.observability import RPC_CALLS
@@ -103,7 +103,12 @@ def error_data(exc: RelayError) -> dict:
 SEED_DIALECT = Dialect(
     methods={
         "message/send": Method(MessageSendParams(), lambda caller, p: threads.send_message(caller, p)),
-        "tasks/get": Method(TaskRef(), lambda caller, p: threads.get_thread(caller, p["task_id"])),
+        "tasks/get": Method(
+            TaskGetParams(),
+            lambda caller, p: threads.get_thread(
+                caller, p["task_id"], messages_limit=p["messages_limit"], messages_after=p["messages_after"]
+            ),
+        ),
         "tasks/list": Method(
             TasksListParams(),
             lambda caller, p: threads.list_threads(

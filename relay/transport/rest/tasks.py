@@ -6,13 +6,13 @@ from flask import request
 
 from relay.errors import invalid
 from relay.ids import parse_ulid
-from relay.schemas.rest import FeedQuery, ReplyBody, TaskListQuery, TransitionBody
+from relay.schemas.rest import FeedQuery, ReplyBody, TaskGetQuery, TaskListQuery, TransitionBody
 from relay.services import feed, streams, threads
 from relay.transport import disconnect
 from relay.transport.rest import bp, identity, load_json, load_query, still_allowed
 
 # Schemas hold no request state: built once, not per request.
-_FEED_QUERY, _TASK_LIST_QUERY = FeedQuery(), TaskListQuery()
+_FEED_QUERY, _TASK_LIST_QUERY, _TASK_GET_QUERY = FeedQuery(), TaskListQuery(), TaskGetQuery()
 
 
 def _task_id(raw: str):
@@ -49,7 +49,10 @@ def list_tasks(handle: str):
 def get_task(handle: str, task_id: str):
     """Return a thread with its history; marks it read."""
     caller = identity(handle)
-    return threads.get_thread(caller, _task_id(task_id))
+    p = load_query(_TASK_GET_QUERY)
+    return threads.get_thread(
+        caller, _task_id(task_id), messages_limit=p["messages_limit"], messages_after=p["messages_after"]
+    )
 
 
 @bp.post("/identities/<handle>/a2a/tasks/<task_id>/messages")
