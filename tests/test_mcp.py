@@ -37,6 +37,7 @@ TOOLS = {
     "reply",
     "list_inbox",
     "get_thread",
+    "read_artifact",
     "accept",
     "complete",
     "cancel",
@@ -79,10 +80,12 @@ async def stdio_session(relay_url: str, key: str) -> AsyncIterator[ClientSession
 
 
 def ok(result) -> dict[str, Any]:
-    """The structured result of a successful tool call (its text is the same JSON)."""
+    """The JSON result of a successful tool call: one text block, no structuredContent copy of it."""
     assert not result.is_error, result.content[0].text
-    assert json.loads(result.content[0].text) == result.structured_content
-    return result.structured_content
+    [block] = result.content
+    assert result.structured_content is None, "the answer repeated as structuredContent"
+    assert len(block.text) < 100_000, len(block.text)
+    return json.loads(block.text)
 
 
 def err(result) -> str:
@@ -104,7 +107,7 @@ def run(test) -> None:
 # --------------------------------------------------------------------------- 1. the tool list
 
 
-def test_stdio_lists_exactly_the_ten_tools_with_schemas_and_descriptions(relay_url, keys):
+def test_stdio_lists_exactly_the_eleven_tools_with_schemas_and_descriptions(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
             assert alice.server_info.name == "relay"
@@ -535,3 +538,56 @@ def test_a_wait_cancelled_after_it_took_messages_puts_the_position_back():
     take.cancel(position)
     assert (position.after, position.since, position.seen) == ("m1", "t1", ["m1"])
     assert take.cancelled
+
+
+# --------------------------------------------------------------------------- bounded reads (issue 34, item 5)
+
+
+def test_get_thread_is_the_newest_50_and_cuts_a_large_diff_that_read_artifact_returns_whole(relay_url, keys):
+    diff = "".join(f"+line {i} of a large change {'x' * 60}\n" for i in range(5000))  # ~340,000 characters
+    assert len(diff) > 300_000
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            artifact = {"type": "file_diff", "path": "src/big.py", "diff": diff}
+            opened = ok(
+                await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "m1", "artifacts": [artifact]})
+            )
+            task_id = opened["task_id"]
+            for n in range(2, 61):
+                ok(await alice.call_tool("reply", {"task_id": task_id, "text": f"m{n}"}))
+
+            thread = ok(await bob.call_tool("get_thread", {"task_id": task_id}))
+            assert [m["sequence_no"] for m in thread["messages"]] == list(range(11, 61))  # the newest 50
+            assert thread["messages_total"] == 60 and thread["messages_next"] is None
+
+            first = ok(
+                await bob.call_tool("get_thread", {"task_id": task_id, "messages_after": 0, "messages_limit": 2})
+            )
+            [m1, m2] = first["messages"]
+            assert first["messages_next"] == 2
+            [cut] = m1["cut"]
+            assert cut["field"] == "artifacts[0].diff" and cut["total"] == len(diff)
+            assert diff.startswith(m1["artifacts"][0]["diff"]) and len(m1["artifacts"][0]["diff"]) == cut["shown"]
+            assert "read_artifact(" in cut["rest"]
+
+            text, offset = "", 0
+            while offset is not None:
+                part = ok(
+                    await bob.call_tool(
+                        "read_artifact", {"task_id": task_id, "sequence_no": 1, "index": 0, "offset": offset}
+                    )
+                )
+                assert part["field"] == "diff" and part["total"] == len(diff)
+                text, offset = text + part["text"], part["next_offset"]
+            assert text == diff
+            body = ok(await bob.call_tool("read_artifact", {"task_id": task_id, "sequence_no": 2}))
+            assert (body["field"], body["text"], body["next_offset"]) == ("body", "m2", None)
+            assert err(await bob.call_tool("read_artifact", {"task_id": task_id, "sequence_no": 61})).startswith(
+                "invalid_params: "
+            )
+            assert err(
+                await bob.call_tool("read_artifact", {"task_id": task_id, "sequence_no": 1, "index": 1})
+            ).startswith("invalid_params: ")
+
+    run(test)

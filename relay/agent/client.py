@@ -1124,13 +1124,21 @@ class RelayClient:
         params = {"task_id": task_id, "message": _text_message(text), "artifacts": list(artifacts or [])}
         return self._send_message(params, metadata, idempotency_key)
 
-    def get(self, task_id: str) -> Handoff:
-        """Read a whole thread (``tasks/get``); this marks it read for the caller.
+    def get(self, task_id: str, *, messages_limit: int | None = None, messages_after: int | None = None) -> Handoff:
+        """Read a thread (``tasks/get``); this marks what it returns read for the caller.
 
-        Raises :class:`ThreadNotFound`, :class:`NotAParticipant`, :class:`InvalidParams`
-        (a malformed id).
+        Without paging, every message. ``messages_limit`` (1-1000) and/or
+        ``messages_after`` (a ``sequence_no``, 0 for the start) read one page, oldest
+        first; its ``raw`` then has ``messages_next`` (the next page's ``messages_after``,
+        None at the end) and ``messages_total``. Raises :class:`ThreadNotFound`,
+        :class:`NotAParticipant`, :class:`InvalidParams` (a malformed id or page).
         """
-        return Handoff.from_json(self._rpc("tasks/get", {"task_id": task_id}))
+        params: dict[str, Any] = {"task_id": task_id}
+        if messages_limit is not None:
+            params["messages_limit"] = messages_limit
+        if messages_after is not None:
+            params["messages_after"] = messages_after
+        return Handoff.from_json(self._rpc("tasks/get", params))
 
     def inbox(
         self,

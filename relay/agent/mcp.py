@@ -1,8 +1,8 @@
 """relay-mcp: the handoff relay as Model Context Protocol tools for a coding agent.
 
-An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets ten
-tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``accept``,
-``complete``, ``cancel``, ``search_messages``, ``catch_up`` and ``wait_for_messages``
+An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets eleven
+tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``read_artifact``,
+``accept``, ``complete``, ``cancel``, ``search_messages``, ``catch_up`` and ``wait_for_messages``
 (block until the other side writes: an agent with no public URL waits for work with
 it; the position is this process's, from the newest message when it started). Each one is a call of
 :class:`relay.agent.client.RelayClient` on the relay's public HTTP API, made with the agent's
@@ -18,7 +18,8 @@ Transports (official MCP Python SDK, ``mcp`` 2.x, ``MCPServer``)::
     relay-mcp                                   # stdio (what an agent's mcpServers entry runs)
     relay-mcp --http [--host 127.0.0.1] [--port 8765]   # streamable HTTP at http://HOST:PORT/mcp
 
-Results are JSON objects (``structuredContent``, with the same JSON as text). A relay
+Results are JSON objects, as text (once: no ``structuredContent`` copy), each under
+MAX_OUTPUT characters. A relay
 error is returned as a tool error (``isError: true``) whose text is one line,
 ``symbol: message (hint: ...)``; the server keeps running. The HTTP transport has no
 authentication of its own: whoever reaches it acts as the key's agent, so it listens on
@@ -67,6 +68,7 @@ TOOL_NAMES = (
     "reply",
     "list_inbox",
     "get_thread",
+    "read_artifact",
     "accept",
     "complete",
     "cancel",
@@ -78,8 +80,17 @@ TOOL_NAMES = (
 WAIT_MIN_SECONDS, WAIT_MAX_SECONDS = 1, 600
 #: feed rows (search_messages, catch_up) carry at most this much of each message's text
 BODY_PREVIEW = 2000
-#: artifact fields left out of feed rows (get_thread returns them whole)
+#: artifact fields left out of feed rows (get_thread cuts them, read_artifact pages them)
 _BULKY_ARTIFACT_FIELDS = ("diff", "spec")
+#: every tool's answer stays under this many characters (issue 34: Claude Code's default
+#: tool-output limit is 25,000 tokens; one 334 KB diff made a 1.37 MB answer)
+MAX_OUTPUT = 100_000
+#: get_thread's default page: the newest this many messages
+THREAD_PAGE = 50
+#: get_thread cuts a body or a bulky artifact field at the first of these that makes its answer fit
+_CUTS = (20_000, 5_000, 1_000, 200)
+#: read_artifact's chunk, in characters
+ARTIFACT_CHUNK = 50_000
 
 INSTRUCTIONS = """\
 Tools for the handoff relay, where AI agents hand work to each other. You act as the agent whose \
@@ -88,7 +99,7 @@ another agent's handle (local@org); both sides add messages with reply. The reci
 handoff (accept), does the work, then completes it with a result summary (complete); the sender may \
 cancel it while it is still pending (cancel). States: pending -> accepted -> completed, or pending -> \
 cancelled; completed and cancelled are final. Check your inbox with list_inbox, read a whole thread with \
-get_thread (this marks it read), find old messages with search_messages, and after a break fetch \
+get_thread (its newest 50 messages; this marks them read; read_artifact has what it cut), find old messages with search_messages, and after a break fetch \
 everything new with catch_up. To wait for the other side (a reply, a new handoff) without polling, call \
 wait_for_messages. Errors come back as one line: "symbol: message (hint: ...)"."""
 
@@ -414,9 +425,72 @@ class _VerbatimArguments(FuncMetadata):
 
 
 def _ok(result: dict[str, Any]) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))], structured_content=result
+    # The JSON once, as text: structuredContent repeating it doubled every answer (issue 34).
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))])
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
+
+
+def _cut_thread(raw: dict[str, Any], cut: int) -> dict[str, Any]:
+    """``raw`` (a tasks/get page) with each body and bulky artifact field over ``cut`` characters cut, each cut noted."""
+    tid = raw.get("task_id")
+    messages = []
+    for m in raw.get("messages") or []:
+        m = dict(m)
+        seq = m.get("sequence_no")
+        cuts = []
+        body = m.get("body")
+        if isinstance(body, str) and len(body) > cut:
+            m["body"] = body[:cut]
+            cuts.append(
+                {
+                    "field": "body",
+                    "shown": cut,
+                    "total": len(body),
+                    "rest": f"read_artifact(task_id={tid!r}, sequence_no={seq}, offset={cut})",
+                }
+            )
+        artifacts = []
+        for i, a in enumerate(m.get("artifacts") or []):
+            a = dict(a) if isinstance(a, dict) else a
+            for name in _BULKY_ARTIFACT_FIELDS:
+                value = a.get(name) if isinstance(a, dict) else None
+                if isinstance(value, str) and len(value) > cut:
+                    a[name] = value[:cut]
+                    cuts.append(
+                        {
+                            "field": f"artifacts[{i}].{name}",
+                            "shown": cut,
+                            "total": len(value),
+                            "rest": f"read_artifact(task_id={tid!r}, sequence_no={seq}, index={i}, offset={cut})",
+                        }
+                    )
+            artifacts.append(a)
+        m["artifacts"] = artifacts
+        m.pop("parts", None)  # the body and the artifacts again
+        if cuts:
+            m["cut"] = cuts
+        messages.append(m)
+    out = {k: v for k, v in raw.items() if k not in ("messages", "artifacts")}  # artifacts: each message's again
+    out["messages"] = messages
+    return out
+
+
+def _bounded_thread(raw: dict[str, Any]) -> dict[str, Any]:
+    """A tasks/get page that fits MAX_OUTPUT: bodies and bulky fields cut ever shorter, then the oldest messages left out."""
+    for cut in _CUTS:
+        out = _cut_thread(raw, cut)
+        if _size(out) < MAX_OUTPUT:
+            return out
+    while len(out["messages"]) > 1 and _size(out) >= MAX_OUTPUT:
+        out["messages"].pop(0)
+    first = out["messages"][0]["sequence_no"] if out["messages"] else None
+    out["note"] = (
+        f"older messages of this page were left out to fit; get_thread(messages_after=...) pages from any point (first shown: {first})"
     )
+    return out
 
 
 def _fail(line: str) -> CallToolResult:
@@ -670,7 +744,7 @@ class _WaitPosition:
 
 
 def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServer:
-    """An MCPServer whose ten tools call ``client`` (one client for the whole process).
+    """An MCPServer whose eleven tools call ``client`` (one client for the whole process).
 
     ``RelayClient`` is synchronous and its ``requests.Session`` is not thread-safe, so
     every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
@@ -832,15 +906,94 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
 
     # ------------------------------------------------------------------ get_thread
     @tool("Read a thread", read_only=True)
-    async def get_thread(task_id: TaskId) -> CallToolResult:
-        """Read a whole handoff thread: its state, participants, brief, artifacts and every message in order.
+    async def get_thread(
+        task_id: TaskId,
+        messages_limit: Annotated[
+            int, Field(ge=1, le=1000, description="How many messages at most (1-1000; default the newest 50).")
+        ] = THREAD_PAGE,
+        messages_after: Annotated[
+            int | None,
+            Field(
+                ge=0,
+                le=2**31 - 1,
+                description="Read the messages after this sequence_no, oldest first (0: from the start); "
+                "leave it out for the newest messages_limit.",
+            ),
+        ] = None,
+    ) -> CallToolResult:
+        """Read a handoff thread: its state, participants, brief and its newest 50 messages (or a page).
 
-        Marks the thread read for you. Returns {task_id, context_id, status: {state}, sender, recipient,
-        summary, intent, artifacts, proposed_action, messages: [{id, sequence_no, from, role, body,
-        parts, artifacts, payload, created_at}], result_summary, accepted_at, completed_at, cancelled_at, ...}.
-        Errors: thread_not_found, not_a_participant, invalid_params (a malformed task_id).
+        Marks what it returns read for you. Returns {task_id, context_id, status: {state}, sender,
+        recipient, summary, intent, proposed_action, messages: [{id, sequence_no, from, role, body,
+        artifacts, payload, created_at, cut?}], messages_total, messages_next, result_summary,
+        accepted_at, completed_at, cancelled_at, ...}. messages_next is the messages_after of the next
+        page (null at the end); earlier messages: pass a smaller messages_after. The answer stays under
+        100,000 characters: a long body or diff is cut, and its cut entry names the read_artifact call
+        with the rest. Errors: thread_not_found, not_a_participant, invalid_params (a malformed task_id).
         """
-        return await run(lambda: client.get(task_id).raw)
+
+        def call() -> dict[str, Any]:
+            if messages_after is not None:
+                raw = client.get(task_id, messages_limit=messages_limit, messages_after=messages_after).raw
+            else:  # the newest: one read when the thread is short, else a second from its last page
+                raw = client.get(task_id, messages_limit=messages_limit).raw
+                total = raw.get("messages_total") or 0
+                if total > messages_limit:
+                    raw = client.get(task_id, messages_limit=messages_limit, messages_after=total - messages_limit).raw
+            return _bounded_thread(raw)
+
+        return await run(call)
+
+    @tool("Read a long artifact or body", read_only=True, idempotent=True)
+    async def read_artifact(
+        task_id: TaskId,
+        sequence_no: Annotated[int, Field(ge=1, le=2**31 - 1, description="The message's sequence_no.")],
+        index: Annotated[
+            int | None,
+            Field(ge=0, le=99, description="Which of the message's artifacts (0 first); leave it out for the body."),
+        ] = None,
+        offset: Annotated[int, Field(ge=0, description="Where to start, in characters (0: the start).")] = 0,
+    ) -> CallToolResult:
+        """Read one message's body or one artifact's diff/spec (the part get_thread cut), 50,000 characters at a time.
+
+        Returns {task_id, sequence_no, index, field, offset, text, total, next_offset}: text is at most
+        50,000 characters from offset; next_offset is where the next call starts (null at the end).
+        An artifact without a diff or spec is read as its JSON. Errors: invalid_params (no such message
+        or artifact), thread_not_found, not_a_participant.
+        """
+
+        def call() -> dict[str, Any]:
+            page = client.get(task_id, messages_limit=1, messages_after=sequence_no - 1).raw
+            found = [m for m in page.get("messages") or [] if m.get("sequence_no") == sequence_no]
+            if not found:
+                raise InvalidParams(f"sequence_no: this thread has no message {sequence_no}", symbol="invalid_params")
+            message = found[0]
+            if index is None:
+                name, text = "body", message.get("body") or ""
+            else:
+                artifacts = message.get("artifacts") or []
+                if index >= len(artifacts):
+                    raise InvalidParams(
+                        f"index: message {sequence_no} has {len(artifacts)} artifacts", symbol="invalid_params"
+                    )
+                artifact = artifacts[index]
+                name = next((f for f in _BULKY_ARTIFACT_FIELDS if isinstance(artifact.get(f), str)), None)
+                text = artifact[name] if name else json.dumps(artifact, ensure_ascii=False)
+                name = name or "json"
+            chunk = text[offset : offset + ARTIFACT_CHUNK]
+            end = offset + len(chunk)
+            return {
+                "task_id": task_id,
+                "sequence_no": sequence_no,
+                "index": index,
+                "field": name,
+                "offset": offset,
+                "text": chunk,
+                "total": len(text),
+                "next_offset": end if end < len(text) else None,
+            }
+
+        return await run(call)
 
     # ------------------------------------------------------------------ transitions
     @tool("Accept a handoff")

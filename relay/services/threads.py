@@ -466,7 +466,8 @@ def get_thread(
     ``messages_after`` (a ``sequence_no``; 0 is the start) return one page: the messages
     after it, oldest first, at most ``messages_limit`` (default 1000), and the answer has
     ``messages_next``, the ``messages_after`` of the next page (None when none remain).
-    ``messages_last=N`` returns only the newest N (A2A ``historyLength``). ``artifacts``
+    A page also has ``messages_total``, the thread's message count (its last
+    ``sequence_no``; messages are gapless). ``messages_last=N`` returns only the newest N (A2A ``historyLength``). ``artifacts``
     is then the returned messages' artifacts. Read marks go up to the newest message
     returned, never back. ``mark_read=False`` only reads (the A2A binding answering a
     send or a cancel with the task: the caller has not read the other side's messages by
@@ -517,7 +518,7 @@ def get_thread(
         "cancelled_at": iso(t[12]),
         "created_at": iso(t[13]),
         "updated_at": iso(t[14]),
-        **({"messages_next": messages[-1]["sequence_no"] if more else None} if paged else {}),
+        **({"messages_next": messages[-1]["sequence_no"] if more else None, "messages_total": t[21]} if paged else {}),
     }
 
 
@@ -526,7 +527,7 @@ def get_thread(
 _GET_THREAD_SQL = """
 SELECT t.id, t.context_id, t.sender_id, t.recipient_id, t.state, t.summary, t.intent, t.proposed_action,
        t.result_summary, t.version, t.accepted_at, t.completed_at, t.cancelled_at, t.created_at, t.updated_at,
-       s.handle, s.name, s.role, r.handle, r.name, r.role
+       s.handle, s.name, s.role, r.handle, r.name, r.role, t.last_sequence_no
 FROM threads t JOIN agents s ON s.id = t.sender_id JOIN agents r ON r.id = t.recipient_id
 WHERE t.id = %(id)s
 """
