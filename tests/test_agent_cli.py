@@ -384,6 +384,26 @@ def test_a_malformed_variable_exits_3_naming_it(run, keys, url, key, named):
     assert "ah_live_" not in line.replace("ah_live_...", "")  # the key itself is never echoed
 
 
+def test_show_pages_a_thread_like_tasks_get(run, keys):
+    task_id = json.loads(ok(run(keys["alice"], "send", "bob@acme", "m1", "--json")))["task_id"]
+    for n in range(2, 6):
+        ok(run(keys["alice"], "reply", task_id, f"m{n}"))
+
+    def numbers(out: str) -> list[int]:
+        return [int(line.split()[0][1:]) for line in out.splitlines() if line.startswith("  #")]
+
+    whole = ok(run(keys["bob"], "show", task_id))
+    assert numbers(whole) == [1, 2, 3, 4, 5] and "messages (5):" in whole
+    newest = ok(run(keys["bob"], "show", task_id, "--limit", "2"))
+    assert numbers(newest) == [4, 5] and "messages #4-#5 of 5:" in newest and "(more" not in newest
+    page = ok(run(keys["bob"], "show", task_id, "--after", "1", "--limit", "2"))
+    assert numbers(page) == [2, 3] and "(more: --after 3)" in page
+    paged = json.loads(ok(run(keys["bob"], "show", task_id, "--after", "3", "--json")))
+    assert [m["sequence_no"] for m in paged["messages"]] == [4, 5] and paged["messages_next"] is None
+    bad = run(keys["bob"], "show", task_id, "--limit", "0")
+    assert bad.returncode == 2 and "--limit" in bad.stderr
+
+
 # --------------------------------------------------------------------------- 5. search
 
 

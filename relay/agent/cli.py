@@ -767,14 +767,34 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
 @cli.command(short_help="Print a handoff and its messages (marks it read).")
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's tasks/get answer.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Only this many messages: the newest, or those after --after.",
+)
+@click.option(
+    "--after",
+    type=click.IntRange(0, 2**31 - 1),
+    default=None,
+    help="Only the messages after this #sequence_no (0: from the start).",
+)
 @click.pass_context
-def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Print a handoff with all its messages and artifacts (diffs in full); marks it read.
+def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, after: int | None) -> None:
+    """Print a handoff with its messages and artifacts (diffs in full); marks what it prints read.
 
     The header gives the state, both participants, the intent, any proposed action
-    and, once completed, the result summary.
+    and, once completed, the result summary. Every message by default; --limit N the
+    newest N, --after S (with --limit, a page) those after #S, as tasks/get pages them.
     """
-    handoff: Handoff = _client(ctx).get(task_id)
+    client = _client(ctx)
+    if after is None and limit is not None:  # the newest: a second read when the thread is longer
+        handoff: Handoff = client.get(task_id, messages_limit=limit)
+        total = handoff.raw.get("messages_total") or 0
+        if total > limit:
+            handoff = client.get(task_id, messages_limit=limit, messages_after=total - limit)
+    else:
+        handoff = client.get(task_id, messages_limit=limit, messages_after=after)
     if as_json:
         _dump(handoff.raw)
         return
@@ -808,10 +828,17 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
                 click.echo("    suggested diff:")
                 click.echo(_indent(suggested, "      "))
     click.echo("")
-    click.echo(f"messages ({len(handoff.messages)}):")
+    total = handoff.raw.get("messages_total")
+    if total is None or not handoff.messages:
+        click.echo(f"messages ({len(handoff.messages)}{f' of {total}' if total is not None else ''}):")
+    else:
+        first, last = handoff.messages[0].sequence_no, handoff.messages[-1].sequence_no
+        click.echo(f"messages #{first}-#{last} of {total}:")
     for m in handoff.messages:
         click.echo(f"  #{m.sequence_no}  {m.author}  ({m.role or '-'})  {_when(m.created_at)}")
         _print_message_body(m.body, m.artifacts, m.payload)
+    if handoff.raw.get("messages_next") is not None:
+        click.echo(f"(more: --after {handoff.raw['messages_next']})")
 
 
 @cli.command(short_help="Add a message to a handoff.")
