@@ -708,6 +708,25 @@ def test_get_task_history_length_keeps_the_newest_messages(to_bob):
     assert "history" not in to_bob.get(task["id"], historyLength=0)
 
 
+def test_get_task_history_length_keeps_every_artifact_of_the_task(to_bob):
+    task = to_bob.send("one")
+    first = {
+        "message": {
+            "messageId": "m-art-1",
+            "role": "ROLE_USER",
+            "taskId": task["id"],
+            "parts": [{"text": "with a diff"}, {"data": FILE_DIFF, "mediaType": "application/json"}],
+        }
+    }
+    to_bob.ok("SendMessage", first)
+    to_bob.send("three", taskId=task["id"])
+    whole, newest = to_bob.get(task["id"]), to_bob.get(task["id"], historyLength=1)
+    assert [m["parts"][0]["text"] for m in newest["history"]] == ["three"]
+    # Only the newest message was read, but the task's artifacts are all of its messages'.
+    assert newest["artifacts"] == whole["artifacts"] and len(whole["artifacts"]) == 1
+    assert to_bob.get(task["id"], historyLength=2**40)["history"] == whole["history"]  # past the count: all
+
+
 def test_send_message_configuration_history_length_limits_the_returned_task(to_bob):
     task = to_bob.send("one")
     result = to_bob.ok(

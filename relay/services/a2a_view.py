@@ -107,8 +107,8 @@ def task_out(task: dict, *, history_length: int | None = None, include_artifacts
             "createdAt": task["created_at"],
         },
     }
-    if include_artifacts:
-        out["artifacts"] = artifacts_out(task, messages)
+    if include_artifacts:  # all of the task's, also when only the newest messages were read
+        out["artifacts"] = artifacts_out(task, task.get("artifact_rows", messages))
     if history_length != 0:
         kept = messages if history_length is None else messages[-history_length:]
         out["history"] = [message_out(m, task, opening=m["sequence_no"] == 1) for m in kept]

@@ -467,8 +467,9 @@ def get_thread(
     after it, oldest first, at most ``messages_limit`` (default 1000), and the answer has
     ``messages_next``, the ``messages_after`` of the next page (None when none remain).
     A page also has ``messages_total``, the thread's message count (its last
-    ``sequence_no``; messages are gapless). ``messages_last=N`` returns only the newest N (A2A ``historyLength``). ``artifacts``
-    is then the returned messages' artifacts. Read marks go up to the newest message
+    ``sequence_no``; messages are gapless). ``messages_last=N`` returns only the newest N (A2A ``historyLength``), with
+    ``artifact_rows`` (``[{id, sequence_no, artifacts}]``) of every message that has any.
+    ``artifacts`` is the returned messages' artifacts. Read marks go up to the newest message
     returned, never back. ``mark_read=False`` only reads (the A2A binding answering a
     send or a cancel with the task: the caller has not read the other side's messages by
     doing that). Raises thread_not_found, not_a_participant (``peer``: see _load_thread).
@@ -481,15 +482,19 @@ def get_thread(
             raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")
         if caller.id not in (t[2], t[3]):
             raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
-        more = False
+        more, artifact_rows = False, None
         if paged:
             limit = messages_limit or MAX_MESSAGES_PAGE
             cur.execute(_GET_PAGE.ready(session), {"id": task_id, "after": messages_after or 0, "n": limit + 1})
             rows = cur.fetchall()
             more, rows = len(rows) > limit, rows[:limit]
         elif messages_last is not None:
-            cur.execute(_GET_LAST.ready(session), {"id": task_id, "n": messages_last})
+            cur.execute(_GET_LAST.ready(session), {"id": task_id, "n": min(messages_last, t[21])})
             rows = cur.fetchall()[::-1]
+            # Every message's artifacts still (an A2A task's artifacts are all of the task's),
+            # read without the bodies and parts of the messages left out.
+            cur.execute(_GET_ARTIFACTS.ready(session), {"id": task_id})
+            artifact_rows = [{"id": str(i), "sequence_no": n, "artifacts": a} for i, n, a in cur.fetchall()]
         else:
             cur.execute(_GET_MESSAGES.ready(session), {"id": task_id})
             rows = cur.fetchall()
@@ -519,6 +524,7 @@ def get_thread(
         "created_at": iso(t[13]),
         "updated_at": iso(t[14]),
         **({"messages_next": messages[-1]["sequence_no"] if more else None, "messages_total": t[21]} if paged else {}),
+        **({"artifact_rows": artifact_rows} if artifact_rows is not None else {}),
     }
 
 
@@ -545,6 +551,10 @@ _GET_PAGE = Prepared(
     _MESSAGES_OF + "WHERE m.thread_id = %(id)s AND m.sequence_no > %(after)s ORDER BY m.sequence_no LIMIT %(n)s"
 )
 _GET_LAST = Prepared(_MESSAGES_OF + "WHERE m.thread_id = %(id)s ORDER BY m.sequence_no DESC LIMIT %(n)s")
+_GET_ARTIFACTS = Prepared(
+    "SELECT m.id, m.sequence_no, m.artifacts FROM messages m"
+    " WHERE m.thread_id = %(id)s AND m.artifacts <> '[]'::jsonb ORDER BY m.sequence_no"
+)
 MAX_MESSAGES_PAGE = 1000
 
 

@@ -237,7 +237,8 @@ def _subscribe(caller: Agent, peer: Agent, req: dict) -> Streamed:
 
 
 def _get(caller: Agent, peer: Agent, req: dict) -> dict:
-    task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer)
+    # historyLength reads only that many messages (issue 34); without it, every one.
+    task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer, messages_last=req["historyLength"])
     return view.task_out(task, history_length=req["historyLength"])
 
 
