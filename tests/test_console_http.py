@@ -390,6 +390,13 @@ def test_a_fragment_opened_as_a_page_redirects_to_its_page(app, world):
     assert resp.headers["Location"] == f"/console/agents/{world['bob']}?box=sent&state=pending"
     resp = client.get(f"/console/threads/{world['task']}/live?seen=0&version=0")
     assert resp.status_code == 302 and resp.headers["Location"] == f"/console/threads/{world['task']}"
+    # Its query is carried as data: url_for's own keywords in it are neither a 500 nor an option.
+    for query in ("handle=evil", "_external=1", "_scheme=https", "_anchor=x", "_method=POST", "box=a&box=b"):
+        resp = client.get(f"/console/agents/{world['bob']}/threads?{query}")
+        assert resp.status_code == 302, (query, resp.status_code)
+        assert resp.headers["Location"] == f"/console/agents/{world['bob']}?{query}", query
+    signed_out = app.test_client().get(f"/console/agents/{world['bob']}/threads?handle=evil")
+    assert signed_out.status_code == 302 and "next=" in signed_out.headers["Location"]
 
 
 @pytest.mark.parametrize(

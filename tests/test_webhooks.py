@@ -589,6 +589,16 @@ def test_retry_after_in_either_form_sets_the_next_attempt_within_the_schedule(
     settle()
 
 
+def test_an_unreadable_retry_after_on_a_2xx_is_still_delivered_once(client, agents, rx, settle, celery_worker):
+    rx.program("/hook", [], default={"status": 200, "headers": {"Retry-After": "²"}})  # isdigit(), not int()
+    b = agents[BOB]
+    hook = create_hook(client, BOB, b, rx.url())
+    create_thread(client, agents[ALICE], BOB)
+    [delivery] = wait_delivery(client, BOB, b, hook["id"], "succeeded")
+    settle()
+    assert delivery["attempt_count"] == 1 and rx.count() == 1, delivery
+
+
 def test_parse_retry_after_reads_seconds_and_dates():
     from email.utils import format_datetime
 
@@ -601,7 +611,7 @@ def test_parse_retry_after_reads_seconds_and_dates():
     assert parse_retry_after("Thu, 03 Dec 2026 12:00:09 GMT", now) == 9
     assert parse_retry_after("Thursday, 03-Dec-26 12:00:09 GMT", now) == 9  # RFC 850, obsolete but allowed
     assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now) == 0
-    for bad in (None, "", "soon", "-5", "1.5", "Thu, 99 Foo 2026"):
+    for bad in (None, "", "soon", "-5", "1.5", "Thu, 99 Foo 2026", "²", "٥", "1e3"):
         assert parse_retry_after(bad, now) is None, bad
 
 

@@ -198,11 +198,11 @@ def parse_retry_after(raw: str | None, now: datetime | None = None) -> int | Non
     value = (raw or "").strip()
     if not value:
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit() is also true of "²", which int() refuses
         return int(value)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except Exception:  # noqa: BLE001 (a receiver's header must never fail the attempt it came with)
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT; the obsolete forms may carry no zone
         when = when.replace(tzinfo=UTC)

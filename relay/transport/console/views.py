@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from flask import (
     Flask,
@@ -114,7 +114,9 @@ def _safe_next(raw: Any) -> str:
 def _fragment_page() -> str | None:
     args = request.view_args or {}
     if request.endpoint == "console.agent_threads":
-        return url_for("console.agent", handle=args.get("handle"), **request.args.to_dict())
+        # The query as data, not url_for's keywords (a "handle" or "_external" in it was a 500 or an option).
+        query = urlencode(list(request.args.items(multi=True)))
+        return url_for("console.agent", handle=args.get("handle")) + (f"?{query}" if query else "")
     if request.endpoint == "console.thread_live":
         return url_for("console.thread", task_id=args.get("task_id"))
     return None
