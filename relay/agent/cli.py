@@ -788,11 +788,8 @@ def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, aft
     newest N, --after S (with --limit, a page) those after #S, as tasks/get pages them.
     """
     client = _client(ctx)
-    if after is None and limit is not None:  # the newest: a second read when the thread is longer
-        handoff: Handoff = client.get(task_id, messages_limit=limit)
-        total = handoff.raw.get("messages_total") or 0
-        if total > limit:
-            handoff = client.get(task_id, messages_limit=limit, messages_after=total - limit)
+    if after is None and limit is not None:
+        handoff: Handoff = client.get_newest(task_id, limit)
     else:
         handoff = client.get(task_id, messages_limit=limit, messages_after=after)
     if as_json:

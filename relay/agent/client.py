@@ -1140,6 +1140,18 @@ class RelayClient:
             params["messages_after"] = messages_after
         return Handoff.from_json(self._rpc("tasks/get", params))
 
+    def get_newest(self, task_id: str, messages_limit: int) -> Handoff:
+        """Read a thread with only its newest ``messages_limit`` messages (1-1000), oldest first.
+
+        One ``tasks/get`` page when the thread is that short, else a second from its last
+        page (``messages_total - messages_limit``). Raises as :meth:`get`.
+        """
+        handoff = self.get(task_id, messages_limit=messages_limit)
+        total = handoff.raw.get("messages_total") or 0
+        if total > messages_limit:
+            handoff = self.get(task_id, messages_limit=messages_limit, messages_after=total - messages_limit)
+        return handoff
+
     def inbox(
         self,
         status: str | Sequence[str] | None = None,

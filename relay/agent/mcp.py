@@ -935,11 +935,8 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         def call() -> dict[str, Any]:
             if messages_after is not None:
                 raw = client.get(task_id, messages_limit=messages_limit, messages_after=messages_after).raw
-            else:  # the newest: one read when the thread is short, else a second from its last page
-                raw = client.get(task_id, messages_limit=messages_limit).raw
-                total = raw.get("messages_total") or 0
-                if total > messages_limit:
-                    raw = client.get(task_id, messages_limit=messages_limit, messages_after=total - messages_limit).raw
+            else:
+                raw = client.get_newest(task_id, messages_limit).raw
             return _bounded_thread(raw)
 
         return await run(call)

@@ -210,6 +210,9 @@ class TaskRef(StrictSchema):
 
 
 MAX_SEQUENCE_NO = 2**31 - 1  # messages.sequence_no is an integer column
+# A thread read's page bounds, for tasks/get and the REST thread read alike.
+MESSAGES_LIMIT_RANGE = validate.Range(min=1, max=1000, error="must be 1-1000")
+MESSAGES_AFTER_RANGE = validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be a sequence_no, 0 to 2147483647")
 
 
 class MessagesPage(StrictSchema):
@@ -218,14 +221,8 @@ class MessagesPage(StrictSchema):
     class Meta:
         unknown = RAISE
 
-    messages_limit = fields.Integer(
-        load_default=None, strict=True, validate=validate.Range(min=1, max=1000, error="must be 1-1000")
-    )
-    messages_after = fields.Integer(
-        load_default=None,
-        strict=True,
-        validate=validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be a sequence_no, 0 to 2147483647"),
-    )
+    messages_limit = fields.Integer(load_default=None, strict=True, validate=MESSAGES_LIMIT_RANGE)
+    messages_after = fields.Integer(load_default=None, strict=True, validate=MESSAGES_AFTER_RANGE)
 
 
 class TaskGetParams(TaskRef, MessagesPage):

@@ -10,9 +10,10 @@ from relay.models import THREAD_STATES
 from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictBool, StrictSchema, Ulid
 from relay.schemas.handoffs import (
     MAX_ARTIFACTS,
-    MAX_SEQUENCE_NO,
     MAX_SHORT,
     MAX_STATUS_FILTER,
+    MESSAGES_AFTER_RANGE,
+    MESSAGES_LIMIT_RANGE,
     TRANSITIONS,
     Artifact,
     MessageIn,
@@ -80,11 +81,8 @@ class TaskGetQuery(StrictSchema):
     class Meta:
         unknown = RAISE
 
-    messages_limit = fields.Integer(load_default=None, validate=validate.Range(min=1, max=1000, error="must be 1-1000"))
-    messages_after = fields.Integer(
-        load_default=None,
-        validate=validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be a sequence_no, 0 to 2147483647"),
-    )
+    messages_limit = fields.Integer(load_default=None, validate=MESSAGES_LIMIT_RANGE)
+    messages_after = fields.Integer(load_default=None, validate=MESSAGES_AFTER_RANGE)
 
 
 class TaskListQuery(StrictSchema):
