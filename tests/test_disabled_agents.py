@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from relay.services.agents import disable_agent, enable_agent
+from relay.services.agents import disable_agent
+from relay.services.webhooks import enable_agent
 from tests.conftest import bearer, rpc, sql, wait_until
 from tests.receiver import Receiver
 

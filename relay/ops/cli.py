@@ -274,7 +274,7 @@ def agents_disable(handle: str) -> None:
 @with_app
 def agents_enable(handle: str) -> None:
     """Re-enable a disabled agent: its keys work again and its held webhooks are sent."""
-    from relay.services.agents import enable_agent
+    from relay.services.webhooks import enable_agent
 
     agent, released = enable_agent(handle)
     click.echo(f"enabled {agent.handle}; {released} held deliveries released")

@@ -177,18 +177,16 @@ def disable_agent(handle: str) -> Agent:
     return agent
 
 
-def enable_agent(handle: str) -> tuple[Agent, int]:
-    """Re-enable a disabled agent and release its held deliveries; return it and how many.
+def mark_enabled(handle: str) -> Agent:
+    """Clear an agent's ``disabled_at`` in the caller's unit of work; return it.
 
+    The use case is ``webhooks.enable_agent``, which also releases the agent's held
+    deliveries in the same transaction (the ledger side never calls the outbound side).
     Raise identity_not_found.
     """
-    from relay.services import webhooks
-
-    with unit_of_work() as session:
-        agent = require_agent(handle)
-        agent.disabled_at = None
-        released = webhooks.release_held(session, agent.id)
-    return agent, len(released)
+    agent = require_agent(handle)
+    agent.disabled_at = None
+    return agent
 
 
 def create_key(handle: str, label: str = "") -> IssuedKey:

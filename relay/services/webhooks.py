@@ -23,7 +23,7 @@ from relay.errors import RelayError, invalid
 from relay.extensions import db
 from relay.ids import encode_cursor, iso, new_ulid
 from relay.models import Agent, Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from relay.services import after_commit, delivery, dispatch, outbound, unit_of_work
+from relay.services import after_commit, agents, delivery, dispatch, outbound, unit_of_work
 from relay.services.delivery import TEST_EVENT, event_id_text
 from relay.services.outbound import EVENT_TYPES, check_url, new_secret
 
@@ -336,6 +336,18 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
     finally:
         sender.close()
     return delivery.record([result]).get(delivery_id)
+
+
+def enable_agent(handle: str) -> tuple[Agent, int]:
+    """Re-enable a disabled agent and release its held deliveries; return it and how many.
+
+    One transaction: its keys work again in the commit that makes its held deliveries due.
+    Raise identity_not_found.
+    """
+    with unit_of_work() as session:
+        agent = agents.mark_enabled(handle)
+        released = release_held(session, agent.id)
+    return agent, len(released)
 
 
 def release_held(session, agent_id: uuid.UUID) -> list[uuid.UUID]:
