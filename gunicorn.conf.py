@@ -2,18 +2,23 @@
 
 import os
 
-from relay.config import ConfigError, web_integer
+from relay.config import ConfigError, process_integer, web_host
 
 
-def _int(name: str) -> int:
+def _checked(read, name: str):
     try:
-        return web_integer(os.environ, name)
+        return read(os.environ, name) if name else read(os.environ)
     except ConfigError as exc:
         # One line naming the variable, not a traceback; gunicorn stops.
         raise SystemExit(f"relay: configuration error: {exc}") from None
 
 
-bind = f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT')}"
+def _int(name: str) -> int:
+    return _checked(process_integer, name)
+
+
+_host = _checked(web_host, "")
+bind = f"[{_host}]:{_int('PORT')}" if ":" in _host else f"{_host}:{_int('PORT')}"
 workers = _int("WEB_CONCURRENCY")
 # gevent with header, body and idle deadlines: a slow client holds a greenlet, not a
 # process (relay/transport/server.py; RELAY_HEADER_TIMEOUT, RELAY_BODY_TIMEOUT,

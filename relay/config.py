@@ -406,25 +406,50 @@ class Budget:
 
 #: gunicorn.conf.py's whole-number settings and their defaults: read there, checked by
 #: ``relay config check`` and ``relay up`` too, so a bad one is one line before anything starts.
-WEB_INTEGERS = {
+# The integers gunicorn.conf.py and the Procfile read, with their defaults; relay config
+# check and relay up refuse a bad one before anything starts.
+PROCESS_INTEGERS = {
     "PORT": "8000",
     "WEB_CONCURRENCY": "2",
     "WEB_CONNECTIONS": "1000",
     "GUNICORN_TIMEOUT": "30",
     "GUNICORN_GRACEFUL_TIMEOUT": "20",
     "GUNICORN_KEEPALIVE": "75",
+    "CELERY_CONCURRENCY": "8",  # the Procfile's worker: --concurrency
 }
+_MAXIMA = {"PORT": 65535}
+_HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
 
 
-def web_integer(env: Mapping[str, str], name: str) -> int:
-    """``env[name]`` (else its :data:`WEB_INTEGERS` default) as a positive integer.
+def process_integer(env: Mapping[str, str], name: str) -> int:
+    """``env[name]`` (else its :data:`PROCESS_INTEGERS` default) as a positive integer.
 
-    Raises ConfigError naming ``name`` when it is not one.
+    Raises ConfigError naming ``name`` when it is not one (PORT: also above 65535).
     """
-    raw = env.get(name) or WEB_INTEGERS[name]
-    if not raw.isdigit() or int(raw) < 1:
+    raw = env.get(name) or PROCESS_INTEGERS[name]
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    if int(raw) > _MAXIMA.get(name, int(raw)):
+        raise ConfigError(f"{name} must be at most {_MAXIMA[name]}, got {raw!r}")
     return int(raw)
+
+
+def web_host(env: Mapping[str, str]) -> str:
+    """``HOST``, the address gunicorn binds (default 0.0.0.0): an IP address or a host name.
+
+    Raises ConfigError naming HOST otherwise.
+    """
+    import ipaddress
+
+    raw = env.get("HOST") or "0.0.0.0"
+    try:
+        ipaddress.ip_address(raw)
+        return raw
+    except ValueError:
+        pass
+    if len(raw) > 253 or not _HOSTNAME_RE.fullmatch(raw):
+        raise ConfigError(f"HOST must be an IP address or a host name such as 127.0.0.1, got {raw!r}")
+    return raw
 
 
 def connection_budget(
@@ -434,6 +459,6 @@ def connection_budget(
 
     Raises ConfigError naming WEB_CONCURRENCY when it is not a positive integer.
     """
-    web = web_integer(env, "WEB_CONCURRENCY")
+    web = process_integer(env, "WEB_CONCURRENCY")
     each = settings.connections_per_process
     return Budget({"web": (web_dynos * web, each), "worker": (worker_dynos, each), "beat": (1, 0)})

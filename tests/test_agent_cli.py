@@ -426,8 +426,28 @@ def _watch_ids(run, key, *extra) -> list[str]:
     return [json.loads(line)["id"] for line in out.splitlines()]
 
 
+def test_a_first_watch_starts_at_now_as_wait_does_and_from_start_replays(run, keys, relay_url):
+    with RelayClient(relay_url, keys["alice"]) as alice:
+        old = alice.send("bob@acme", "sent before bob ever watched")
+        assert _watch_ids(run, keys["bob"]) == []  # no saved position: now, not the whole feed
+        assert _watch_ids(run, keys["bob"], "--from-start") == [old.message_id]
+        assert _watch_ids(run, keys["bob"]) == []  # --from-start saved its position too
+        new = alice.send("bob@acme", "sent after")
+        assert _watch_ids(run, keys["bob"]) == [new.message_id]
+    both = run(keys["bob"], "watch", "--once", "--from-start", "--since", "now")
+    assert both.returncode == 2 and "--from-start and --since" in both.stderr, both.stderr
+
+
+def test_a_first_wait_starts_at_now(run, keys, relay_url):
+    with RelayClient(relay_url, keys["alice"]) as alice:
+        alice.send("bob@acme", "sent before bob ever waited")
+    waited = run(keys["bob"], "wait", "--timeout", "0")
+    assert waited.returncode == 4 and waited.stdout == "", (waited.stdout, waited.stderr)
+
+
 def test_watch_prints_each_new_message_once_and_resumes_from_its_state_file(run, keys, relay_url, app, tmp_path):
     alice = RelayClient(relay_url, keys["alice"])
+    assert _watch_ids(run, keys["bob"]) == []  # the first run saves its position at now
     first = [alice.send("bob@acme", f"first batch {i}") for i in range(2)]
 
     out = ok(run(keys["bob"], "watch", "--once"))

@@ -526,7 +526,7 @@ def test_cli_watch_prints_from_the_stream(app, live, agents, clients, env, relay
 
 def test_cli_watch_resumes_the_stream_after_the_saved_message(agents, clients, env, relay_url, tmp_path):
     first = clients["alice"].send("bob@acme", "before")
-    ok = agent_cmd(env, relay_url, agents["bob"][1], "watch", "--once", "--json")
+    ok = agent_cmd(env, relay_url, agents["bob"][1], "watch", "--once", "--json", "--from-start")
     assert [json.loads(line)["id"] for line in ok.stdout.splitlines()] == [first.message_id], ok.stderr
     missed = [clients["alice"].send("bob@acme", f"while no watch ran {i}").message_id for i in range(2)]
     watch = Running(env, relay_url, agents["bob"][1], "watch", "--json", "--interval", "3600")
@@ -541,6 +541,8 @@ def test_cli_watch_resumes_the_stream_after_the_saved_message(agents, clients, e
 
 
 def test_cli_watch_falls_back_to_polling_with_one_notice(relay_url, agents, clients, env):
+    # A first watch starts at now: the position is saved before the message, not raced.
+    assert agent_cmd(env, relay_url, agents["bob"][1], "watch", "--once", "--json").stdout == ""
     with StreamProxy(relay_url, no_stream=True) as proxy:
         watch = Running(env, proxy.url, agents["bob"][1], "watch", "--json", "--interval", "0.2")
         try:
@@ -622,6 +624,7 @@ def test_hook_with_the_relay_unreachable_lets_the_agent_stop(agents, env):
 
 def test_hook_does_not_make_watch_skip_what_it_reported(agents, clients, env, relay_url):
     key = agents["bob"][1]
+    assert agent_cmd(env, relay_url, key, "watch", "--once", "--json").stdout == ""  # watch's position: now
     hook(env, relay_url, key)
     sent = clients["alice"].send("bob@acme", "seen by the hook and by watch")
     assert sent.task_id in hook(env, relay_url, key).stdout

@@ -194,3 +194,62 @@ def test_retention_on_a_database_not_migrated_fails_with_one_line(relay, cli_env
         for args in (("retention", "status", "--json"), ("retention", "run")):
             line = _assert_one_line_failure(relay(*args, env=env))
             assert "relay db upgrade" in line
+
+
+# --------------------------------------------------------------------------- finding the relay (issue 30)
+
+
+def _no_database(cli_env: dict, **extra: str) -> dict:
+    env = {k: v for k, v in cli_env.items() if k not in ("DATABASE_URL", "DATABASE_CONNECTION_POOL_URL", "RELAY_HOME")}
+    return {**env, **extra}
+
+
+def _as_relay_up(home, cli_env) -> tuple:
+    """Write the relay.env a relay up writes, and hold its lock as it does; return the lock."""
+    import fcntl
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "relay.env").write_text(
+        f"DATABASE_URL={cli_env['DATABASE_URL']}\nREDIS_URL={cli_env['REDIS_URL']}\nRELAY_URL=http://127.0.0.1:8123\n"
+    )
+    held = open(home / "relay-up.lock", "a+")  # noqa: SIM115  (closed by the caller)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return held
+
+
+def test_with_no_relay_up_and_no_database_url_the_error_names_relay_home(relay, cli_env, tmp_path):
+    line = _assert_one_line_failure(relay("agents", "list", env=_no_database(cli_env)))
+    assert line.startswith(f"error: no relay up found under {tmp_path / '.relay'} (./.relay, the default RELAY_HOME)")
+    assert "set RELAY_HOME" in line and "DATABASE_URL" in line
+    elsewhere = tmp_path / "elsewhere"
+    line = _assert_one_line_failure(relay("db", "upgrade", env=_no_database(cli_env, RELAY_HOME=str(elsewhere))))
+    assert line.startswith(f"error: no relay up found under {elsewhere} (RELAY_HOME={elsewhere})"), line
+
+
+def test_a_relay_env_left_by_a_relay_up_that_is_gone_is_not_used(relay, cli_env, tmp_path):
+    home = tmp_path / ".relay"
+    _as_relay_up(home, cli_env).close()  # the lock released: that relay up has exited
+    line = _assert_one_line_failure(relay("agents", "list", env=_no_database(cli_env)))
+    assert "no relay up found under" in line
+
+
+def test_the_cli_finds_a_running_relay_up_under_relay_home_and_prints_its_console_url(relay, cli_env, tmp_path):
+    home = tmp_path / "custom-home"
+    with _as_relay_up(home, cli_env):
+        env = _no_database(cli_env, RELAY_HOME=str(home))
+        created = relay("agents", "create", "frank@acme", "--name", "Frank", "--json", env=env)
+        assert created.returncode == 0, created.stderr
+        operator = relay("operators", "create", "you@example.com", "--org", "acme", env=env)
+        assert operator.returncode == 0, operator.stderr
+        assert operator.stdout.splitlines()[-1] == "sign in at http://127.0.0.1:8123/console/login"
+    public = relay(
+        "operators",
+        "create",
+        "me@example.com",
+        "--org",
+        "acme",
+        env=dict(cli_env, RELAY_PUBLIC_URL="https://relay.example.com/"),
+    )
+    assert public.stdout.splitlines()[-1] == "sign in at https://relay.example.com/console/login", public.stderr
+    local = relay("operators", "create", "they@example.com", "--org", "acme", env=dict(cli_env, PORT="8765"))
+    assert local.stdout.splitlines()[-1] == "sign in at http://localhost:8765/console/login", local.stderr

