@@ -24,7 +24,7 @@ workers = _int("WEB_CONCURRENCY")
 # process (relay/transport/server.py; RELAY_HEADER_TIMEOUT, RELAY_BODY_TIMEOUT,
 # RELAY_CLIENT_IDLE_TIMEOUT). Feed waits and streams hold a greenlet each too: `python -m
 # bench wake` held 500 at 105 MiB a worker, and gthread with 300 threads took more CPU and
-# memory for the same wake latency (README, Performance).
+# memory for the same wake latency (docs/performance.md).
 worker_class = "relay.transport.server.RelayWorker"
 worker_connections = _int("WEB_CONNECTIONS")
 timeout = _int("GUNICORN_TIMEOUT")

@@ -214,7 +214,7 @@ def redis_url(server_urls):
     return server_urls[1]
 
 
-# The pooled run (.ci/run's second pass, README "Tests"): with RELAY_TEST_POOLER=1 every
+# The pooled run (.ci/run's second pass, docs/operations.md#tests): with RELAY_TEST_POOLER=1 every
 # relay the tests build or start (apps, gunicorn, Celery, the CLI) reaches PostgreSQL
 # through a private PgBouncer in transaction mode (DATABASE_CONNECTION_POOL_URL), as a
 # Heroku deploy does; migrations and the tests' own checks stay on the direct URL.

@@ -99,7 +99,7 @@ index 1111111..2222222 100644
 """
 
 
-# --------------------------------------------------------------------------- 1. the README round trip
+# --------------------------------------------------------------------------- 1. the docs/agents.md round trip
 
 
 def test_readme_round_trip_with_the_installed_script(run, keys, tmp_path):

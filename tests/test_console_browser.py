@@ -607,7 +607,7 @@ def test_readable_at_a_phones_width(acme, b, console_url):
 
 
 def test_screenshot_for_the_readme(acme, b, console_url):
-    """docs/console.png is this page: run with RELAY_CONSOLE_README_SHOT=1 to renew it (README, "Console")."""
+    """docs/console.png is this page: run with RELAY_CONSOLE_README_SHOT=1 to renew it (docs/console.md)."""
     task = send(
         console_url,
         acme["alice"][1],

@@ -1,4 +1,4 @@
-"""API keys: format, uniqueness, and digest-only storage (README, "Administration")."""
+"""API keys: format, uniqueness, and digest-only storage (docs/operations.md, the administration CLI)."""
 
 from __future__ import annotations
 

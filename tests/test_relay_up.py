@@ -227,7 +227,7 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_ctrl_c(tmp_pat
 
 
 def _sign_in_to_the_console(env, cwd, port, home) -> None:
-    """The README's two console commands: ``relay operators create``, then sign in at /console/login."""
+    """docs/console.md's two commands: ``relay operators create``, then sign in at /console/login."""
     import re
 
     import requests
