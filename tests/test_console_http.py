@@ -747,3 +747,26 @@ def test_an_unknown_webhook_filter_is_404(app, world):
     resp = _signed_in(app, world, ACME).get(f"/console/agents/{world['bob']}/webhooks?webhook={missing}")
     assert resp.status_code == 404, resp.get_data(as_text=True)[:500]
     assert "Not found" in resp.get_data(as_text=True)
+
+
+def test_every_page_names_a_favicon_that_is_served(app, world, client):
+    import re
+
+    console = _signed_in(app, world, ACME)
+    for page in (client.get("/console/login"), console.get("/console/"), console.get(f"/console/agents/{world['bob']}")):
+        assert page.status_code == 200
+        [href] = re.findall(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', page.get_data(as_text=True))
+        icon = client.get(href)
+        assert (icon.status_code, icon.mimetype) == (200, "image/svg+xml")
+        assert icon.get_data(as_text=True).startswith("<svg")
+
+
+def test_the_block_form_does_not_suggest_the_agents_own_handle(app, world, make_agent):
+    import re
+
+    make_agent("frank@acme")  # the placeholder was frank@acme on every page
+    make_agent("someone@acme")
+    for handle in ("frank@acme", "someone@acme", world["bob"]):
+        page = _signed_in(app, world, ACME).get(f"/console/agents/{handle}").get_data(as_text=True)
+        [placeholder] = re.findall(r'id="blocked_handle"[^>]*placeholder="([^"]*)"', page)
+        assert handle not in placeholder and placeholder, placeholder
