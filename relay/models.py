@@ -431,7 +431,10 @@ class Operator(db.Model):
     """
 
     __tablename__ = "operators"
-    __table_args__ = (CheckConstraint("email = lower(email)", name="email_lower"),)
+    __table_args__ = (
+        CheckConstraint("email = lower(email)", name="email_lower"),
+        CheckConstraint("role IN ('admin', 'viewer')", name="role_known"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     email: Mapped[str] = mapped_column(String(320), unique=True)
@@ -442,5 +445,12 @@ class Operator(db.Model):
     password_changed_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     last_sign_in_at: Mapped[datetime | None] = mapped_column(TZ)
     disabled_at: Mapped[datetime | None] = mapped_column(TZ)
+    # admin: every page and action of its org; viewer: every page, no action (issue 32).
+    role: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
 
     __mapper_args__ = {"eager_defaults": True}
+
+    @property
+    def may_act(self) -> bool:
+        """Whether this operator may change anything (an admin), not only look (a viewer)."""
+        return self.role == "admin"

@@ -174,6 +174,103 @@ def test_another_orgs_action_changes_nothing(app, world):
     ) == [("pending",)]
 
 
+# --------------------------------------------------------------------------- roles (issue 32)
+
+VIEWER = "look@acme.example"
+
+# What an action could change, read whole: a refused action must leave every row as it was.
+_STATE = [
+    "SELECT id::text, state, version FROM threads ORDER BY id",
+    "SELECT blocker_id::text, blocked_id::text FROM blocks ORDER BY 1, 2",
+    "SELECT id::text, revoked_at FROM api_keys ORDER BY id",
+    "SELECT id::text, enabled, failing_since FROM webhook_endpoints ORDER BY id",
+    "SELECT id::text, status, attempt_count, next_attempt_at FROM webhook_deliveries ORDER BY id",
+    "SELECT count(*) FROM events",
+    "SELECT count(*) FROM messages",
+    "SELECT count(*) FROM audit_events",
+]
+
+
+def _viewer(app, world):
+    from relay.services.operators import create_operator
+
+    with app.app_context():
+        _operator, password = create_operator(VIEWER, "acme", "viewer")
+    client = app.test_client()
+    assert sign_in(client, VIEWER, password).status_code == 303
+    return client
+
+
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_a_viewers_action_is_403_and_changes_nothing(app, world, action, form, status):
+    viewer = _viewer(app, world)
+    before = [sql(app, q) for q in _STATE]
+    resp = viewer.post(action.format(**world), data={**form, "csrf_token": token_of(viewer)})
+    assert resp.status_code == 403, resp.get_data(as_text=True)[:800]
+    assert "Viewers cannot change anything" in resp.get_data(as_text=True)
+    assert [sql(app, q) for q in _STATE] == before
+
+
+def test_the_role_matrix_covers_every_console_action(app, world):
+    """Every POST route of the console but sign-in and sign-out is in ACTIONS (so is refused to viewers above)."""
+    from relay.transport.console.views import ANY_ROLE
+
+    routes = {r.endpoint for r in app.url_map.iter_rules() if r.endpoint.startswith("console.") and "POST" in r.methods}
+    adapter = app.url_map.bind("localhost")
+    covered = {adapter.match(a.format(**world).split("?")[0], method="POST")[0] for a, _f, _s in ACTIONS}
+    assert routes - ANY_ROLE == covered
+
+
+def test_a_viewers_revoke_leaves_the_key_working(app, world, client):
+    viewer = _viewer(app, world)
+    resp = viewer.post(
+        f"/console/agents/{world['bob']}/keys/{world['key']}/revoke", data={"csrf_token": token_of(viewer)}
+    )
+    assert resp.status_code == 403
+    assert client.get("/api/v1/identities/me", headers=bearer(world["bob_key"])).status_code == 200
+
+
+def test_a_viewer_sees_every_page_and_no_action_button(app, world):
+    viewer, admin = _viewer(app, world), _signed_in(app, world, ACME)
+    posts = re.compile(r'<form method="post" action="([^"]+)"')
+    admin_forms = 0
+    for page in PAGES:
+        url = page.format(**world)
+        seen = viewer.get(url, headers=_as_htmx(page))
+        assert seen.status_code == 200, url
+        assert [a for a in posts.findall(seen.get_data(as_text=True)) if a != "/console/logout"] == [], url
+        admin_forms += len(posts.findall(admin.get(url, headers=_as_htmx(page)).get_data(as_text=True)))
+    assert admin_forms > len(PAGES)  # the same pages carry actions for an admin
+    assert 'look@acme.example · <strong>acme</strong> · <span class="role">viewer</span>' in viewer.get(
+        "/console/"
+    ).get_data(as_text=True)
+
+
+def test_a_role_change_holds_from_the_next_request_of_an_open_session(app, world):
+    from relay.services.operators import set_role
+
+    admin = _signed_in(app, world, ACME)
+    with app.app_context():
+        assert set_role(ACME, "viewer")[1] == "admin"
+    cancel = f"/console/threads/{world['task']}/cancel"
+    assert admin.post(cancel, data={"csrf_token": token_of(admin)}).status_code == 403
+    with app.app_context():
+        set_role(ACME, "admin")
+    assert admin.post(cancel, data={"csrf_token": token_of(admin)}).status_code == 303
+
+
+def test_cli_creates_viewers_and_sets_roles(app, relay_cli):
+    created = json.loads(relay_cli("create", "v@example.com", "--org", "acme", "--role", "viewer", "--json").stdout)
+    assert created["role"] == "viewer"
+    assert [o["role"] for o in json.loads(relay_cli("list", "--json").stdout)] == ["viewer"]
+    assert relay_cli("set-role", "v@example.com", "admin").stdout.strip() == "v@example.com is admin (was viewer)"
+    assert relay_cli("set-role", "V@example.com", "ADMIN").stdout.strip() == "v@example.com is still admin"
+    bad = relay_cli("set-role", "v@example.com", "owner")
+    assert bad.returncode == 2 and "'owner' is not one of 'admin', 'viewer'" in bad.stderr, bad.stderr
+    missing = relay_cli("set-role", "nobody@example.com", "viewer")
+    assert missing.returncode == 1 and "no operator nobody@example.com" in missing.stderr
+
+
 def test_overview_lists_only_the_orgs_agents(app, world):
     page = _signed_in(app, world, GLOBEX).get("/console/").get_data(as_text=True)
     assert "gus@globex" in page and "greta@globex" in page
@@ -639,7 +736,8 @@ def test_cli_creates_lists_resets_and_disables_operators(app, relay_cli):
     created = relay_cli("create", "You@Example.com", "--org", "acme", "--json")
     assert created.returncode == 0, created.stderr
     body = json.loads(created.stdout)
-    assert set(body) == {"email", "org", "password"} and body["email"] == "you@example.com" and body["org"] == "acme"
+    assert set(body) == {"email", "org", "role", "password"} and body["email"] == "you@example.com"
+    assert (body["org"], body["role"]) == ("acme", "admin")
     assert _attempt(app, "you@example.com", body["password"])[0] == 303
     listed = json.loads(relay_cli("list", "--json").stdout)
     assert [(o["email"], o["org"], o["disabled_at"]) for o in listed] == [("you@example.com", "acme", None)]
@@ -674,7 +772,7 @@ def test_cli_refuses_a_second_operator_with_one_email(relay_cli):
 def test_cli_plain_create_prints_the_password_once(relay_cli):
     proc = relay_cli("create", "plain@example.com", "--org", "acme")
     lines = proc.stdout.splitlines()
-    assert lines[0] == "created operator plain@example.com of org acme"
+    assert lines[0] == "created operator plain@example.com of org acme (admin)"
     assert re.fullmatch(r"password \(shown once\): [A-Za-z0-9_-]{24}", lines[1])
 
 
@@ -753,7 +851,11 @@ def test_every_page_names_a_favicon_that_is_served(app, world, client):
     import re
 
     console = _signed_in(app, world, ACME)
-    for page in (client.get("/console/login"), console.get("/console/"), console.get(f"/console/agents/{world['bob']}")):
+    for page in (
+        client.get("/console/login"),
+        console.get("/console/"),
+        console.get(f"/console/agents/{world['bob']}"),
+    ):
         assert page.status_code == 200
         [href] = re.findall(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', page.get_data(as_text=True))
         icon = client.get(href)

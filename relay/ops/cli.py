@@ -354,20 +354,28 @@ def operators() -> None:
     """Provision operators: the humans who sign in to the console (/console/login)."""
 
 
+_ROLE = click.Choice(["admin", "viewer"], case_sensitive=False)
+
+
 @operators.command("create")
 @click.argument("email")
 @click.option("--org", required=True, help="The org whose agents (*@ORG) the operator sees.")
+@click.option(
+    "--role", type=_ROLE, default="admin", show_default=True, help="admin: every action; viewer: every page, no action."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @with_app
-def operators_create(email: str, org: str, as_json: bool) -> None:
+def operators_create(email: str, org: str, role: str, as_json: bool) -> None:
     """Create an operator and print its generated password (shown once)."""
     from relay.services.operators import create_operator
 
-    operator, password = create_operator(email, org)
+    operator, password = create_operator(email, org, role)
     if as_json:
-        click.echo(json.dumps({"email": operator.email, "org": operator.org, "password": password}))
+        click.echo(
+            json.dumps({"email": operator.email, "org": operator.org, "role": operator.role, "password": password})
+        )
     else:
-        click.echo(f"created operator {operator.email} of org {operator.org}")
+        click.echo(f"created operator {operator.email} of org {operator.org} ({operator.role})")
         click.echo(f"password (shown once): {password}")
         click.echo(f"sign in at {_relay_url()}/console/login")
 
@@ -383,6 +391,7 @@ def operators_list(as_json: bool) -> None:
         {
             "email": o.email,
             "org": o.org,
+            "role": o.role,
             "created_at": _iso(o.created_at),
             "last_sign_in_at": _iso(o.last_sign_in_at),
             "disabled_at": _iso(o.disabled_at),
@@ -394,7 +403,22 @@ def operators_list(as_json: bool) -> None:
         return
     for r in rows:
         status = "disabled" if r["disabled_at"] else "active"
-        click.echo(f"{r['email']:<40} {r['org']:<24} {status}")
+        click.echo(f"{r['email']:<40} {r['org']:<24} {r['role']:<8} {status}")
+
+
+@operators.command("set-role")
+@click.argument("email")
+@click.argument("role", type=_ROLE)
+@with_app
+def operators_set_role(email: str, role: str) -> None:
+    """Make an operator an admin (every action) or a viewer (every page, no action)."""
+    from relay.services.operators import set_role
+
+    operator, before = set_role(email, role)
+    click.echo(
+        f"{operator.email} is {'still ' if before == operator.role else ''}{operator.role}"
+        + ("" if before == operator.role else f" (was {before})")
+    )
 
 
 @operators.command("disable")

@@ -30,6 +30,7 @@ MAX_PASSWORD = 1024  # argon2 hashes any length; a megabyte "password" would onl
 # local@domain with a dot-separated domain; enough to catch a typo, not RFC 5322.
 _EMAIL_RE = re.compile(r"[a-z0-9!#$%&'*+/=?^_`{|}~.-]+@[a-z0-9-]+(\.[a-z0-9-]+)*")
 PASSWORD_BYTES = 18  # 144 random bits, 24 URL-safe characters
+ROLES = ("admin", "viewer")  # issue 32: an admin acts, a viewer only looks
 
 _hasher = PasswordHasher()
 _dummy_hash: list[str] = []
@@ -58,6 +59,14 @@ def check_org(raw: object) -> str:
     return org
 
 
+def check_role(raw: object) -> str:
+    """Lower-case and check a role (one of :data:`ROLES`); raise invalid_params naming ``role``."""
+    role = raw.strip().lower() if isinstance(raw, str) else raw
+    if role not in ROLES:
+        raise invalid("role", f"must be admin or viewer, got {raw!r}")
+    return role
+
+
 def new_password() -> str:
     """A generated password: 24 URL-safe characters (144 random bits)."""
     return secrets.token_urlsafe(PASSWORD_BYTES)
@@ -77,19 +86,19 @@ def require_operator(email: object) -> Operator:
     return operator
 
 
-def create_operator(email: object, org: object) -> tuple[Operator, str]:
-    """Create an operator of ``org``; return it and its generated password (shown once).
+def create_operator(email: object, org: object, role: object = "admin") -> tuple[Operator, str]:
+    """Create an operator of ``org`` with ``role``; return it and its generated password (shown once).
 
-    Raises invalid_params naming ``email`` (malformed, or an operator already has it) or
-    ``org`` (breaks the org rule of handles).
+    Raises invalid_params naming ``email`` (malformed, or an operator already has it),
+    ``org`` (breaks the org rule of handles) or ``role`` (not admin or viewer).
     """
-    normal, org_name = check_email(email), check_org(org)
+    normal, org_name, role_name = check_email(email), check_org(org), check_role(role)
     password = new_password()
     hashed = _hasher.hash(password)
     with unit_of_work() as session:
         if get_operator(normal) is not None:
             raise invalid("email", f"an operator {normal} already exists (relay operators reset-password {normal})")
-        operator = Operator(email=normal, org=org_name, password_hash=hashed)
+        operator = Operator(email=normal, org=org_name, password_hash=hashed, role=role_name)
         session.add(operator)
         session.flush()
     return operator, password
@@ -111,6 +120,20 @@ def disable_operator(email: object) -> Operator:
             operator.disabled_at = datetime.now(UTC)
             operator.session_version += 1
     return operator
+
+
+def set_role(email: object, role: object) -> tuple[Operator, str]:
+    """Give an operator ``role``; return it and its role before.
+
+    Its open sessions keep going with the new role from their next request (the role is
+    read with the session's operator on every request). Raises invalid_params (malformed
+    email, unknown role) or not_found.
+    """
+    role_name = check_role(role)
+    with unit_of_work():
+        operator = require_operator(email)
+        before, operator.role = operator.role, role_name
+    return operator, before
 
 
 def reset_password(email: object) -> tuple[Operator, str]:

@@ -50,6 +50,8 @@ log = logging.getLogger("relay.console")
 PAGE = 20  # threads or search hits per page
 DELIVERIES = 10  # recent deliveries shown per endpoint
 PUBLIC = frozenset({"console.login", "console.login_submit", "console.static", "console.unknown"})
+# The POSTs a viewer may make: signing in and out. Every other POST is an action (issue 32).
+ANY_ROLE = PUBLIC | {"console.logout"}
 # Symbols that mean "no such thing for you": one 404 page, whatever the reason.
 NOT_FOUND = frozenset({"identity_not_found", "thread_not_found", "not_found", "key_not_found"})
 
@@ -163,6 +165,15 @@ def _gate():
         return redirect(page)  # a fragment opened as a page (a link, a reload): its page
     if request.method == "POST":
         csrf.protect()  # CSRFError (400) when the token is missing or wrong
+        if request.endpoint not in ANY_ROLE and not g.operator.may_act:
+            # One rule for every action, before its view runs: nothing is read or written.
+            _log_action("viewer_refused")
+            return _error_page(
+                403,
+                "Viewers cannot change anything",
+                f"{g.operator.email} is a viewer of {g.operator.org}: every page is open to it, and no action."
+                " An admin can change its role with `relay operators set-role`.",
+            )
     return None
 
 
