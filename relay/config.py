@@ -55,6 +55,7 @@ DEFAULTS: dict[str, str] = {
     "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "30/minute",
     "RELAY_RETAIN_DELIVERIES_DAYS": "30",
     "RELAY_RETAIN_EVENTS_DAYS": "30",
+    "RELAY_RETAIN_AUDIT_DAYS": "365",
     "RELAY_RETAIN_CLOSED_THREADS_DAYS": "0",
     "RELAY_RETENTION_LOCK_TIMEOUT_MS": "500",
 }
@@ -225,6 +226,7 @@ class Settings:
     # partition is skipped until the next pass, so traffic never queues behind a drop.
     retain_deliveries_days: int = 30
     retain_events_days: int = 30
+    retain_audit_days: int = 365  # the operators' audit log (issue 32)
     retain_closed_threads_days: int = 0
     retention_lock_timeout_ms: int = 500
 
@@ -351,6 +353,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         console_login_address_limit=_rate(env, "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT"),
         retain_deliveries_days=_int(env, "RELAY_RETAIN_DELIVERIES_DAYS", 1, _MAX_DAYS),
         retain_events_days=_int(env, "RELAY_RETAIN_EVENTS_DAYS", 1, _MAX_DAYS),
+        retain_audit_days=_int(env, "RELAY_RETAIN_AUDIT_DAYS", 1, _MAX_DAYS),
         retain_closed_threads_days=_int(env, "RELAY_RETAIN_CLOSED_THREADS_DAYS", 0, _MAX_DAYS),
         retention_lock_timeout_ms=_int(env, "RELAY_RETENTION_LOCK_TIMEOUT_MS", 1, _MAX_LOCK_TIMEOUT_MS),
     )

@@ -50,6 +50,7 @@ PARTITIONED = {
     "webhook_deliveries": "created_at",
     "webhook_attempts": "attempted_at",
     "idempotency_records": "created_at",
+    "operator_audit": "created_at",
 }
 _PARTITION_NAME = re.compile(r"^(" + "|".join(PARTITIONED) + r")_(legacy|p\d{8})$")
 
@@ -420,6 +421,28 @@ class WebhookAttempt(_PartitionedById, db.Model):
     status_code: Mapped[int | None]
     error: Mapped[str | None] = mapped_column(Text)
     duration_ms: Mapped[int] = mapped_column(Integer)
+
+
+class OperatorAudit(_PartitionedById, db.Model):
+    """One operator's sign-in, failed sign-in, sign-out or console action (issue 32).
+
+    Written in the transaction of the action it records; a refused action leaves only its
+    refusal (``outcome`` the reason's symbol). ``operator_id`` is null for a failed
+    sign-in, whose ``operator_email`` is the email typed; ``org`` is the operator's.
+    """
+
+    __tablename__ = "operator_audit"
+    __table_args__ = (Index("ix_operator_audit_org", "org", text("created_at DESC"), text("id DESC")),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(TZ, primary_key=True, server_default=func.now())
+    operator_id: Mapped[uuid.UUID | None]
+    operator_email: Mapped[str] = mapped_column(String(320))
+    org: Mapped[str | None] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(Text, default="", server_default="")
+    outcome: Mapped[str] = mapped_column(String(64))
+    client_addr: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class Operator(db.Model):

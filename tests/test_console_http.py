@@ -872,3 +872,162 @@ def test_the_block_form_does_not_suggest_the_agents_own_handle(app, world, make_
         page = _signed_in(app, world, ACME).get(f"/console/agents/{handle}").get_data(as_text=True)
         [placeholder] = re.findall(r'id="blocked_handle"[^>]*placeholder="([^"]*)"', page)
         assert handle not in placeholder and placeholder, placeholder
+
+
+# --------------------------------------------------------------------------- the audit log (issue 32)
+
+
+def _audit(app, **where) -> list[tuple]:
+    clause = " AND ".join(f"{k} = :{k}" for k in where) or "true"
+    return sql(
+        app,
+        f"SELECT action, outcome, operator_email, org, target, client_addr FROM operator_audit WHERE {clause}"
+        " ORDER BY created_at, id",
+        **where,
+    )
+
+
+def test_sign_ins_failed_sign_ins_and_sign_outs_are_recorded(app, world):
+    client = app.test_client()
+    assert sign_in(client, ACME, "wrong").status_code == 401
+    assert sign_in(client, "nobody@acme.example", "wrong").status_code == 401
+    assert sign_in(client, ACME, world["passwords"][ACME]).status_code == 303
+    client.post("/console/logout", data={"csrf_token": token_of(client)})
+    rows = _audit(app)
+    assert [r[:4] for r in rows] == [
+        ("sign_in_failed", "unauthenticated", ACME, "acme"),
+        ("sign_in_failed", "unauthenticated", "nobody@acme.example", None),
+        ("sign_in", "ok", ACME, "acme"),
+        ("sign_out", "ok", ACME, "acme"),
+    ]
+    assert all(r[5] == "127.0.0.1" for r in rows), rows
+
+
+_AUDIT_NAMES = {
+    "cancel": "cancel",
+    "blocks/alice@acme/delete": "unblock",
+    "blocks": "block",
+    "keys/{key}/revoke": "key.revoke",
+    "keys": "key.create",
+    "disable": "webhook.disable",
+    "enable": "webhook.enable",
+    "test": "webhook.test",
+    "redrive": "webhook.redrive",
+    "recover": "webhook.recover",
+}
+
+
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_every_action_is_recorded_with_its_target(app, world, action, form, status):
+    name = next(v for k, v in _AUDIT_NAMES.items() if action.endswith(k))
+    admin = _signed_in(app, world, ACME)
+    resp = admin.post(action.format(**world), data={**form, "csrf_token": token_of(admin)})
+    assert resp.status_code == status
+    [row] = _audit(app, action=name)
+    assert row[:4] == (name, "ok", ACME, "acme") and row[5] == "127.0.0.1", row
+    path = action.format(**world)
+    named = [v for k, v in world.items() if isinstance(v, str) and k not in ("bob_key",) and v in path]
+    assert all(v in row[4] for v in named), (row[4], named)
+    for field, value in form.items():
+        if field != "tz_offset":
+            assert f"{field}={value}" in row[4]
+
+
+def test_a_refused_action_writes_only_its_refusal(app, world):
+    admin = _signed_in(app, world, ACME)
+    before = [sql(app, q) for q in _STATE]
+    # A block the service refuses (no such sender), then one it makes.
+    blocks = f"/console/agents/{world['bob']}/blocks"
+    assert admin.post(blocks, data={"blocked_handle": "nobody@acme", "csrf_token": token_of(admin)}).status_code == 303
+    assert [sql(app, q) for q in _STATE] == before
+    admin.post(blocks, data={"blocked_handle": "alice@acme", "csrf_token": token_of(admin)})
+    rows = _audit(app, action="block")
+    assert [(r[1], r[4]) for r in rows] == [
+        ("identity_not_found", f"handle={world['bob']} blocked_handle=nobody@acme"),
+        ("ok", f"handle={world['bob']} blocked_handle=alice@acme"),
+    ], rows
+    # A viewer's refusal: the row says forbidden and nothing else moved.
+    viewer = _viewer(app, world)
+    after_admin = [sql(app, q) for q in _STATE]
+    assert after_admin != before
+    viewer.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": token_of(viewer)})
+    assert _audit(app, action="cancel") == [
+        ("cancel", "forbidden", VIEWER, "acme", f"task_id={world['task']}", "127.0.0.1")
+    ]
+    assert [sql(app, q) for q in _STATE] == after_admin
+
+
+def test_an_action_whose_record_cannot_be_written_does_not_happen(app, world):
+    """The record is in the action's transaction: refuse the record, and the cancel is not made."""
+    admin = _signed_in(app, world, ACME)
+    sql(app, "ALTER TABLE operator_audit ADD CONSTRAINT no_cancel_record CHECK (action <> 'cancel')")
+    try:
+        resp = admin.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": token_of(admin)})
+    finally:
+        sql(app, "ALTER TABLE operator_audit DROP CONSTRAINT no_cancel_record")
+    assert resp.status_code == 500
+    assert sql(
+        app, "SELECT state FROM threads WHERE sender_id = (SELECT id FROM agents WHERE handle = 'alice@acme')"
+    ) == [("pending",)]
+
+
+def test_the_audit_page_filters_and_pages_newest_first(app, world):
+    from relay.services.operators import record
+
+    admin = _signed_in(app, world, ACME)
+    with app.app_context():
+        for i in range(60):
+            record("webhook.test", "ok", email=f"bot{i}@acme.example", org="acme", target=f"n={i}")
+        record("cancel", "ok", email="other@globex.example", org="globex", target="globex only")
+        from relay.extensions import db
+
+        db.session.commit()
+    first = admin.get("/console/audit").get_data(as_text=True)
+    assert "n=59" in first and "n=10" in first and "n=9<" not in first and "globex only" not in first
+    assert first.index("n=59") < first.index("n=58")
+    older = re.search(r'href="(/console/audit\?cursor=[^"]+)" rel="next"', first).group(1)
+    second = admin.get(older.replace("&amp;", "&")).get_data(as_text=True)
+    assert "n=9<" in second and "n=0<" in second and "n=59" not in second
+    only = admin.get("/console/audit?operator=bot7@acme.example").get_data(as_text=True)
+    assert "n=7<" in only and "n=8<" not in only
+    signs = admin.get("/console/audit?action=sign_in").get_data(as_text=True)
+    assert "n=1<" not in signs and ACME in signs
+    future = admin.get("/console/audit?since=2999-01-01T00:00").get_data(as_text=True)
+    assert 'id="no-audit"' in future
+    for bad in ("action=drop_tables", "cursor=garbage", "since=yesterday", "until=2026-13-40T00:00"):
+        resp = admin.get(f"/console/audit?{bad}")
+        assert resp.status_code in (400, 422), (bad, resp.status_code)
+
+
+def test_relay_audit_list_prints_the_orgs_records(app, world, base_env, tmp_path):
+    admin = _signed_in(app, world, ACME)
+    admin.post(f"/console/agents/{world['bob']}/keys/{world['key']}/revoke", data={"csrf_token": token_of(admin)})
+    env = {**base_env, "RELAY_HOME": str(tmp_path / "home")}
+
+    def audit(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "relay.ops.cli", "audit", "list", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    rows = json.loads(audit("--org", "acme", "--json").stdout)
+    assert [r["action"] for r in rows][:2] == ["key.revoke", "sign_in"]  # newest first
+    assert {"at", "operator", "org", "action", "target", "outcome", "client_addr"} == set(rows[0])
+    assert json.loads(audit("--org", "acme", "--since", "2999-01-01T00:00:00Z", "--json").stdout) == []
+    assert json.loads(audit("--org", "globex", "--action", "key.revoke", "--json").stdout) == []
+    naive = audit("--org", "acme", "--since", "2026-01-01T00:00")
+    assert naive.returncode == 2 and "give a time zone" in naive.stderr
+    assert audit("--org", "acme", "--action", "nope").returncode == 2
+
+
+def test_a_role_change_is_recorded_in_the_orgs_log(app, world):
+    from relay.services.operators import set_role
+
+    with app.app_context():
+        set_role(ACME, "viewer")
+    assert _audit(app, action="role.set") == [
+        ("role.set", "ok", "relay operators set-role", "acme", f"{ACME}: admin -> viewer", "cli")
+    ]

@@ -341,10 +341,11 @@ def test_status_json_shape_and_the_metric(app, client, base_env, tmp_path):
     status = json.loads(proc.stdout)
     assert list(status) == ["tables"]
     names = [t["name"] for t in status["tables"]]
-    assert names == ["events", "webhook_deliveries", "webhook_attempts", "idempotency_records"]
+    assert names == ["events", "webhook_deliveries", "webhook_attempts", "idempotency_records", "operator_audit"]
+    days = {"idempotency_records": 1, "operator_audit": 365}
     for table in status["tables"]:
         assert set(table) == {"name", "retain_days", "partitions"}
-        assert table["retain_days"] == (1 if table["name"] == "idempotency_records" else 30)
+        assert table["retain_days"] == days.get(table["name"], 30)
         assert len(table["partitions"]) >= 4  # legacy (through today), then up to three days ahead
         first, *rest = table["partitions"]
         for p in table["partitions"]:
@@ -640,3 +641,24 @@ def test_a_delivery_log_page_reads_the_newest_day_first_and_then_the_rest_in_ord
     assert page(1, (ats[0], ids[0]))[0] == [ids[1]]
     # A cursor a day from the calendar's start: no window before it to read, an empty page (not a 500).
     assert page(2, (datetime(1, 1, 1, 12, tzinfo=UTC), ids[0])) == ([], None)
+
+
+def test_the_operator_audit_log_goes_by_its_own_retention(private):
+    app = private
+    now = _db_now(app)
+    tomorrow = _midnight(now) + DAY
+    for target, at in (("old", now), ("new", tomorrow + timedelta(hours=1))):
+        q(
+            app,
+            "INSERT INTO operator_audit (operator_email, org, action, target, outcome, created_at)"
+            " VALUES ('ops@x', 'x', 'sign_in', :t, 'ok', :at)",
+            t=target,
+            at=at,
+        )
+    # Past the deliveries' 30 days it stays (RELAY_RETAIN_AUDIT_DAYS: 365 by default) ...
+    assert "operator_audit_legacy" not in _pass(app, tomorrow + 31 * DAY).dropped
+    # ... and 365 days after the legacy partition ends, it goes; tomorrow's stays.
+    report = _pass(app, tomorrow + 365 * DAY + timedelta(seconds=1))
+    assert "operator_audit_legacy" in report.dropped
+    assert f"operator_audit_p{tomorrow:%Y%m%d}" not in report.dropped
+    assert [r[0] for r in q(app, "SELECT target FROM operator_audit")] == ["new"]

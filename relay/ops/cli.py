@@ -448,6 +448,59 @@ def operators_reset_password(email: str, as_json: bool) -> None:
 
 
 @main.group()
+def audit() -> None:
+    """The operators' audit log: sign-ins and console actions."""
+
+
+def _aware_time(value: str | None, name: str):
+    if value is None:
+        return None
+    from datetime import datetime
+
+    try:
+        when = datetime.fromisoformat(value.strip().replace("z", "Z"))
+    except ValueError:
+        raise click.BadParameter("must be an ISO 8601 time such as 2026-04-25T10:00:00Z", param_hint=name) from None
+    if when.tzinfo is None:
+        raise click.BadParameter("give a time zone, e.g. 2026-04-25T10:00:00Z", param_hint=name)
+    return when
+
+
+@audit.command("list")
+@click.option("--org", required=True, help="The org whose operators' records to print.")
+@click.option("--since", help="Only records at or after this ISO 8601 time (with a zone).")
+@click.option("--operator", "email", help="Only this operator's records (an email).")
+@click.option("--action", help="Only this action (sign_in, key.revoke, ...).")
+@click.option("--limit", type=click.IntRange(1, 100000), default=1000, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@with_app
+def audit_list(org: str, since: str | None, email: str | None, action: str | None, limit: int, as_json: bool) -> None:
+    """Print an org's audit records, newest first."""
+    from relay.services.operators import AUDIT_ACTIONS, audit_page, check_org
+
+    if action is not None and action not in AUDIT_ACTIONS:
+        raise click.BadParameter(f"must be one of {', '.join(AUDIT_ACTIONS)}", param_hint="--action")
+    when, org_name, rows, cursor = _aware_time(since, "--since"), check_org(org), [], None
+    while len(rows) < limit:
+        page = audit_page(
+            org_name, email=email, action=action, since=when, cursor=cursor, limit=min(500, limit - len(rows))
+        )
+        rows += page["items"]
+        if page["next_cursor"] is None:
+            break
+        from relay.schemas.common import Cursor
+
+        cursor = Cursor(ident=int).deserialize(page["next_cursor"])
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        click.echo(
+            f"{r['at']}  {r['operator']:<32} {r['action']:<16} {r['outcome']:<16} {r['client_addr']:<16} {r['target']}"
+        )
+
+
+@main.group()
 def retention() -> None:
     """The logs' time partitions: what is kept, and one retention pass now."""
 

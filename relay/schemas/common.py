@@ -473,7 +473,14 @@ def load_or_invalid(schema: Schema, data: Any, prefix: str = "") -> dict:
 
 
 class Cursor(fields.Field):
-    """An opaque keyset cursor ``(time, id)``; garbage is a validation error, never a 500."""
+    """An opaque keyset cursor ``(time, id)``; garbage is a validation error, never a 500.
+
+    ``ident`` reads the id (a UUID by default; ``int`` for a bigint key).
+    """
+
+    def __init__(self, *args, ident=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ident = ident
 
     def _deserialize(self, value, attr, data, **kwargs):
         if value is None:
@@ -491,6 +498,6 @@ class Cursor(fields.Field):
             when = when.astimezone(UTC)  # see to_utc: PostgreSQL refuses offsets past ±15:59
             import uuid
 
-            return when, uuid.UUID(ident)
+            return when, (self.ident or uuid.UUID)(ident)
         except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
             raise ValidationError("is not a cursor returned by this API") from None

@@ -13,6 +13,7 @@ from marshmallow import EXCLUDE, Schema, ValidationError, fields, post_load, pre
 
 from relay.models import THREAD_STATES
 from relay.schemas.common import Cursor, to_utc
+from relay.services.operators import AUDIT_ACTIONS
 
 MAX_QUERY = 500  # as the feed's q
 
@@ -88,16 +89,50 @@ class RecoverForm(_Lenient):
 
     @post_load
     def _to_utc(self, data, **kwargs):
+        return {"since": form_time(data["since"], data["tz_offset"], "since")}
+
+
+def form_time(raw: str, tz_offset: int, field: str) -> datetime:
+    """A form's time (``datetime-local`` or ISO 8601 with an offset) in UTC; a local time is
+    shifted by ``tz_offset`` minutes. Raises ValidationError naming ``field``."""
+    try:
+        when = datetime.fromisoformat(raw.strip().replace("z", "Z"))
+    except ValueError:
+        raise ValidationError({field: ["must be a date and time such as 2026-04-20T09:30"]}) from None
+    if when.tzinfo is None:
         try:
-            when = datetime.fromisoformat(data["since"].strip().replace("z", "Z"))
-        except ValueError:
-            raise ValidationError({"since": ["must be a date and time such as 2026-04-20T09:30"]}) from None
-        if when.tzinfo is None:
-            try:
-                when = (when + timedelta(minutes=data["tz_offset"])).replace(tzinfo=UTC)
-            except OverflowError:
-                raise ValidationError({"since": ["is out of range (years 1-9999 in UTC)"]}) from None
-        return {"since": to_utc(when)}
+            when = (when + timedelta(minutes=tz_offset)).replace(tzinfo=UTC)
+        except OverflowError:
+            raise ValidationError({field: ["is out of range (years 1-9999 in UTC)"]}) from None
+    return to_utc(when)
+
+
+class AuditQuery(_Lenient):
+    """``/console/audit``: ``operator`` (an email), ``action``, ``since`` and ``until`` (UTC unless
+    they carry an offset; ``tz_offset`` as for :class:`RecoverForm`), ``cursor``. Blank is absent."""
+
+    operator = fields.String(
+        load_default=None, validate=validate.Length(max=320, error="must be at most 320 characters")
+    )
+    action = fields.String(
+        load_default=None,
+        validate=validate.OneOf(AUDIT_ACTIONS, error=f"must be one of {', '.join(AUDIT_ACTIONS)}"),
+    )
+    since = fields.String(load_default=None, validate=validate.Length(max=64))
+    until = fields.String(load_default=None, validate=validate.Length(max=64))
+    tz_offset = fields.Integer(load_default=0, validate=validate.Range(min=-24 * 60, max=24 * 60))
+    cursor = Cursor(load_default=None, ident=int)
+
+    @pre_load
+    def _last(self, data, **kwargs):
+        return {k: v[-1] for k, v in data.items() if v and v[-1].strip()}
+
+    @post_load
+    def _times(self, data, **kwargs):
+        for name in ("since", "until"):
+            if data[name] is not None:
+                data[name] = form_time(data[name], data["tz_offset"], name)
+        return data
 
 
 class KeyForm(_Lenient):

@@ -12,15 +12,18 @@ from __future__ import annotations
 import re
 import secrets
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 
 from relay.errors import RelayError, invalid
 from relay.extensions import db
-from relay.models import Operator
+from relay.ids import encode_cursor, iso
+from relay.models import Operator, OperatorAudit
 from relay.services import unit_of_work
 from relay.services.agents import handle_problem
 
@@ -32,6 +35,7 @@ _EMAIL_RE = re.compile(r"[a-z0-9!#$%&'*+/=?^_`{|}~.-]+@[a-z0-9-]+(\.[a-z0-9-]+)*
 PASSWORD_BYTES = 18  # 144 random bits, 24 URL-safe characters
 ROLES = ("admin", "viewer")  # issue 32: an admin acts, a viewer only looks
 
+T = TypeVar("T")
 _hasher = PasswordHasher()
 _dummy_hash: list[str] = []
 
@@ -133,6 +137,15 @@ def set_role(email: object, role: object) -> tuple[Operator, str]:
     with unit_of_work():
         operator = require_operator(email)
         before, operator.role = operator.role, role_name
+        # In the org's audit log, in the change's transaction; made by the CLI, not a signed-in operator.
+        record(
+            "role.set",
+            "ok",
+            email="relay operators set-role",
+            org=operator.org,
+            target=f"{operator.email}: {before} -> {role_name}",
+            client_addr="cli",
+        )
     return operator, before
 
 
@@ -158,11 +171,13 @@ def _verify(hashed: str, password: str) -> bool:
         return False
 
 
-def authenticate(email: object, password: object) -> Operator:
+def authenticate(email: object, password: object, client_addr: str = "") -> Operator:
     """The operator whose email and password these are; raise unauthenticated (WRONG_CREDENTIALS) otherwise.
 
     Unknown email, wrong password, disabled operator, malformed input: the same error,
     after one hash verification each. A hash made with older parameters is replaced.
+    Either way one audit row is written (``sign_in``, or ``sign_in_failed`` in the org of
+    the operator the email names, if any).
     """
     normal = email.strip().lower() if isinstance(email, str) else ""
     given = password if isinstance(password, str) and len(password) <= MAX_PASSWORD else None
@@ -171,14 +186,27 @@ def authenticate(email: object, password: object) -> Operator:
         if not _dummy_hash:
             _dummy_hash.append(_hasher.hash(secrets.token_urlsafe(16)))
         _verify(_dummy_hash[0], given or "")
-        raise RelayError("unauthenticated", WRONG_CREDENTIALS)
+        _refused(email, operator, client_addr)
     if not _verify(operator.password_hash, given):
-        raise RelayError("unauthenticated", WRONG_CREDENTIALS)
+        _refused(email, operator, client_addr)
     with unit_of_work():
+        record("sign_in", "ok", operator=operator, client_addr=client_addr)
         operator.last_sign_in_at = datetime.now(UTC)
         if _hasher.check_needs_rehash(operator.password_hash):
             operator.password_hash = _hasher.hash(given)
     return operator
+
+
+def _refused(email: object, operator: Operator | None, client_addr: str):
+    with unit_of_work():
+        record(
+            "sign_in_failed",
+            "disabled" if operator is not None and operator.disabled_at is not None else "unauthenticated",
+            email=operator.email if operator is not None else email,
+            org=operator.org if operator is not None else None,
+            client_addr=client_addr,
+        )
+    raise RelayError("unauthenticated", WRONG_CREDENTIALS)
 
 
 def session_operator(operator_id: object, session_version: object) -> Operator | None:
@@ -197,12 +225,149 @@ def session_operator(operator_id: object, session_version: object) -> Operator |
     return operator
 
 
-def sign_out(operator: Operator) -> None:
-    """End every console session of ``operator`` (a signed cookie cannot be revoked alone)."""
+def sign_out(operator: Operator, client_addr: str = "") -> None:
+    """End every console session of ``operator`` (a signed cookie cannot be revoked alone); audited."""
     with unit_of_work() as session:
+        record("sign_out", "ok", operator=operator, client_addr=client_addr)
         session.execute(
             update(Operator)
             .where(Operator.id == operator.id)
             .values(session_version=Operator.session_version + 1)
             .execution_options(synchronize_session=False)
         )
+
+
+# --- the audit log of operator actions (issue 32) -------------------------------------
+
+AUDIT_ACTIONS = (
+    "sign_in",
+    "sign_in_failed",
+    "sign_out",
+    "cancel",
+    "block",
+    "unblock",
+    "key.create",
+    "key.revoke",
+    "webhook.enable",
+    "webhook.disable",
+    "webhook.test",
+    "webhook.redrive",
+    "webhook.recover",
+    "role.set",
+)
+MAX_TARGET = 500
+AUDIT_PAGE = 50
+
+
+def _printable(raw: object, limit: int) -> str:
+    """``raw`` as text of at most ``limit`` characters, control characters replaced (it is shown)."""
+    text_ = raw if isinstance(raw, str) else ("" if raw is None else str(raw))
+    return "".join(c if c.isprintable() else "\ufffd" for c in text_[:limit])
+
+
+def record(
+    action: str,
+    outcome: str,
+    *,
+    operator: Operator | None = None,
+    email: object = None,
+    org: str | None = None,
+    target: object = "",
+    client_addr: object = "",
+) -> None:
+    """Add one audit row to the current transaction (flushed, so it commits with it).
+
+    ``action`` is one of :data:`AUDIT_ACTIONS`; ``outcome`` ``ok`` or the refusal's
+    symbol. Without ``operator`` (a failed sign-in) ``email`` is what was typed, cut to
+    320 characters. Raises ValueError for an unknown action (a programming error).
+    """
+    if action not in AUDIT_ACTIONS:
+        raise ValueError(f"unknown audit action {action!r}")
+    row = OperatorAudit(
+        operator_id=operator.id if operator is not None else None,
+        operator_email=operator.email if operator is not None else _printable(email, MAX_EMAIL),
+        org=operator.org if operator is not None else org,
+        action=action,
+        target=_printable(target, MAX_TARGET),
+        outcome=_printable(outcome, 64),
+        client_addr=_printable(client_addr, 64),
+    )
+    db.session.add(row)
+    db.session.flush()
+
+
+def record_alone(action: str, outcome: str, **row) -> None:
+    """:func:`record` in a transaction of its own (a refusal: nothing else is written)."""
+    with unit_of_work():
+        record(action, outcome, **row)
+
+
+def audited(run: Callable[[], T], action: str, **row) -> T:
+    """Run ``run`` (a use case) with its audit row in its transaction; return what it returns.
+
+    The row (``outcome`` ok; ``row`` as for :func:`record`) is flushed first, so the use
+    case's unit of work commits it with what it writes, and a use case that writes nothing
+    commits it alone. If ``run`` raises RelayError its rollback takes the row too: the
+    refusal (``outcome`` its symbol) is recorded alone and the error re-raised.
+    """
+    record(action, "ok", **row)
+    try:
+        result = run()
+        with unit_of_work():
+            pass
+    except RelayError as exc:
+        db.session.rollback()
+        record_alone(action, exc.symbol, **row)
+        raise
+    return result
+
+
+def audit_page(
+    org: str,
+    *,
+    email: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    cursor: tuple[datetime, int] | None = None,
+    limit: int = AUDIT_PAGE,
+) -> dict:
+    """One page of ``org``'s audit rows, newest first: ``{"items": [row dicts], "next_cursor"}``.
+
+    Filters: the operator's ``email``, the ``action``, ``since`` (inclusive) and ``until``
+    (exclusive), UTC. Keyset paging on ``(created_at, id)``; ``next_cursor`` is None on
+    the last page. A row dict has ``at`` (ISO 8601, UTC), ``operator``, ``org``, ``action``,
+    ``target``, ``outcome``, ``client_addr``.
+    """
+    stmt = select(OperatorAudit).where(OperatorAudit.org == org)
+    if email:
+        stmt = stmt.where(OperatorAudit.operator_email == email.strip().lower())
+    if action:
+        stmt = stmt.where(OperatorAudit.action == action)
+    if since is not None:
+        stmt = stmt.where(OperatorAudit.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(OperatorAudit.created_at < until)
+    if cursor is not None:
+        stmt = stmt.where(tuple_(OperatorAudit.created_at, OperatorAudit.id) < tuple_(*cursor))
+    rows = list(
+        db.session.scalars(stmt.order_by(OperatorAudit.created_at.desc(), OperatorAudit.id.desc()).limit(limit + 1))
+    )
+    more, rows = len(rows) > limit, rows[:limit]
+    return {
+        "items": [audit_view(r) for r in rows],
+        "next_cursor": encode_cursor(rows[-1].created_at, rows[-1].id) if more else None,
+    }
+
+
+def audit_view(row: OperatorAudit) -> dict:
+    """An audit row's public record (see :func:`audit_page`)."""
+    return {
+        "at": iso(row.created_at),
+        "operator": row.operator_email,
+        "org": row.org,
+        "action": row.action,
+        "target": row.target,
+        "outcome": row.outcome,
+        "client_addr": row.client_addr,
+    }

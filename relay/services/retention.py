@@ -55,7 +55,7 @@ _LOCK_NOT_AVAILABLE = "55P03"
 _DAY = timedelta(days=1)
 # Drop order: a table's partitions go before those of the tables they are read with
 # (attempts and deliveries before their events).
-DROP_ORDER = ("webhook_attempts", "webhook_deliveries", "events", "idempotency_records")
+DROP_ORDER = ("webhook_attempts", "webhook_deliveries", "events", "idempotency_records", "operator_audit")
 _BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
 
 
@@ -98,6 +98,7 @@ def retain_for(table: str, settings=None) -> timedelta:
         "webhook_deliveries": timedelta(days=s.retain_deliveries_days),
         "webhook_attempts": timedelta(days=s.retain_deliveries_days),
         "idempotency_records": timedelta(seconds=s.idempotency_ttl_seconds),
+        "operator_audit": timedelta(days=s.retain_audit_days),
     }[table]
 
 
@@ -216,6 +217,7 @@ _IN_FLIGHT = {
         ),
     ],
     "idempotency_records": [],
+    "operator_audit": [],
 }
 
 

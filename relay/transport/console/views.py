@@ -37,7 +37,15 @@ from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.ids import parse_ulid
 from relay.schemas.common import load_or_invalid
-from relay.schemas.console import BlockForm, DeliveriesQuery, InboxQuery, KeyForm, RecoverForm, SearchQuery
+from relay.schemas.console import (
+    AuditQuery,
+    BlockForm,
+    DeliveriesQuery,
+    InboxQuery,
+    KeyForm,
+    RecoverForm,
+    SearchQuery,
+)
 from relay.services import agents, blocks, operators, org, threads, webhooks
 from relay.transport.auth import client_address, retry_after_seconds
 from relay.transport.console import SECURITY_HEADERS, bp, csrf
@@ -166,8 +174,11 @@ def _gate():
     if request.method == "POST":
         csrf.protect()  # CSRFError (400) when the token is missing or wrong
         if request.endpoint not in ANY_ROLE and not g.operator.may_act:
-            # One rule for every action, before its view runs: nothing is read or written.
+            # One rule for every action, before its view runs: nothing is written but the refusal.
             _log_action("viewer_refused")
+            operators.record_alone(
+                _audit_action(), "forbidden", operator=g.operator, target=_audit_target(), client_addr=client_address()
+            )
             return _error_page(
                 403,
                 "Viewers cannot change anything",
@@ -249,10 +260,45 @@ def _task_id(raw: str):
         raise RelayError("thread_not_found", f"no thread {raw!r}") from None
 
 
+# The audit log's name of each console action (operators.AUDIT_ACTIONS).
+AUDITED = {
+    "console.cancel_thread": "cancel",
+    "console.block_sender": "block",
+    "console.unblock_sender": "unblock",
+    "console.create_key": "key.create",
+    "console.revoke_key": "key.revoke",
+    "console.test_webhook": "webhook.test",
+    "console.redrive_delivery": "webhook.redrive",
+    "console.recover_webhook": "webhook.recover",
+}
+
+
+def _audit_action() -> str:
+    if request.endpoint == "console.set_webhook_enabled":
+        return f"webhook.{request.view_args['change']}"
+    return AUDITED[request.endpoint]
+
+
+def _audit_target() -> str:
+    """What the action is on: its path's parts, and the form field that names a subject."""
+    parts = [f"{k}={v}" for k, v in (request.view_args or {}).items() if k != "change"]
+    for field in ("blocked_handle", "since", "label"):
+        if request.form.get(field):
+            parts.append(f"{field}={request.form[field]}")
+    return " ".join(parts)
+
+
+def _audited(action: Callable[[], Any]) -> Any:
+    """Run ``action`` with its audit row in its transaction (operators.audited)."""
+    return operators.audited(
+        action, _audit_action(), operator=g.operator, target=_audit_target(), client_addr=client_address()
+    )
+
+
 def _act(back: str, action: Callable[[], Any], done: str | Callable[[Any], str], *, missing_is_404: bool = True):
-    """Run an action; flash what it did or the service's reason it did not; redirect to ``back``."""
+    """Run an action (audited); flash what it did or the service's reason it did not; redirect to ``back``."""
     try:
-        result = action()
+        result = _audited(action)
     except RelayError as exc:
         _log_action(exc.symbol)
         if missing_is_404 and exc.symbol in NOT_FOUND:
@@ -313,7 +359,7 @@ def login_submit():
     if not form.validate():
         return _login_page(form, 422)
     try:
-        operator = operators.authenticate(form.email.data, form.password.data)
+        operator = operators.authenticate(form.email.data, form.password.data, client_address())
     except RelayError as exc:  # one message for every reason (operators.authenticate)
         log.info("console sign-in refused", extra={"request_id": g.get("request_id"), "client": client_address()})
         return _login_page(form, 401, exc.message)
@@ -367,7 +413,7 @@ def logout_page():
 @bp.post("/logout")
 def logout():
     """Sign out: this and every other session of the operator end."""
-    operators.sign_out(g.operator)
+    operators.sign_out(g.operator, client_address())
     session.clear()
     flash("You are signed out.", "info")
     return redirect(url_for("console.login"), 303)
@@ -445,6 +491,22 @@ def search():
     return render_template("console/search.html", q=q, results=results)
 
 
+@bp.get("/audit")
+def audit():
+    """The org's operator audit log, newest first: filters ``operator``, ``action``, ``since``, ``until``; ``cursor``."""
+    q = _query(AuditQuery())
+    page = operators.audit_page(
+        g.operator.org,
+        email=q["operator"],
+        action=q["action"],
+        since=q["since"],
+        until=q["until"],
+        cursor=q["cursor"],
+    )
+    filters = {k: request.args[k] for k in ("operator", "action", "since", "until", "tz_offset") if request.args.get(k)}
+    return render_template("console/audit.html", page=page, filters=filters, actions=operators.AUDIT_ACTIONS)
+
+
 @bp.get("/agents/<handle>/webhooks")
 def agent_webhooks(handle: str):
     """An agent's webhook endpoints with their health and recent deliveries (each attempt)."""
@@ -509,7 +571,7 @@ def create_key(handle: str):
     """Issue a key for the agent; the page shows it this once (201, never stored in the page's URL)."""
     subject = _agent(handle)
     try:
-        issued = agents.create_key(subject.handle, _form(KeyForm())["label"])
+        issued = _audited(lambda: agents.create_key(subject.handle, _form(KeyForm())["label"]))
     except RelayError as exc:
         _log_action(exc.symbol)
         flash(exc.message, "error")
