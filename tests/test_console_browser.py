@@ -625,3 +625,27 @@ def test_screenshot_for_the_readme(acme, b, console_url):
     assert (SHOTS / "readme.png").stat().st_size > 0
     if os.environ.get("RELAY_CONSOLE_README_SHOT"):
         shutil.copy(SHOTS / "readme.png", Path(__file__).resolve().parent.parent / "docs" / "console.png")
+
+
+def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, console_url):
+    from relay.services.operators import create_operator
+
+    alice_key = make_agent("alice@acme", name="Alice")[1]
+    bob_key = make_agent("bob@acme", name="Bob")[1]
+    send(console_url, alice_key, "bob@acme", "charted")
+    _endpoint(console_url, "bob@acme", bob_key, "http://127.0.0.1:9/hook")  # never reached: a page to chart
+    with app.app_context():
+        _op, password = create_operator("look@acme.example", "acme", "viewer")
+    b.sign_in("look@acme.example", password)
+    b.go("/console/")
+    chart = b.one("#activity svg")
+    assert chart.is_displayed() and chart.size["height"] > 40
+    assert len(b.css("#activity rect.bar")) == 48  # 24 hours, two series
+    b.shot("overview-chart")
+    for path in ("/console/agents/bob@acme", "/console/agents/bob@acme/keys", "/console/agents/bob@acme/webhooks"):
+        b.go(path)
+        b.one("main h1, main h2")
+        labels = [e.text for e in b.css("main button")]
+        assert labels == [] or set(labels) <= {"Filter", "Search"}, (path, labels)
+    assert b.one("figure.chart svg").is_displayed()  # the endpoint's deliveries chart
+    b.shot("webhooks-viewer")

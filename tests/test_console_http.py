@@ -1031,3 +1031,52 @@ def test_a_role_change_is_recorded_in_the_orgs_log(app, world):
     assert _audit(app, action="role.set") == [
         ("role.set", "ok", "relay operators set-role", "acme", f"{ACME}: admin -> viewer", "cli")
     ]
+
+
+# --------------------------------------------------------------------------- charts (issue 32)
+
+
+def _chart_desc(page: str, chart_id: str) -> str:
+    match = re.search(rf'<figure class="chart" id="{re.escape(chart_id)}">.*?<desc [^>]*>([^<]*)</desc>', page, re.S)
+    assert match, f"no chart {chart_id} in the page"
+    return match.group(1)
+
+
+def test_the_overview_charts_handoffs_opened_and_closed_per_hour(app, world):
+    admin = _signed_in(app, world, ACME)
+    page = admin.get("/console/").get_data(as_text=True)
+    assert _chart_desc(page, "activity").startswith("Opened: 1; Closed: 0 in the last 24 hours")
+    assert page.count('class="bar bar-opened"') == 24 and "<details>" in page  # a table behind a disclosure
+    admin.post(f"/console/threads/{world['task']}/cancel", data={"csrf_token": token_of(admin)})
+    # An hour the chart does not cover: a thread opened two days ago is not counted.
+    sql(
+        app,
+        "UPDATE threads SET created_at = now() - interval '2 days'"
+        " WHERE sender_id = (SELECT id FROM agents WHERE handle = 'alice@acme')",
+    )
+    page = admin.get("/console/").get_data(as_text=True)
+    assert _chart_desc(page, "activity").startswith("Opened: 0; Closed: 1 in the last 24 hours")
+    assert _chart_desc(_signed_in(app, world, GLOBEX).get("/console/").get_data(as_text=True), "activity").startswith(
+        "Opened: 1; Closed: 0"
+    )
+
+
+def test_an_endpoints_page_charts_its_deliveries_and_latency(app, world):
+    admin = _signed_in(app, world, ACME)
+    url = f"/console/agents/{world['bob']}/webhooks"
+    page = admin.get(url).get_data(as_text=True)
+    chart = f"deliveries-{world['webhook']}"
+    assert _chart_desc(page, chart).startswith("Delivered: 0; Retried: 0; Failed: 1 in the last 24 hours")
+    assert "nothing delivered" in page
+    sql(
+        app,
+        "UPDATE webhook_deliveries SET status = 'succeeded', completed_at = created_at + interval '1.5 seconds'",
+    )
+    sql(
+        app,
+        "INSERT INTO webhook_attempts (delivery_id, attempted_at, status_code, duration_ms)"
+        " SELECT id, now(), 503, 10 FROM webhook_deliveries",
+    )
+    page = admin.get(url).get_data(as_text=True)
+    assert _chart_desc(page, chart).startswith("Delivered: 1; Retried: 1; Failed: 0")
+    assert "p50 1500 ms · p95 1500 ms" in page

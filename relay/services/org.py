@@ -213,3 +213,36 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
     last = page[-1] if page else None
     more = last is not None and len(rows) > limit
     return {"items": items, "next_cursor": encode_cursor(last.created_at, last.id) if more else None}
+
+
+# Handoffs of the org opened and closed in each of the last 24 hours (the DB's clock); a
+# thread counts for the org when one of its sides is the org's.
+_ACTIVITY = text(
+    """
+    WITH hours AS (
+        SELECT h FROM generate_series(date_trunc('hour', now()) - interval '23 hours', date_trunc('hour', now()),
+                                      interval '1 hour') AS h
+    ), mine AS (
+        SELECT t.created_at, coalesce(t.completed_at, t.cancelled_at) AS closed_at
+        FROM threads t
+        WHERE (t.sender_id IN (SELECT id FROM agents WHERE org = :org)
+               OR t.recipient_id IN (SELECT id FROM agents WHERE org = :org))
+          AND (t.created_at >= date_trunc('hour', now()) - interval '23 hours'
+               OR coalesce(t.completed_at, t.cancelled_at) >= date_trunc('hour', now()) - interval '23 hours')
+    )
+    SELECT h.h,
+           (SELECT count(*) FROM mine WHERE created_at >= h.h AND created_at < h.h + interval '1 hour') AS opened,
+           (SELECT count(*) FROM mine WHERE closed_at >= h.h AND closed_at < h.h + interval '1 hour') AS closed
+    FROM hours h ORDER BY h.h
+    """
+)
+
+
+def activity(org: str) -> list[dict[str, Any]]:
+    """The org's handoffs opened and closed (completed or cancelled) per hour, oldest hour first.
+
+    24 rows ``{"hour": ISO start of the hour (UTC), "opened": n, "closed": n}``, the last
+    one the current hour.
+    """
+    rows = db.session.execute(_ACTIVITY, {"org": org}).all()
+    return [{"hour": iso(r.h), "opened": r.opened, "closed": r.closed} for r in rows]

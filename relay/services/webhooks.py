@@ -502,3 +502,79 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
         if failed or created:
             after_commit(_poke_pump)
     return {"requeued": len(failed), "created": len(created)}
+
+
+# --- delivery health by the hour (the console: issue 32) -----------------------------
+
+# One endpoint's last 24 hours (the DB's clock), by hour: deliveries delivered and given
+# up (by completed_at), attempts that failed (each retried unless it was the last), and
+# the commit-to-delivered latency of those delivered (created_at is the event's commit).
+# :oldest bounds created_at, so only the partitions that can hold such deliveries are read.
+_HOURS = text(
+    """
+    WITH hours AS (
+        SELECT h FROM generate_series(date_trunc('hour', now()) - interval '23 hours', date_trunc('hour', now()),
+                                      interval '1 hour') AS h
+    ), d AS (
+        SELECT id, status, created_at, completed_at FROM webhook_deliveries
+        WHERE endpoint_id = :endpoint AND created_at >= :oldest
+          AND completed_at >= date_trunc('hour', now()) - interval '23 hours'
+    ), a AS (
+        SELECT a.attempted_at FROM webhook_attempts a JOIN webhook_deliveries wd ON wd.id = a.delivery_id
+        WHERE wd.endpoint_id = :endpoint AND wd.created_at >= :oldest
+          AND a.attempted_at >= date_trunc('hour', now()) - interval '23 hours'
+          AND (a.status_code IS NULL OR a.status_code NOT BETWEEN 200 AND 299)
+    )
+    SELECT h.h,
+        (SELECT count(*) FROM d WHERE status = 'succeeded' AND completed_at >= h.h AND completed_at < h.h + interval '1 hour') AS delivered,
+        (SELECT count(*) FROM a WHERE attempted_at >= h.h AND attempted_at < h.h + interval '1 hour') AS retried,
+        (SELECT count(*) FROM d WHERE status = 'failed' AND completed_at >= h.h AND completed_at < h.h + interval '1 hour') AS failed,
+        (SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - created_at) * 1000)
+         FROM d WHERE status = 'succeeded' AND completed_at >= h.h AND completed_at < h.h + interval '1 hour') AS latency
+    FROM hours h ORDER BY h.h
+    """
+)
+_LATENCY_24H = text(
+    """
+    SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - created_at) * 1000)
+    FROM webhook_deliveries
+    WHERE endpoint_id = :endpoint AND created_at >= :oldest AND status = 'succeeded'
+      AND completed_at >= date_trunc('hour', now()) - interval '23 hours'
+    """
+)
+
+
+def endpoint_hours(agent: Agent, endpoint_id: str) -> dict[str, Any]:
+    """An endpoint's delivery health over the last 24 hours, oldest hour first.
+
+    ``{"hours": [{"hour": ISO, "delivered", "retried", "failed", "p50_ms", "p95_ms"}] (24),
+    "p50_ms", "p95_ms" (over the 24 hours; None without deliveries), "circuit_open_until"
+    (ISO or None)}``. ``retried`` counts failed attempts. Raises not_found.
+    """
+    endpoint = _own_endpoint(db.session, agent, endpoint_id)
+    # The oldest delivery that can complete in the window was created the whole retry
+    # schedule before it.
+    oldest = datetime.now(UTC) - timedelta(hours=24, seconds=sum(_settings().webhook_schedule) + 3600)
+    params = {"endpoint": endpoint.id, "oldest": oldest}
+    rows = db.session.execute(_HOURS, params).all()
+    overall = db.session.execute(_LATENCY_24H, params).scalar()
+
+    def ms(pair, i):
+        return round(pair[i]) if pair is not None and pair[i] is not None else None
+
+    return {
+        "hours": [
+            {
+                "hour": iso(r.h),
+                "delivered": r.delivered,
+                "retried": r.retried,
+                "failed": r.failed,
+                "p50_ms": ms(r.latency, 0),
+                "p95_ms": ms(r.latency, 1),
+            }
+            for r in rows
+        ],
+        "p50_ms": ms(overall, 0),
+        "p95_ms": ms(overall, 1),
+        "circuit_open_until": iso(endpoint.circuit_open_until),
+    }

@@ -95,7 +95,46 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
+# An hourly bar chart's geometry, in SVG user units (the SVG scales to its box).
+CHART_W, CHART_H, CHART_PAD = 720, 160, 24
+
+
+def bar_chart(rows: list[dict[str, Any]], series: list[tuple[str, str]]) -> dict[str, Any]:
+    """Grouped bars for ``rows`` (each a dict with an ``hour`` ISO time and a count per series key).
+
+    ``series`` is ``[(key, label), ...]``. Returns ``{"width", "height", "max", "bars":
+    [{"x", "y", "w", "h", "series", "label", "value", "hour"}], "ticks": [{"x", "text"}]}``,
+    numbers only: the template draws them, and Jinja escapes every text.
+    """
+    top = max([1] + [int(r[k]) for r in rows for k, _ in series])
+    inner_w, inner_h = CHART_W - 2 * CHART_PAD, CHART_H - 2 * CHART_PAD
+    slot = inner_w / max(1, len(rows))
+    bar_w = max(1.0, (slot - 2) / len(series))
+    bars, ticks = [], []
+    for i, row in enumerate(rows):
+        x0 = CHART_PAD + i * slot + 1
+        for j, (key, label) in enumerate(series):
+            value = int(row[key])
+            h = inner_h * value / top
+            bars.append(
+                {
+                    "x": round(x0 + j * bar_w, 1),
+                    "y": round(CHART_PAD + inner_h - h, 1),
+                    "w": round(bar_w, 1),
+                    "h": round(h, 1),
+                    "series": key,
+                    "label": label,
+                    "value": value,
+                    "hour": row["hour"],
+                }
+            )
+        if i % 6 == 0:
+            ticks.append({"x": round(x0, 1), "text": str(row["hour"])[11:16]})
+    return {"width": CHART_W, "height": CHART_H, "pad": CHART_PAD, "max": top, "bars": bars, "ticks": ticks}
+
+
 HELPERS = {
+    "bar_chart": bar_chart,
     "web_url": web_url,
     "diff_html": diff_html,
     "spec_html": spec_html,

@@ -425,7 +425,9 @@ def logout():
 @bp.get("/")
 def overview():
     """The org's agents with their open handoffs, last activity and webhook health."""
-    return render_template("console/overview.html", agents=org.overview(g.operator.org))
+    return render_template(
+        "console/overview.html", agents=org.overview(g.operator.org), activity=org.activity(g.operator.org)
+    )
 
 
 def _threads_page(agent, q: dict) -> dict:
@@ -520,6 +522,7 @@ def agent_webhooks(handle: str):
     for endpoint in endpoints:
         cursor = q["cursor"] if q["webhook"] is not None else None
         endpoint["deliveries"] = webhooks.list_deliveries(subject, endpoint["id"], limit=DELIVERIES, cursor=cursor)
+        endpoint["hours"] = webhooks.endpoint_hours(subject, endpoint["id"])
     return render_template("console/webhooks.html", agent=subject, endpoints=endpoints, one=q["webhook"] is not None)
 
 
