@@ -423,6 +423,36 @@ class WebhookAttempt(_PartitionedById, db.Model):
     duration_ms: Mapped[int] = mapped_column(Integer)
 
 
+REDRIVE_STATES = ("running", "done", "failed")
+
+
+class RedriveJob(db.Model):
+    """A bulk redrive (issue 32): an endpoint's failed deliveries of a window, sent again in batches.
+
+    ``id`` is made by the preview page, so confirming twice makes one job. ``total`` is how
+    many were failed when it was confirmed; ``done`` how many it has redriven; the keyset
+    ``(cursor_created_at, cursor_id)`` is the last one, so no delivery is taken twice.
+    """
+
+    __tablename__ = "redrive_jobs"
+    __table_args__ = (CheckConstraint("status IN ('running', 'done', 'failed')", name="status_known"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True)
+    since: Mapped[datetime] = mapped_column(TZ)
+    until: Mapped[datetime] = mapped_column(TZ)
+    requested_by: Mapped[str] = mapped_column(String(320))
+    total: Mapped[int] = mapped_column(Integer)
+    done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cursor_created_at: Mapped[datetime | None] = mapped_column(TZ)
+    cursor_id: Mapped[uuid.UUID | None]
+    status: Mapped[str] = mapped_column(String(16), default="running", server_default="running")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
 class OperatorAudit(_PartitionedById, db.Model):
     """One operator's sign-in, failed sign-in, sign-out or console action (issue 32).
 

@@ -115,7 +115,7 @@ def test_the_procfile_beat_starts_whatever_relay_home_is(base_env, beat_broker, 
 
 def test_idle_sweeps_log_nothing(celery_app, caplog):
     caplog.set_level(logging.INFO)
-    assert _task(celery_app, "sweep_outbox")() == {"fanned_out": 0, "due": 0}
+    assert _task(celery_app, "sweep_outbox")() == {"fanned_out": 0, "due": 0, "redrives_resumed": 0}
     assert _task(celery_app, "index_pending_messages")() == 0
     # Nothing to make or drop in a database migrated today (its partitions are made ahead).
     report = _task(celery_app, "retention")()
@@ -139,7 +139,11 @@ def test_a_sweep_that_did_something_logs_one_line_with_its_counts(app, client, a
     def lines():
         return [r for r in caplog.records if r.name == "relay.beat" and r.levelno == logging.INFO]
 
-    assert _task(celery_app, "sweep_outbox")() == {"fanned_out": 0, "due": 0}  # no webhook subscribed
+    assert _task(celery_app, "sweep_outbox")() == {
+        "fanned_out": 0,
+        "due": 0,
+        "redrives_resumed": 0,
+    }  # no webhook subscribed
     [line] = lines()
     assert line.events == events and line.fanned_out == 0 and line.due == 0
     assert f"{events} events fanned out" in line.getMessage()

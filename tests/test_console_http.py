@@ -109,6 +109,15 @@ ACTIONS = [
     ("/console/agents/{bob}/webhooks/{webhook}/test", {}, 303),
     ("/console/agents/{bob}/webhooks/{webhook}/deliveries/{delivery}/redrive", {}, 303),
     ("/console/agents/{bob}/webhooks/{webhook}/recover", {"since": "2020-01-01T00:00", "tz_offset": "0"}, 303),
+    (
+        "/console/agents/{bob}/webhooks/{webhook}/bulk-redrive",
+        {
+            "job_id": "6f1c8a52-0d5e-4b7a-9c3e-2a4b6c8d0e1f",
+            "since": "2020-01-01T00:00:00+00:00",
+            "until": "2999-01-01T00:00:00+00:00",
+        },
+        303,
+    ),
 ]
 ACTION_IDS = [a[0] for a in ACTIONS]
 
@@ -904,6 +913,7 @@ def test_sign_ins_failed_sign_ins_and_sign_outs_are_recorded(app, world):
 
 
 _AUDIT_NAMES = {
+    "bulk-redrive": "webhook.bulk_redrive",
     "cancel": "cancel",
     "blocks/alice@acme/delete": "unblock",
     "blocks": "block",
@@ -1080,3 +1090,122 @@ def test_an_endpoints_page_charts_its_deliveries_and_latency(app, world):
     page = admin.get(url).get_data(as_text=True)
     assert _chart_desc(page, chart).startswith("Delivered: 1; Retried: 1; Failed: 0")
     assert "p50 1500 ms · p95 1500 ms" in page
+
+
+# --------------------------------------------------------------------------- bulk redrive (issue 32)
+
+
+def test_a_bulk_redrive_sends_each_failed_delivery_once_with_its_webhook_id(app, make_agent, client, celery_worker):
+    from tests.conftest import wait_until
+    from tests.receiver import Receiver
+
+    make_agent("alice@acme")
+    _bob, bob_key = make_agent("bob@acme")
+    alice_key = _key_of(app, "alice@acme")
+    with Receiver() as rx:
+        rx.program("/hook", [], default=200)
+        hook = client.post(
+            "/api/v1/identities/bob@acme/webhooks",
+            json={"url": rx.url(), "events": ["message.created"]},
+            headers=bearer(bob_key),
+        ).get_json()
+        for i in range(5):
+            rpc(
+                client,
+                alice_key,
+                "message/send",
+                {"recipient": "bob@acme", "message": {"parts": [{"type": "text", "text": f"n{i}"}]}},
+            )
+        first = rx.wait_for(5, timeout=30)
+        wait_until(
+            lambda: sql(app, "SELECT count(*) FROM webhook_deliveries WHERE status = 'succeeded'") == [(5,)],
+            what="5 delivered",
+        )
+        # As after a receiver's outage: all five given up.
+        sql(app, "UPDATE webhook_deliveries SET status = 'failed', last_error = 'HTTP 503'")
+        password = make_operator(app, ACME, "acme")
+        admin = app.test_client()
+        assert sign_in(admin, ACME, password).status_code == 303
+        base = f"/console/agents/bob@acme/webhooks/{hook['id']}"
+        preview = admin.get(f"{base}/bulk-redrive?since=2020-01-01T00:00&tz_offset=0").get_data(as_text=True)
+        assert "<strong>5</strong> failed deliveries" in preview
+        form = {
+            "job_id": re.search(r'name="job_id" value="([^"]+)"', preview).group(1),
+            "since": re.search(r'name="since" value="([^"]+)"', preview).group(1),
+            "until": re.search(r'name="until" value="([^"]+)"', preview).group(1),
+            "csrf_token": token_of(admin),
+        }
+        once = admin.post(f"{base}/bulk-redrive", data=form)
+        twice = admin.post(f"{base}/bulk-redrive", data=form)  # a double click: the same job
+        assert once.status_code == twice.status_code == 303
+        assert "already confirmed" in admin.get(twice.headers["Location"]).get_data(as_text=True)
+        again = rx.wait_for(10, timeout=30)
+        wait_until(
+            lambda: sql(app, "SELECT status, done, total FROM redrive_jobs") == [("done", 5, 5)],
+            what="the job done",
+        )
+        progress = admin.get(f"{base}/redrives", headers={"HX-Request": "true"}).get_data(as_text=True)
+        assert "5 of 5 sent again · done" in progress and "hx-trigger" not in progress  # done: no more polling
+        # Each failed delivery once more, with the webhook-id it had.
+        ids = [r.header("webhook-id") for r in again]
+        assert sorted(ids[5:]) == sorted(r.header("webhook-id") for r in first) and len(set(ids[5:])) == 5
+        # A new job on the same window finds nothing failed: nothing is sent twice.
+        preview = admin.get(f"{base}/bulk-redrive?since=2020-01-01T00:00&tz_offset=0").get_data(as_text=True)
+        assert "<strong>0</strong> failed deliveries" in preview and "Nothing to redrive" in preview
+        assert rx.count() == 10
+    assert [r[:2] for r in _audit(app, action="webhook.bulk_redrive")] == [("webhook.bulk_redrive", "ok")] * 2
+
+
+def test_a_running_redrive_is_polled_and_a_lost_one_is_resumed(app, world):
+    from relay.services import webhooks
+
+    job = "0b8f6a1e-5d2c-4f3a-8e7b-1c9d2e3f4a5b"
+    sql(
+        app,
+        "INSERT INTO redrive_jobs (id, endpoint_id, since, until, requested_by, total, updated_at)"
+        " VALUES (CAST(:j AS uuid), CAST(:e AS uuid), now() - interval '1 day', now(), 'x', 1, now() - interval '2 minutes')",
+        j=job,
+        e=world["webhook"],
+    )
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/agents/{world['bob']}/webhooks").get_data(as_text=True)
+    assert "0 of 1 sent again · running" in page and 'hx-trigger="every 2s"' in page
+    # Its task was lost (no worker ran it): the outbox sweep queues it again, then runs to the end.
+    with app.app_context():
+        assert webhooks.resume_redrives() == [job]
+        assert webhooks.run_redrive(job)["status"] == "done"
+    assert sql(app, "SELECT done, total, status FROM redrive_jobs") == [(1, 1, "done")]
+    assert sql(app, "SELECT status, attempt_count FROM webhook_deliveries") == [("pending", 0)]
+    # Fragment opened as a page: its page.
+    resp = admin.get(f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/redrives")
+    assert resp.status_code == 302 and "/webhooks" in resp.headers["Location"]
+
+
+def test_a_redrive_stops_when_its_endpoint_is_disabled(app, world):
+    from relay.services import webhooks
+
+    job = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f"
+    sql(
+        app,
+        "INSERT INTO redrive_jobs (id, endpoint_id, since, until, requested_by, total)"
+        " VALUES (CAST(:j AS uuid), CAST(:e AS uuid), now() - interval '1 day', now(), 'x', 1)",
+        j=job,
+        e=world["webhook"],
+    )
+    sql(app, "UPDATE webhook_endpoints SET enabled = false")
+    with app.app_context():
+        assert webhooks.run_redrive(job)["status"] == "failed"
+    assert sql(app, "SELECT status, error, done FROM redrive_jobs") == [("failed", "the endpoint was disabled", 0)]
+    assert sql(app, "SELECT status FROM webhook_deliveries") == [("failed",)]
+    admin = _signed_in(app, world, ACME)
+    form = {
+        "job_id": "2c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f",
+        "since": "2020-01-01T00:00:00+00:00",
+        "until": "2999-01-01T00:00:00+00:00",
+    }
+    resp = admin.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/bulk-redrive",
+        data={**form, "csrf_token": token_of(admin)},
+    )
+    assert "the endpoint is disabled" in admin.get(resp.headers["Location"]).get_data(as_text=True)
+    assert sql(app, "SELECT count(*) FROM redrive_jobs") == [(1,)]

@@ -448,7 +448,7 @@ def test_rolled_back_send_is_never_announced(app, client, agents, rx, sql, sweep
     assert sql("SELECT count(*) FROM events WHERE type = 'message.created'")[0][0] == 1
     assert sql("SELECT count(*) FROM messages")[0][0] == messages_before
     assert sql("SELECT count(*) FROM events WHERE id = %s", (str(event_id),)) == [(0,)]
-    assert sweep() == {"fanned_out": 0, "due": 0}
+    assert sweep() == {"fanned_out": 0, "due": 0, "redrives_resumed": 0}
     assert rx.count("/alice") == 0  # bob's sends never reached alice
     assert [json.loads(r.body)["type"] for r in rx.requests("/bob")] == ["message.created", "task.updated"]
 
@@ -743,7 +743,7 @@ def test_broker_down_send_succeeds_and_sweep_delivers_once(
     got = rx.wait_for(1)
     wait_delivery(client, BOB, b, hook["id"], "succeeded")
     settle()
-    assert sweep() == {"fanned_out": 0, "due": 0}
+    assert sweep() == {"fanned_out": 0, "due": 0, "redrives_resumed": 0}
     assert rx.count() == 1
     payload = verify(hook["secret"], got[0])
     assert payload["data"]["id"] == message_id
@@ -860,7 +860,7 @@ def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(
     hook, delivery_id = _one_fanned_out_delivery(app, client, agents, rx, sql, app_down)
     with app.app_context():  # the "worker" leases it, then dies
         assert delivery.claim([uuid.UUID(hook["id"])], 1, only=[delivery_id]) != []
-    assert sweep() == {"fanned_out": 0, "due": 0}  # leased: not due yet
+    assert sweep() == {"fanned_out": 0, "due": 0, "redrives_resumed": 0}  # leased: not due yet
     assert rx.count() == 0
 
     sql(
@@ -870,7 +870,7 @@ def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(
     got = rx.wait_for(1)
     [delivery] = wait_delivery(client, BOB, b, hook["id"], "succeeded")
     settle()
-    assert sweep() == {"fanned_out": 0, "due": 0}
+    assert sweep() == {"fanned_out": 0, "due": 0, "redrives_resumed": 0}
     assert rx.count() == 1 and delivery["attempt_count"] == 1
     verify(hook["secret"], got[0])
 

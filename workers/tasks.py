@@ -130,5 +130,16 @@ def sweep_outbox() -> dict:
             len(due),
             extra={"sweep": "outbox", "events": len(events), "fanned_out": fanned, "due": len(due)},
         )
+    resumed = webhooks.resume_redrives()
+    if resumed:
+        log.info(
+            "outbox sweep: %d bulk redrives queued again", len(resumed), extra={"sweep": "outbox", "redrives": resumed}
+        )
     maintenance.record_sweep("sweep_outbox")
-    return {"fanned_out": fanned, "due": len(due)}
+    return {"fanned_out": fanned, "due": len(due), "redrives_resumed": len(resumed)}
+
+
+@shared_task(name="workers.tasks.redrive_job", acks_late=True)
+def redrive_job(job_id: str) -> dict | None:
+    """Run one bulk redrive to its end (webhooks.run_redrive); its row holds the progress."""
+    return webhooks.run_redrive(uuid.UUID(job_id))

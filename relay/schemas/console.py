@@ -135,6 +135,35 @@ class AuditQuery(_Lenient):
         return data
 
 
+class BulkRedriveQuery(_Lenient):
+    """A bulk redrive's preview: ``since`` (required) and ``until`` (default now), as
+    :class:`RecoverForm`'s ``since`` (``tz_offset`` for local times)."""
+
+    since = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    until = fields.String(load_default=None, validate=validate.Length(max=64))
+    tz_offset = fields.Integer(load_default=0, validate=validate.Range(min=-24 * 60, max=24 * 60))
+
+    @pre_load
+    def _last(self, data, **kwargs):
+        return {k: v[-1] for k, v in data.items() if v and v[-1].strip()}
+
+    @post_load
+    def _times(self, data, **kwargs):
+        until = data["until"]
+        return {
+            "since": form_time(data["since"], data["tz_offset"], "since"),
+            "until": form_time(until, data["tz_offset"], "until") if until else None,
+        }
+
+
+class BulkRedriveForm(_Lenient):
+    """A bulk redrive's confirmation: the preview's ``job_id`` and its window, ISO 8601 with an offset."""
+
+    job_id = fields.UUID(required=True)
+    since = fields.AwareDateTime(required=True)
+    until = fields.AwareDateTime(required=True)
+
+
 class KeyForm(_Lenient):
     """Create a key: ``label`` (0-200 characters)."""
 

@@ -253,6 +253,7 @@ AUDIT_ACTIONS = (
     "webhook.test",
     "webhook.redrive",
     "webhook.recover",
+    "webhook.bulk_redrive",
     "role.set",
 )
 MAX_TARGET = 500

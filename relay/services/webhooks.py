@@ -17,12 +17,13 @@ from typing import Any
 
 from flask import current_app
 from sqlalchemy import func, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
 
 from relay import crypto
 from relay.errors import RelayError, invalid
 from relay.extensions import db
 from relay.ids import encode_cursor, iso, new_ulid
-from relay.models import Agent, Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from relay.models import Agent, Event, RedriveJob, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from relay.services import after_commit, agents, delivery, dispatch, outbound, unit_of_work
 from relay.services.delivery import TEST_EVENT, event_id_text
 from relay.services.outbound import EVENT_TYPES, check_url, new_secret
@@ -381,7 +382,10 @@ def _poke_pump() -> None:
 
 
 def _enabled_endpoint(session, agent: Agent, endpoint_id: str | uuid.UUID) -> WebhookEndpoint:
-    endpoint = _own_endpoint(session, agent, endpoint_id, lock=True)
+    return _require_enabled(_own_endpoint(session, agent, endpoint_id, lock=True))
+
+
+def _require_enabled(endpoint: WebhookEndpoint) -> WebhookEndpoint:
     if not endpoint.enabled:
         # The claim fails a disabled endpoint's due deliveries at once: re-sending would only fail them again.
         raise invalid("webhook_id", "the endpoint is disabled; enable it first, then send again")
@@ -502,6 +506,174 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
         if failed or created:
             after_commit(_poke_pump)
     return {"requeued": len(failed), "created": len(created)}
+
+
+# --- bulk redrive (the console: issue 32) ----------------------------------------------
+
+REDRIVE_BATCH = 200
+# A running job whose row has not moved for this long lost its task (a killed worker, a
+# broker outage): the outbox sweep queues it again.
+REDRIVE_STALE = timedelta(seconds=60)
+
+
+def _failed_in(endpoint_id: uuid.UUID, since: datetime, until: datetime):
+    return select(WebhookDelivery).where(
+        WebhookDelivery.endpoint_id == endpoint_id,
+        WebhookDelivery.status == "failed",
+        WebhookDelivery.created_at >= since,
+        WebhookDelivery.created_at < until,
+    )
+
+
+def _window(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
+    until = until or datetime.now(UTC)
+    if since >= until:
+        raise invalid("until", "must be after since")
+    return since, until
+
+
+def redrive_preview(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime, until: datetime | None) -> dict:
+    """How many of the endpoint's deliveries of events in ``[since, until)`` are failed now.
+
+    ``until`` defaults to now. Returns ``{"count", "since", "until"}`` (times as datetimes).
+    Raises invalid_params (a malformed id, ``until`` not after ``since``) or not_found.
+    """
+    since, until = _window(since, until)
+    endpoint = _own_endpoint(db.session, agent, endpoint_id)
+    count = db.session.scalar(select(func.count()).select_from(_failed_in(endpoint.id, since, until).subquery()))
+    return {"count": count, "since": since, "until": until}
+
+
+def start_redrive(
+    agent: Agent, endpoint_id: str | uuid.UUID, job_id: uuid.UUID, since: datetime, until: datetime, requested_by: str
+) -> tuple[dict, bool]:
+    """Confirm a bulk redrive: make job ``job_id`` (the preview's) and queue it; return it and whether it is new.
+
+    Idempotent on ``job_id``: a second confirm (a double click, a resent form) returns the
+    job it made, and queues nothing. Raises invalid_params (the endpoint disabled, a bad
+    window, ``job_id`` another endpoint's) or not_found.
+    """
+    since, until = _window(since, until)
+    with unit_of_work() as session:
+        # Not locked (unlike a redrive's): a second confirm waits for the running job's
+        # batch to commit, and that batch must not wait for this transaction (a deadlock).
+        # Each batch checks that the endpoint is still enabled.
+        endpoint = _require_enabled(_own_endpoint(session, agent, endpoint_id))
+        made = session.execute(
+            insert(RedriveJob)
+            .values(
+                id=job_id,
+                endpoint_id=endpoint.id,
+                since=since,
+                until=until,
+                requested_by=requested_by,
+                total=select(func.count())
+                .select_from(_failed_in(endpoint.id, since, until).subquery())
+                .scalar_subquery(),
+            )
+            .on_conflict_do_nothing(index_elements=["id"])
+            .returning(RedriveJob.id)
+        ).first()
+        job = session.get(RedriveJob, job_id)
+        if job.endpoint_id != endpoint.id:
+            raise invalid("job_id", "names a redrive of another endpoint")
+        if made is not None:
+            after_commit(partial(dispatch.enqueue, "workers.tasks.redrive_job", str(job_id)))
+        view = redrive_view(job)
+    return view, made is not None
+
+
+def redrive_view(job: RedriveJob) -> dict:
+    """A job's public record: ``id, since, until, requested_by, total, done, status, error,
+    created_at, finished_at`` (times ISO 8601)."""
+    return {
+        "id": str(job.id),
+        "since": iso(job.since),
+        "until": iso(job.until),
+        "requested_by": job.requested_by,
+        "total": job.total,
+        "done": job.done,
+        "status": job.status,
+        "error": job.error,
+        "created_at": iso(job.created_at),
+        "finished_at": iso(job.finished_at),
+    }
+
+
+def list_redrives(agent: Agent, endpoint_id: str | uuid.UUID, limit: int = 5) -> list[dict]:
+    """The endpoint's newest bulk redrives, newest first. Raises not_found."""
+    endpoint = _own_endpoint(db.session, agent, endpoint_id)
+    jobs = db.session.scalars(
+        select(RedriveJob)
+        .where(RedriveJob.endpoint_id == endpoint.id)
+        .order_by(RedriveJob.created_at.desc())
+        .limit(limit)
+    )
+    return [redrive_view(j) for j in jobs]
+
+
+def run_redrive(job_id: str | uuid.UUID, batch: int = REDRIVE_BATCH) -> dict | None:
+    """Run a bulk redrive to its end, one transaction per batch; return its record (None: no such job).
+
+    Each batch locks the job row (a second task for the same job waits, then goes on from
+    where the first stopped), takes the next failed deliveries of the window after the job's
+    keyset position, redrives them as :func:`redrive` does (same rows, same ``webhook-id``,
+    a fresh schedule), and moves the position and ``done`` in the same commit: a delivery is
+    taken at most once per job, whatever dies when. A disabled endpoint ends the job
+    ``failed``.
+    """
+    jid = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+    while True:
+        with unit_of_work() as session:
+            job = session.scalar(select(RedriveJob).where(RedriveJob.id == jid).with_for_update())
+            if job is None:
+                return None
+            if job.status != "running":
+                return redrive_view(job)
+            # The endpoint before its deliveries, as a single redrive and a disable lock them:
+            # a batch's updates check the deliveries' foreign key (KEY SHARE on the endpoint),
+            # which would otherwise wait on a redrive that waits on this batch's rows.
+            endpoint = session.scalar(
+                select(WebhookEndpoint).where(WebhookEndpoint.id == job.endpoint_id).with_for_update()
+            )
+            if not endpoint.enabled:
+                job.status, job.error, job.finished_at = "failed", "the endpoint was disabled", func.now()
+                continue
+            stmt = _failed_in(job.endpoint_id, job.since, job.until)
+            if job.cursor_id is not None:
+                stmt = stmt.where(
+                    tuple_(WebhookDelivery.created_at, WebhookDelivery.id)
+                    > tuple_(job.cursor_created_at, job.cursor_id)
+                )
+            rows = session.execute(
+                stmt.with_only_columns(WebhookDelivery.id, WebhookDelivery.created_at)
+                .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+                .limit(batch)
+                .with_for_update(skip_locked=True)
+            ).all()
+            job.updated_at = func.now()
+            if not rows:
+                job.status, job.finished_at = "done", func.now()
+                continue
+            _requeue(session, [r.id for r in rows])
+            job.done += len(rows)
+            job.cursor_created_at, job.cursor_id = rows[-1].created_at, rows[-1].id
+            after_commit(_poke_pump)
+
+
+def resume_redrives() -> list[str]:
+    """Queue again every running job whose row has not moved for :data:`REDRIVE_STALE`; return their ids."""
+    stale = list(
+        db.session.scalars(
+            select(RedriveJob.id).where(
+                RedriveJob.status == "running", RedriveJob.updated_at < func.now() - REDRIVE_STALE
+            )
+        )
+    )
+    db.session.rollback()
+    for jid in stale:
+        dispatch.enqueue("workers.tasks.redrive_job", str(jid))
+    return [str(j) for j in stale]
 
 
 # --- delivery health by the hour (the console: issue 32) -----------------------------

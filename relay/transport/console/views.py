@@ -35,11 +35,13 @@ from werkzeug.exceptions import HTTPException
 from relay.config import DEV_SECRET_KEY
 from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
-from relay.ids import parse_ulid
+from relay.ids import iso, parse_ulid
 from relay.schemas.common import load_or_invalid
 from relay.schemas.console import (
     AuditQuery,
     BlockForm,
+    BulkRedriveForm,
+    BulkRedriveQuery,
     DeliveriesQuery,
     InboxQuery,
     KeyForm,
@@ -129,6 +131,8 @@ def _fragment_page() -> str | None:
         return url_for("console.agent", handle=args.get("handle")) + (f"?{query}" if query else "")
     if request.endpoint == "console.thread_live":
         return url_for("console.thread", task_id=args.get("task_id"))
+    if request.endpoint == "console.redrive_progress":
+        return url_for("console.agent_webhooks", handle=args.get("handle"), webhook=args.get("webhook_id"))
     return None
 
 
@@ -270,6 +274,7 @@ AUDITED = {
     "console.test_webhook": "webhook.test",
     "console.redrive_delivery": "webhook.redrive",
     "console.recover_webhook": "webhook.recover",
+    "console.bulk_redrive": "webhook.bulk_redrive",
 }
 
 
@@ -282,7 +287,7 @@ def _audit_action() -> str:
 def _audit_target() -> str:
     """What the action is on: its path's parts, and the form field that names a subject."""
     parts = [f"{k}={v}" for k, v in (request.view_args or {}).items() if k != "change"]
-    for field in ("blocked_handle", "since", "label"):
+    for field in ("blocked_handle", "since", "until", "job_id", "label"):
         if request.form.get(field):
             parts.append(f"{field}={request.form[field]}")
     return " ".join(parts)
@@ -523,6 +528,7 @@ def agent_webhooks(handle: str):
         cursor = q["cursor"] if q["webhook"] is not None else None
         endpoint["deliveries"] = webhooks.list_deliveries(subject, endpoint["id"], limit=DELIVERIES, cursor=cursor)
         endpoint["hours"] = webhooks.endpoint_hours(subject, endpoint["id"])
+        endpoint["redrives"] = webhooks.list_redrives(subject, endpoint["id"])
     return render_template("console/webhooks.html", agent=subject, endpoints=endpoints, one=q["webhook"] is not None)
 
 
@@ -647,6 +653,52 @@ def recover_webhook(handle: str, webhook_id: str):
         )
 
     return _act(_webhooks_back(subject), run, done)
+
+
+@bp.get("/agents/<handle>/webhooks/<webhook_id>/bulk-redrive")
+def bulk_redrive_preview(handle: str, webhook_id: str):
+    """How many failed deliveries a bulk redrive of ``since``..``until`` would send again, and the button to confirm."""
+    import uuid
+
+    subject = _agent(handle)
+    q = _query(BulkRedriveQuery())
+    preview = webhooks.redrive_preview(subject, webhook_id, q["since"], q["until"])
+    endpoint = next(e for e in webhooks.list_endpoints(subject) if e["id"] == str(uuid.UUID(webhook_id)))
+    return render_template(
+        "console/bulk_redrive.html", agent=subject, e=endpoint, preview=preview, job_id=uuid.uuid4(), iso=iso
+    )
+
+
+@bp.post("/agents/<handle>/webhooks/<webhook_id>/bulk-redrive")
+def bulk_redrive(handle: str, webhook_id: str):
+    """Confirm a bulk redrive: a background task sends the window's failed deliveries again; the page shows its progress."""
+    subject = _agent(handle)
+
+    def run():
+        form = _form(BulkRedriveForm())
+        return webhooks.start_redrive(
+            subject, webhook_id, form["job_id"], form["since"], form["until"], requested_by=g.operator.email
+        )
+
+    def done(result):
+        job, made = result
+        if not made:
+            return f"That redrive was already confirmed: {job['done']} of {job['total']} sent again so far."
+        return f"Redriving {_count(job['total'], 'failed delivery', 'failed deliveries')} in the background."
+
+    back = url_for(".agent_webhooks", handle=subject.handle) + f"#endpoint-{webhook_id}"
+    return _act(back, run, done)
+
+
+@bp.get("/agents/<handle>/webhooks/<webhook_id>/redrives")
+def redrive_progress(handle: str, webhook_id: str):
+    """The endpoint's bulk redrives alone, with their progress: htmx polls it while one runs."""
+    subject = _agent(handle)
+    return render_template(
+        "console/_redrives.html",
+        agent=subject,
+        e={"id": webhook_id, "redrives": webhooks.list_redrives(subject, webhook_id)},
+    )
 
 
 def _count(n: int, one: str, many: str) -> str:
