@@ -462,6 +462,34 @@ def test_a_failing_webhook_redriven_and_recovered(acme, b, console_url, app):
         assert b'"type":"webhook.test"' in test_event.body
 
 
+def test_a_bulk_redrive_previewed_confirmed_and_its_progress_shown(acme, b, console_url, app):
+    alice_key, bob_key = acme["alice"][1], acme["bob"][1]
+    with Receiver() as rx:
+        rx.program("/hook", [], default=200)
+        endpoint = _endpoint(console_url, "bob@acme", bob_key, rx.url("/hook"))
+        for i in range(3):
+            send(console_url, alice_key, "bob@acme", f"handoff {i}")
+        first = rx.wait_for(3, timeout=WAIT, path="/hook")
+        wait_until(
+            lambda: sql(app, "SELECT count(*) FROM webhook_deliveries WHERE status = 'succeeded'") == [(3,)],
+            timeout=WAIT,
+            what="three delivered",
+        )
+        sql(app, "UPDATE webhook_deliveries SET status = 'failed', last_error = 'HTTP 503'")  # as after an outage
+        b.go("/console/agents/bob@acme/webhooks")
+        assert b.one(f"#bulk-since-{endpoint}").get_attribute("value")  # time.js: 24 hours ago, local time
+        b.button("Preview", f"#endpoint-{endpoint} form.bulk-redrive")
+        b.wait_text("3 failed deliveries", "#bulk-preview")
+        b.button("Redrive 3 failed deliveries", "#bulk-preview")
+        b.wait_text("Redriving 3 failed deliveries in the background.", ".flashes")
+        b.mark()
+        b.wait_text("3 of 3 sent again · done", f"#redrives-{endpoint}")  # on the page (polled in while it runs)
+        assert b.same_document()
+        again = rx.wait_for(6, timeout=WAIT, path="/hook")[3:]
+        assert sorted(r.header("webhook-id") for r in again) == sorted(r.header("webhook-id") for r in first)
+        b.shot("webhooks-bulk-redrive")
+
+
 def test_no_webhooks_says_how_to_add_one(acme, b):
     b.go("/console/agents/bob@acme/webhooks")
     assert "/api/v1/identities/bob@acme/webhooks" in b.text(".empty")
