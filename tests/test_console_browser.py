@@ -677,3 +677,6 @@ def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, consol
         assert labels == [] or set(labels) <= {"Filter", "Search"}, (path, labels)
     assert b.one("figure.chart svg").is_displayed()  # the endpoint's deliveries chart
     b.shot("webhooks-viewer")
+    b.go("/console/audit")
+    assert "look@acme.example" in b.text("#audit") and "sign_in" in b.text("#audit")
+    b.shot("audit")
