@@ -423,6 +423,24 @@ class WebhookAttempt(_PartitionedById, db.Model):
     duration_ms: Mapped[int] = mapped_column(Integer)
 
 
+class CircuitOpening(db.Model):
+    """One opening of an endpoint's circuit: when, until when, why (issue 32's circuit spans).
+
+    Written by the pump in the transaction that opens the circuit; retention deletes rows
+    older than :data:`relay.services.retention.CIRCUIT_KEEP` (an endpoint opens at most
+    once per pause, so the table stays small).
+    """
+
+    __tablename__ = "circuit_openings"
+    __table_args__ = (Index("ix_circuit_openings_endpoint", "endpoint_id", "opened_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    opened_at: Mapped[datetime] = mapped_column(TZ)
+    until: Mapped[datetime] = mapped_column(TZ)
+    reason: Mapped[str] = mapped_column(Text)
+
+
 REDRIVE_STATES = ("running", "done", "failed")
 
 

@@ -1090,6 +1090,22 @@ def test_an_endpoints_page_charts_its_deliveries_and_latency(app, world):
     page = admin.get(url).get_data(as_text=True)
     assert _chart_desc(page, chart).startswith("Delivered: 1; Retried: 1; Failed: 0")
     assert "p50 1500 ms · p95 1500 ms" in page
+    assert 'class="band"' not in page
+    # A circuit that opened for ten minutes an hour ago, and one of two days ago (not in the chart).
+    for ago in ("1 hour", "2 days"):
+        sql(
+            app,
+            "INSERT INTO circuit_openings (endpoint_id, opened_at, until, reason)"
+            f" VALUES (CAST(:e AS uuid), now() - interval '{ago}', now() - interval '{ago}' + interval '10 minutes',"
+            " :why)",
+            e=world["webhook"],
+            why=f"5 failed attempts in a row, {ago} ago",
+        )
+    page = admin.get(url).get_data(as_text=True)
+    assert page.count('class="band"') == 1 and "5 failed attempts in a row, 1 hour ago" in page
+    assert "2 days ago" not in page
+    band = re.search(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"[^>]*class="band"', page)
+    assert 4 < float(band.group(2)) < 6  # ten minutes of the 24 hours over 672 units: 4.7
 
 
 # --------------------------------------------------------------------------- bulk redrive (issue 32)

@@ -662,3 +662,19 @@ def test_the_operator_audit_log_goes_by_its_own_retention(private):
     assert "operator_audit_legacy" in report.dropped
     assert f"operator_audit_p{tomorrow:%Y%m%d}" not in report.dropped
     assert [r[0] for r in q(app, "SELECT target FROM operator_audit")] == ["new"]
+
+
+def test_circuit_openings_older_than_a_week_are_deleted(private):
+    app = private
+    now = _db_now(app)
+    Log(app)  # an agent and its endpoint
+    for days in (8, 6):
+        q(
+            app,
+            "INSERT INTO circuit_openings (endpoint_id, opened_at, until, reason)"
+            " SELECT id, :at, :at, :why FROM webhook_endpoints",
+            at=now - timedelta(days=days),
+            why=f"{days} days ago",
+        )
+    _pass(app, now)
+    assert [r[0] for r in q(app, "SELECT reason FROM circuit_openings")] == ["6 days ago"]

@@ -222,6 +222,13 @@ def test_the_circuit_opens_after_failures_in_a_row_and_a_probe_success_closes_it
             what="an open circuit",
         )
         assert health["consecutive_failures"] == 3 and "3 failed attempts in a row (last: HTTP 500)" in health["reason"]
+        # The opening is kept for the console's chart of circuit spans, written with the health.
+        [(opened, until, reason, matches)] = sql(
+            other,
+            "SELECT o.opened_at, o.until, o.reason, o.until = e.circuit_open_until"
+            " FROM circuit_openings o JOIN webhook_endpoints e ON e.id = o.endpoint_id",
+        )
+        assert matches and (until - opened).total_seconds() == 3 and reason == health["reason"]
         # While it is open, nothing goes out, and new deliveries wait (pending, not lost).
         append(client, keys[ALICE], task_id, "second")
         _pump(other)

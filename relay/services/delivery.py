@@ -737,6 +737,14 @@ def _apply_health(endpoint: SimpleNamespace, results: list[Result], s, now: date
                 f"{endpoint.consecutive_failures} failed attempts in a row (last: {error}); "
                 f"attempts paused for {pause} s"
             )
+            endpoint.__dict__.setdefault("openings", []).append(
+                {
+                    "endpoint_id": str(endpoint.id),
+                    "opened_at": now.isoformat(),
+                    "until": endpoint.circuit_open_until.isoformat(),
+                    "reason": endpoint.circuit_reason,
+                }
+            )
             log.warning(
                 "webhook circuit opened",
                 extra={"endpoint_id": str(endpoint.id), "pause_s": pause, "error": error},
@@ -791,6 +799,13 @@ _UPDATE_ENDPOINTS = text(
 )
 
 
+_INSERT_OPENINGS = text(
+    "INSERT INTO circuit_openings (endpoint_id, opened_at, until, reason)"
+    " SELECT v.endpoint_id, v.opened_at, v.until, v.reason FROM jsonb_to_recordset(CAST(:rows AS jsonb))"
+    " AS v(endpoint_id uuid, opened_at timestamptz, until timestamptz, reason text)"
+)
+
+
 def _lease_of(claimed: Claimed) -> str | None:
     lease = getattr(claimed.row, "leased_until", None) if claimed.row is not None else None
     return lease.isoformat() if lease is not None else None
@@ -815,6 +830,9 @@ def _record(session, results, by_endpoint, verdicts, s, now, current: Floors | N
             for e in endpoints
         ]
         conn.execute(_UPDATE_ENDPOINTS, {"rows": json.dumps(health_rows)})
+        openings = [o for e in endpoints for o in getattr(e, "openings", [])]
+        if openings:
+            conn.execute(_INSERT_OPENINGS, {"rows": json.dumps(openings)})
     _write_attempts(conn, results, bounds)
     leases = {r.claimed.delivery_id: _lease_of(r.claimed) for r in results}
     rows = [{"id": str(d), "lease": leases.get(d), **v} for d, v in verdicts.items()]

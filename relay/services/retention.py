@@ -327,11 +327,28 @@ def delete_closed_threads(now: datetime | None = None) -> int:
     return total
 
 
+#: How long circuit openings are kept: the console charts the last 24 hours of them.
+CIRCUIT_KEEP = timedelta(days=7)
+
+
+def delete_old_openings(now: datetime | None = None) -> int:
+    """Delete the circuit openings older than :data:`CIRCUIT_KEEP`; return how many.
+
+    A plain DELETE: at most one opening per endpoint per pause (30 s and doubling), so a
+    week of them is small, unlike the logs dropped by partition.
+    """
+    with unit_of_work() as session:
+        conn = session.connection()
+        cutoff = (now or _db_now(conn)) - CIRCUIT_KEEP
+        return conn.execute(text("DELETE FROM circuit_openings WHERE opened_at < :c"), {"c": cutoff}).rowcount
+
+
 def run_pass(now: datetime | None = None) -> PassReport:
     """One retention pass: partitions ahead, expired partitions dropped, closed threads (opt-in), floors raised."""
     report = ensure_ahead(now)
     drop_expired(now, report)
     report.threads_deleted = delete_closed_threads(now)
+    delete_old_openings(now)
     report.floors = delivery.raise_floors()
     if report.created or report.dropped or report.skipped or report.threads_deleted:
         log.info(

@@ -716,12 +716,20 @@ _LATENCY_24H = text(
 )
 
 
+# The circuit's openings that overlap the last 24 hours, oldest first.
+_OPENINGS = text(
+    "SELECT opened_at, until, reason FROM circuit_openings WHERE endpoint_id = :endpoint"
+    " AND until > date_trunc('hour', now()) - interval '23 hours' ORDER BY opened_at"
+)
+
+
 def endpoint_hours(agent: Agent, endpoint_id: str) -> dict[str, Any]:
     """An endpoint's delivery health over the last 24 hours, oldest hour first.
 
     ``{"hours": [{"hour": ISO, "delivered", "retried", "failed", "p50_ms", "p95_ms"}] (24),
     "p50_ms", "p95_ms" (over the 24 hours; None without deliveries), "circuit_open_until"
-    (ISO or None)}``. ``retried`` counts failed attempts. Raises not_found.
+    (ISO or None), "circuit_spans": [{"from", "until", "reason"}] (openings overlapping the
+    24 hours, oldest first)}``. ``retried`` counts failed attempts. Raises not_found.
     """
     endpoint = _own_endpoint(db.session, agent, endpoint_id)
     # The oldest delivery that can complete in the window was created the whole retry
@@ -730,6 +738,7 @@ def endpoint_hours(agent: Agent, endpoint_id: str) -> dict[str, Any]:
     params = {"endpoint": endpoint.id, "oldest": oldest}
     rows = db.session.execute(_HOURS, params).all()
     overall = db.session.execute(_LATENCY_24H, params).scalar()
+    spans = db.session.execute(_OPENINGS, params).all()
 
     def ms(pair, i):
         return round(pair[i]) if pair is not None and pair[i] is not None else None
@@ -749,4 +758,5 @@ def endpoint_hours(agent: Agent, endpoint_id: str) -> dict[str, Any]:
         "p50_ms": ms(overall, 0),
         "p95_ms": ms(overall, 1),
         "circuit_open_until": iso(endpoint.circuit_open_until),
+        "circuit_spans": [{"from": iso(s.opened_at), "until": iso(s.until), "reason": s.reason} for s in spans],
     }

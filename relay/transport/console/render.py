@@ -99,12 +99,14 @@ def pretty_json(value: Any) -> str:
 CHART_W, CHART_H, CHART_PAD = 720, 160, 24
 
 
-def bar_chart(rows: list[dict[str, Any]], series: list[tuple[str, str]]) -> dict[str, Any]:
+def bar_chart(rows: list[dict[str, Any]], series: list[tuple[str, str]], spans=()) -> dict[str, Any]:
     """Grouped bars for ``rows`` (each a dict with an ``hour`` ISO time and a count per series key).
 
     ``series`` is ``[(key, label), ...]``. Returns ``{"width", "height", "max", "bars":
     [{"x", "y", "w", "h", "series", "label", "value", "hour"}], "ticks": [{"x", "text"}]}``,
-    numbers only: the template draws them, and Jinja escapes every text.
+    numbers only: the template draws them, and Jinja escapes every text. ``spans``
+    (``[{"from", "until"}]``, ISO times) become ``"bands"`` ``[{"x", "w"}]`` over the hours
+    they cover, clipped to the chart.
     """
     top = max([1] + [int(r[k]) for r in rows for k, _ in series])
     inner_w, inner_h = CHART_W - 2 * CHART_PAD, CHART_H - 2 * CHART_PAD
@@ -130,7 +132,27 @@ def bar_chart(rows: list[dict[str, Any]], series: list[tuple[str, str]]) -> dict
             )
         if i % 6 == 0:
             ticks.append({"x": round(x0, 1), "text": str(row["hour"])[11:16]})
-    return {"width": CHART_W, "height": CHART_H, "pad": CHART_PAD, "max": top, "bars": bars, "ticks": ticks}
+    bands = []
+    if rows:
+        from datetime import datetime, timedelta
+
+        start = datetime.fromisoformat(str(rows[0]["hour"]).replace("Z", "+00:00"))
+        width = timedelta(hours=len(rows)).total_seconds()
+        for span in spans:
+            lo = (datetime.fromisoformat(span["from"].replace("Z", "+00:00")) - start).total_seconds() / width
+            hi = (datetime.fromisoformat(span["until"].replace("Z", "+00:00")) - start).total_seconds() / width
+            lo, hi = max(0.0, lo), min(1.0, hi)
+            if hi > lo:
+                bands.append({"x": round(CHART_PAD + lo * inner_w, 1), "w": round(max(1.0, (hi - lo) * inner_w), 1)})
+    return {
+        "width": CHART_W,
+        "height": CHART_H,
+        "pad": CHART_PAD,
+        "max": top,
+        "bars": bars,
+        "ticks": ticks,
+        "bands": bands,
+    }
 
 
 HELPERS = {
