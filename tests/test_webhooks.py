@@ -866,7 +866,7 @@ def test_delivery_of_a_worker_killed_mid_send_is_sent_once_after_the_lease(
     sql(
         "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second' WHERE id = %s", (str(delivery_id),)
     )
-    assert sweep() == {"fanned_out": 0, "due": 1}
+    assert sweep() == {"fanned_out": 0, "due": 1, "redrives_resumed": 0}
     got = rx.wait_for(1)
     [delivery] = wait_delivery(client, BOB, b, hook["id"], "succeeded")
     settle()
