@@ -420,7 +420,16 @@ PROCESS_INTEGERS = {
     "GUNICORN_KEEPALIVE": "75",
     "CELERY_CONCURRENCY": "8",  # the Procfile's worker: --concurrency
 }
-_MAXIMA = {"PORT": 65535}
+# Beyond these a value is a typo, not a sizing (each web or worker process holds its own pool).
+_MAXIMA = {
+    "PORT": 65535,
+    "WEB_CONCURRENCY": 256,
+    "WEB_CONNECTIONS": 100000,
+    "GUNICORN_TIMEOUT": 86400,
+    "GUNICORN_GRACEFUL_TIMEOUT": 86400,
+    "GUNICORN_KEEPALIVE": 86400,
+    "CELERY_CONCURRENCY": 1000,
+}
 _HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
 
 
@@ -450,7 +459,8 @@ def web_host(env: Mapping[str, str]) -> str:
         return raw
     except ValueError:
         pass
-    if len(raw) > 253 or not _HOSTNAME_RE.fullmatch(raw):
+    # All digits and dots is a mistyped IPv4 address (999.1.1.1), not a host name.
+    if len(raw) > 253 or not _HOSTNAME_RE.fullmatch(raw) or re.fullmatch(r"[\d.]+", raw):
         raise ConfigError(f"HOST must be an IP address or a host name such as 127.0.0.1, got {raw!r}")
     return raw
 

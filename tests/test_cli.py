@@ -253,3 +253,17 @@ def test_the_cli_finds_a_running_relay_up_under_relay_home_and_prints_its_consol
     assert public.stdout.splitlines()[-1] == "sign in at https://relay.example.com/console/login", public.stderr
     local = relay("operators", "create", "they@example.com", "--org", "acme", env=dict(cli_env, PORT="8765"))
     assert local.stdout.splitlines()[-1] == "sign in at http://localhost:8765/console/login", local.stderr
+
+
+def test_a_bad_port_refuses_operators_create_before_it_makes_anyone(relay, cli_env):
+    bad = relay("operators", "create", "p@example.com", "--org", "acme", env=dict(cli_env, PORT="abc"))
+    assert _assert_one_line_failure(bad) == "error: PORT must be a positive integer, got 'abc'"
+    assert bad.stdout == ""
+    assert relay("operators", "create", "p@example.com", "--org", "acme").returncode == 0  # nothing was made
+
+
+def test_a_relay_home_that_is_a_file_is_one_line(relay, cli_env, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    line = _assert_one_line_failure(relay("agents", "list", env=_no_database(cli_env, RELAY_HOME=str(a_file))))
+    assert "no relay up found under" in line

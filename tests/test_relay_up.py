@@ -251,3 +251,36 @@ def _sign_in_to_the_console(env, cwd, port, home) -> None:
         signed_in = browser.post(f"http://127.0.0.1:{port}/console/login", data=form, timeout=30, allow_redirects=False)
         assert (signed_in.status_code, signed_in.headers["Location"]) == (303, "/console/")
         assert "frank@acme" in browser.get(f"http://127.0.0.1:{port}/console/", timeout=30).text
+
+
+def test_closing_the_terminal_stops_relay_up_and_everything_it_started(tmp_path):
+    """SIGHUP (the terminal closed) to relay up's process group: an orderly stop, as Ctrl-C.
+
+    Before, relay up died alone and web, worker, beat and both servers ran on, headless.
+    """
+    home = tmp_path / "h"
+    log = tmp_path / "up.log"
+    port = free_port()
+    ours: dict[int, psutil.Process] = {}
+    with open(log, "wb") as out:
+        up = subprocess.Popen(
+            _relay_cmd("up", "--port", str(port)),
+            env=_up_env(home),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
+        wait_until(lambda: "relay: Ctrl-C stops it" in log.read_text(), what="the banner")
+        ours.update((p.pid, p) for p in _started_by(up, home))
+        os.killpg(up.pid, signal.SIGHUP)
+        up.wait(30)
+        assert log.read_text().splitlines()[-1] == "relay: stopped", log.read_text()[-2000:]
+        assert _alive(ours) == []
+        assert not _port_open(port)
+    finally:
+        ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
+        _kill_ours(up, ours)
+        shutil.rmtree(home, ignore_errors=True)

@@ -87,6 +87,8 @@ def test_config_check_and_relay_up_refuse_a_bad_process_integer_in_one_line(base
     "name, raw, error",
     [
         ("PORT", "70000", "PORT must be at most 65535, got '70000'"),
+        ("WEB_CONCURRENCY", "100000", "WEB_CONCURRENCY must be at most 256, got '100000'"),
+        ("HOST", "999.1.1.1", "HOST must be an IP address or a host name such as 127.0.0.1, got '999.1.1.1'"),
         ("PORT", "８０", "PORT must be a positive integer, got '８０'"),
         ("HOST", "my host", "HOST must be an IP address or a host name such as 127.0.0.1, got 'my host'"),
         ("HOST", "-relay.local", "HOST must be an IP address or a host name such as 127.0.0.1, got '-relay.local'"),
@@ -150,3 +152,39 @@ def test_a_second_relay_up_on_one_relay_home_is_refused(base_env, tmp_path):
                 proc.wait()
     assert proc.returncode == 1
     assert "already running" in stderr and str(home) in stderr
+
+
+def test_relay_up_refuses_a_home_that_is_a_file_a_path_with_a_space_and_a_busy_port(base_env, tmp_path):
+    import socket
+
+    def up(**env):
+        return subprocess.run(
+            [sys.executable, "-m", "relay.ops.cli", "up", "--port", str(env.pop("port", free_port()))],
+            env={**base_env, "REDIS_URL": "redis://127.0.0.1:1/0", **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    done = up(RELAY_HOME=str(a_file / "home"))
+    assert (done.returncode, done.stderr.count("\n")) == (1, 1) and "cannot be a folder" in done.stderr, done.stderr
+    spaced = {k: v for k, v in base_env.items() if k != "DATABASE_URL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "relay.ops.cli", "up", "--port", str(free_port())],
+        env={**spaced, "RELAY_HOME": str(tmp_path / "My Projects" / ".relay")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "cannot run under a path with a space" in done.stderr, done.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = up(RELAY_HOME=str(tmp_path / "home"), port=port)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        f"error: port {port} is in use on 127.0.0.1; stop what uses it, or pass --port"
+    ), done.stderr
+    assert "serving" not in done.stdout

@@ -43,7 +43,7 @@ def _effective_env() -> dict[str, str]:
         where = f"RELAY_HOME={env['RELAY_HOME']}" if env.get("RELAY_HOME") else "./.relay, the default RELAY_HOME"
         _fail(
             f"no relay up found under {home} ({where}) and DATABASE_URL is not set; start `relay up` there,"
-            " or set RELAY_HOME to the folder a running relay up uses, or DATABASE_URL to your database"
+            " or set RELAY_HOME to the folder a running relay up uses, or DATABASE_URL and REDIS_URL to your servers"
         )
     return env
 
@@ -369,6 +369,10 @@ def operators_create(email: str, org: str, role: str, as_json: bool) -> None:
     """Create an operator and print its generated password (shown once)."""
     from relay.services.operators import create_operator
 
+    try:
+        url = _relay_url()  # before anything is made: a bad PORT must not leave an operator behind
+    except ConfigError as exc:
+        _fail(str(exc))
     operator, password = create_operator(email, org, role)
     if as_json:
         click.echo(
@@ -377,7 +381,7 @@ def operators_create(email: str, org: str, role: str, as_json: bool) -> None:
     else:
         click.echo(f"created operator {operator.email} of org {operator.org} ({operator.role})")
         click.echo(f"password (shown once): {password}")
-        click.echo(f"sign in at {_relay_url()}/console/login")
+        click.echo(f"sign in at {url}/console/login")
 
 
 @operators.command("list")
@@ -553,9 +557,15 @@ def _banner(url: str, home: Path) -> list[str]:
     from relay.ops.embedded import relay_home
 
     relay_cmd = "relay" if shutil.which("relay") else str(Path(sys.executable).parent / "relay")
-    lines = [f"relay: serving on {url}  (data in {home})", "relay: in another shell, paste:", f"  cd {Path.cwd()}"]
+    import shlex
+
+    lines = [
+        f"relay: serving on {url}  (data in {home})",
+        "relay: in another shell, paste:",
+        f"  cd {shlex.quote(str(Path.cwd()))}",
+    ]
     if relay_home({}) != home:  # not ./.relay from here: the CLI must be told where
-        lines.append(f"  export RELAY_HOME={home}")
+        lines.append(f"  export RELAY_HOME={shlex.quote(str(home))}")
     lines += [
         f"  {relay_cmd} agents create frank@acme --name Frank --role frontend",
         f"  {relay_cmd} operators create you@example.com --org acme   # then open {url}/console/login",
@@ -592,6 +602,8 @@ def _banner_when_serving(url: str, home: Path, manager) -> None:
 @click.option("--port", type=click.IntRange(min=1, max=65535), default=None, show_default="8000 or $PORT")
 def up(port: int | None) -> None:
     """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset."""
+    # A Ctrl-C before honcho installs its handler: the cleanup below, not a traceback.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(128 + signum))
     from honcho.environ import parse_procfile
     from honcho.manager import Manager
 
@@ -615,12 +627,28 @@ def up(port: int | None) -> None:
 
     # Until honcho installs its own handler, a SIGTERM must still run the cleanup below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # Closing the terminal sends SIGHUP, which would end relay up alone and leave web,
+    # worker, beat and the servers running (each is in a session of its own): stop as on SIGTERM.
+    signal.signal(signal.SIGHUP, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
     env = dict(os.environ)
     home = embedded.relay_home(env)
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"RELAY_HOME {home} cannot be a folder for relay up's data: {exc.strerror}")
+    if (not env.get("DATABASE_URL")) and " " in str(home):
+        _fail(
+            f"the embedded PostgreSQL cannot run under a path with a space ({home}); "
+            "set RELAY_HOME to a folder without one, or DATABASE_URL to your own server"
+        )
+    if not embedded.port_free(env.get("HOST") or "127.0.0.1", port):
+        _fail(f"port {port} is in use on {env.get('HOST') or '127.0.0.1'}; stop what uses it, or pass --port")
     # One relay up per RELAY_HOME: a second one would share the embedded servers' data
     # and, stopping, shut down the first one's Redis and remove its relay.env.
-    lock = open(home / embedded.LOCK_FILE, "a+")  # noqa: SIM115  (held until this process exits)
+    try:
+        lock = open(home / embedded.LOCK_FILE, "a+")  # noqa: SIM115  (held until this process exits)
+    except OSError as exc:
+        _fail(f"cannot open {home / embedded.LOCK_FILE}: {exc.strerror}")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -647,7 +675,11 @@ def up(port: int | None) -> None:
                 _fail(f"the embedded PostgreSQL did not start (exit {exc.returncode}; its lines are above)")
         if not env.get("REDIS_URL"):
             redis_client, env["REDIS_URL"] = embedded.start_redis(home)
-        url = f"http://{env.setdefault('HOST', '127.0.0.1')}:{port}"
+        host = env.setdefault("HOST", "127.0.0.1")
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        # A laptop's Ctrl-C: open streams and long-polls get 2 s, not gunicorn's 20, so web
+        # stops before honcho's 5 s SIGKILL (docs/decisions.md, "The front door").
+        env.setdefault("GUNICORN_GRACEFUL_TIMEOUT", "2")
         embedded.write_env_file(
             home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"], "RELAY_URL": url}
         )

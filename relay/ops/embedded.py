@@ -37,8 +37,20 @@ def running(home: Path) -> bool:
                 return True
             fcntl.flock(lock, fcntl.LOCK_UN)
             return False
-    except FileNotFoundError:
+    except OSError:  # no such file, RELAY_HOME a file, the lock a folder or unreadable: none running
         return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` on ``host`` can be bound now (nothing listens there)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with closing(socket.socket(family, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
