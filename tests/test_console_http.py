@@ -1225,3 +1225,20 @@ def test_a_redrive_stops_when_its_endpoint_is_disabled(app, world):
     )
     assert "the endpoint is disabled" in admin.get(resp.headers["Location"]).get_data(as_text=True)
     assert sql(app, "SELECT count(*) FROM redrive_jobs") == [(1,)]
+
+
+@pytest.mark.parametrize("since", ["0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+18:00"])
+def test_a_bulk_redrive_confirm_with_an_edge_time_names_the_field(app, world, since):
+    admin = _signed_in(app, world, ACME)
+    form = {"job_id": "3c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", "since": since, "until": "9999-12-31T23:59:59-05:00"}
+    resp = admin.post(
+        f"/console/agents/{world['bob']}/webhooks/{world['webhook']}/bulk-redrive",
+        data={**form, "csrf_token": token_of(admin)},
+    )
+    assert resp.status_code in (303, 400, 422), resp.status_code
+    assert sql(app, "SELECT count(*) FROM redrive_jobs") == [(0,)]
+
+
+def test_a_nul_in_the_sign_in_email_is_a_wrong_credential(app, world):
+    assert sign_in(app.test_client(), "ops\x00@acme.example", "x").status_code == 401
+    assert _audit(app, action="sign_in_failed")[0][:2] == ("sign_in_failed", "unauthenticated")

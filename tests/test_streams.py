@@ -421,7 +421,10 @@ def test_a_rolled_back_write_wakes_nobody(app, make_agent):
         listener = wakeup.listener()
         to_bob, to_marker = listener.register((bob.id,)), listener.register((marker.id,))
         assert listener.subscribed.wait(20), "the listener did not subscribe"
-        to_bob.wait(0), to_marker.wait(0)  # the subscription's wake-everyone
+        # A fresh subscription's wake-everyone comes just after `subscribed` is set (none when
+        # the listener was already subscribed): give it a second to land and drain it, or it
+        # may land later and pass for the rolled-back write's (seen once in CI with wait(0)).
+        to_bob.wait(1), to_marker.wait(1)
 
         def boom(session, result):
             raise Boom()

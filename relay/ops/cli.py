@@ -467,7 +467,12 @@ def _aware_time(value: str | None, name: str):
         raise click.BadParameter("must be an ISO 8601 time such as 2026-04-25T10:00:00Z", param_hint=name) from None
     if when.tzinfo is None:
         raise click.BadParameter("give a time zone, e.g. 2026-04-25T10:00:00Z", param_hint=name)
-    return when
+    from relay.schemas.common import to_utc
+
+    try:
+        return to_utc(when)  # PostgreSQL refuses offsets past ±15:59
+    except Exception as exc:
+        raise click.BadParameter(f"is out of range ({exc})", param_hint=name) from None
 
 
 @audit.command("list")

@@ -181,7 +181,8 @@ def authenticate(email: object, password: object, client_addr: str = "") -> Oper
     """
     normal = email.strip().lower() if isinstance(email, str) else ""
     given = password if isinstance(password, str) and len(password) <= MAX_PASSWORD else None
-    operator = get_operator(normal) if normal and len(normal) <= MAX_EMAIL else None
+    # A NUL is no operator's email, and PostgreSQL refuses it in a query.
+    operator = get_operator(normal) if normal and len(normal) <= MAX_EMAIL and "\x00" not in normal else None
     if operator is None or operator.disabled_at is not None or given is None:
         if not _dummy_hash:
             _dummy_hash.append(_hasher.hash(secrets.token_urlsafe(16)))
@@ -263,7 +264,7 @@ AUDIT_PAGE = 50
 def _printable(raw: object, limit: int) -> str:
     """``raw`` as text of at most ``limit`` characters, control characters replaced (it is shown)."""
     text_ = raw if isinstance(raw, str) else ("" if raw is None else str(raw))
-    return "".join(c if c.isprintable() else "\ufffd" for c in text_[:limit])
+    return "".join(c if c.isprintable() else "\ufffd" for c in text_[:limit])  # NUL too: PostgreSQL refuses it
 
 
 def record(

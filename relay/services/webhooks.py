@@ -625,7 +625,14 @@ def run_redrive(job_id: str | uuid.UUID, batch: int = REDRIVE_BATCH) -> dict | N
     jid = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     while True:
         with unit_of_work() as session:
-            job = session.scalar(select(RedriveJob).where(RedriveJob.id == jid).with_for_update())
+            # populate_existing: the session keeps objects across commits (expire_on_commit off),
+            # and each batch must see the row as it is now (another task's progress, a disable).
+            job = session.scalar(
+                select(RedriveJob)
+                .where(RedriveJob.id == jid)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            )
             if job is None:
                 return None
             if job.status != "running":
@@ -634,7 +641,10 @@ def run_redrive(job_id: str | uuid.UUID, batch: int = REDRIVE_BATCH) -> dict | N
             # a batch's updates check the deliveries' foreign key (KEY SHARE on the endpoint),
             # which would otherwise wait on a redrive that waits on this batch's rows.
             endpoint = session.scalar(
-                select(WebhookEndpoint).where(WebhookEndpoint.id == job.endpoint_id).with_for_update()
+                select(WebhookEndpoint)
+                .where(WebhookEndpoint.id == job.endpoint_id)
+                .with_for_update()
+                .execution_options(populate_existing=True)
             )
             if not endpoint.enabled:
                 job.status, job.error, job.finished_at = "failed", "the endpoint was disabled", func.now()
