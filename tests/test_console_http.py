@@ -1242,3 +1242,11 @@ def test_a_bulk_redrive_confirm_with_an_edge_time_names_the_field(app, world, si
 def test_a_nul_in_the_sign_in_email_is_a_wrong_credential(app, world):
     assert sign_in(app.test_client(), "ops\x00@acme.example", "x").status_code == 401
     assert _audit(app, action="sign_in_failed")[0][:2] == ("sign_in_failed", "unauthenticated")
+
+
+def test_a_refused_cancel_leaves_only_its_refusal(app, world):
+    admin = _signed_in(app, world, ACME)
+    cancel = f"/console/threads/{world['task']}/cancel"
+    admin.post(cancel, data={"csrf_token": token_of(admin)})
+    admin.post(cancel, data={"csrf_token": token_of(admin)})  # already cancelled: refused
+    assert [r[1] for r in _audit(app, action="cancel")] == ["ok", "invalid_transition"]

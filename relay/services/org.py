@@ -147,8 +147,9 @@ def cancel(org: str, task_id: uuid.UUID) -> dict[str, Any]:
     Raises thread_not_found (not the org's), not_authorized_transition (the org's agent is
     only its recipient), invalid_transition / state_changed (threads.transition's rules).
     """
-    with unit_of_work():
-        _thread, sender, _recipient = _thread_sides(org, task_id)
+    # Read in the transaction the transition commits (no commit of its own): a console
+    # action's audit row, flushed before this, must commit only with the cancel.
+    _thread, sender, _recipient = _thread_sides(org, task_id)
     if sender is None:
         raise RelayError(
             "not_authorized_transition",
