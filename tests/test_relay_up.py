@@ -145,14 +145,10 @@ def _kill_ours(up: subprocess.Popen, procs: dict[int, psutil.Process]) -> None:
             pass
 
 
-def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_ctrl_c(tmp_path):
-    home = tmp_path / "h"
-    log = tmp_path / "up.log"
-    port = free_port()
-    env = _up_env(home)
-    ours: dict[int, psutil.Process] = {}
+def _start_up(tmp_path: Path, log: Path, port: int, env: dict) -> subprocess.Popen:
+    """``relay up --port PORT`` from ``tmp_path`` in a session of its own (its process group is its pid)."""
     with open(log, "wb") as out:
-        up = subprocess.Popen(
+        return subprocess.Popen(
             _relay_cmd("up", "--port", str(port)),
             env=env,
             cwd=tmp_path,
@@ -160,6 +156,15 @@ def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_ctrl_c(tmp_pat
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def test_relay_up_serves_on_embedded_servers_and_stops_cleanly_on_ctrl_c(tmp_path):
+    home = tmp_path / "h"
+    log = tmp_path / "up.log"
+    port = free_port()
+    env = _up_env(home)
+    ours: dict[int, psutil.Process] = {}
+    up = _start_up(tmp_path, log, port, env)
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
 
@@ -262,15 +267,7 @@ def test_closing_the_terminal_stops_relay_up_and_everything_it_started(tmp_path)
     log = tmp_path / "up.log"
     port = free_port()
     ours: dict[int, psutil.Process] = {}
-    with open(log, "wb") as out:
-        up = subprocess.Popen(
-            _relay_cmd("up", "--port", str(port)),
-            env=_up_env(home),
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    up = _start_up(tmp_path, log, port, _up_env(home))
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
         wait_until(lambda: "relay: Ctrl-C stops it" in log.read_text(), what="the banner")
