@@ -1131,14 +1131,21 @@ def test_push_notifications_are_delivered_with_token_and_credentials(client, to_
         assert update["statusUpdate"]["taskId"] == task["id"]
         assert update["statusUpdate"]["contextId"] == task["contextId"]
         assert update["statusUpdate"]["status"]["state"] == "TASK_STATE_WORKING"
+        assert update["statusUpdate"]["metadata"] == {"transition": "accept", "from": "pending", "to": "accepted"}
+        assert "message" not in update["statusUpdate"]["status"]
 
         rpc(client, bob[1], "message/send", {"task_id": task["id"], "message": seed_msg("on it")})
         pushes = rx.wait_for(2, timeout=20, path="/push")
         second = json.loads(pushes[1].body)
-        assert set(second) == {"message"}
-        assert second["message"]["role"] == "ROLE_AGENT"
-        assert second["message"]["taskId"] == task["id"]
-        assert second["message"]["parts"] == [{"text": "on it"}]
+        # A reply is shaped as the task stream shapes it: a statusUpdate whose status.message holds it.
+        assert set(second) == {"statusUpdate"}
+        reply = second["statusUpdate"]
+        assert reply["taskId"] == task["id"] and reply["contextId"] == task["contextId"]
+        assert reply["status"]["state"] == "TASK_STATE_WORKING"
+        assert "metadata" not in reply  # a state change carries its transition; a reply does not
+        assert reply["status"]["message"]["role"] == "ROLE_AGENT"
+        assert reply["status"]["message"]["taskId"] == task["id"]
+        assert reply["status"]["message"]["parts"] == [{"text": "on it"}]
         assert pushes[1].header("X-A2A-Notification-Token") == "tok-123"
         assert pushes[1].header("Authorization") == "Bearer c-9"
 

@@ -125,23 +125,6 @@ def push_config_out(config: dict) -> dict:
     return out
 
 
-def status_update_event(task: dict, transition: dict) -> dict:
-    """A2A ``StreamResponse`` for a state change: ``{"statusUpdate": TaskStatusUpdateEvent}``."""
-    return {
-        "statusUpdate": {
-            "taskId": task["task_id"],
-            "contextId": _uuid_text(task["context_id"]),
-            "status": status_out(task),
-            "metadata": transition,
-        }
-    }
-
-
-def message_event(row: dict, task: dict) -> dict:
-    """A2A ``StreamResponse`` for a new message: ``{"message": Message}``."""
-    return {"message": message_out(row, task, opening=row["sequence_no"] == 1)}
-
-
 def status_event(
     task: dict, state: str, timestamp: str, *, message: dict | None = None, metadata: dict | None = None
 ) -> dict:

@@ -155,13 +155,22 @@ def headers(endpoint: WebhookEndpoint) -> dict[str, str]:
 
 
 def build_payload(event: Event) -> dict[str, Any]:
-    """An A2A v1.0 ``StreamResponse`` for a push config: a statusUpdate or a message (re-read now)."""
+    """An A2A v1.0 ``StreamResponse`` for a push config, shaped as the task stream shapes it.
+
+    Always ``{"statusUpdate": TaskStatusUpdateEvent}`` (re-read now): a state change carries
+    ``metadata {"transition", "from", "to"}``; a reply carries the Message (its artifacts
+    as ``data`` parts) in ``status.message``, stamped with the message's time, and the
+    task's current state. One shape for both surfaces: a2a-sdk stops reading a stream at a
+    top-level ``message``, and a client should not see one reply in two forms.
+    """
     thread = db.session.get(Thread, event.thread_id)
     task = {**thread_summary(thread), "result_summary": thread.result_summary}
+    state = task["status"]["state"]
     if event.type == "message.created":
         message = db.session.get(Message, event.message_id)
         if message is not None:
-            return a2a_view.message_event(message_row(message), task)
-    return a2a_view.status_update_event(
-        task, {k: event.payload.get(k) for k in ("transition", "from", "to") if k in event.payload}
-    )
+            row = message_row(message)
+            reply = a2a_view.message_out(row, task, opening=row["sequence_no"] == 1)
+            return a2a_view.status_event(task, state, row["created_at"], message=reply)
+    transition = {k: event.payload.get(k) for k in ("transition", "from", "to") if k in event.payload}
+    return a2a_view.status_event(task, state, task["updated_at"], metadata=transition)
