@@ -27,8 +27,28 @@ from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
 from relay.extensions import db
 
-THREAD_STATES = ("pending", "accepted", "completed", "cancelled")
-TERMINAL_STATES = ("completed", "cancelled")
+# Seed 000's four states, then issue 29's three terminal ones (declined, failed, expired).
+THREAD_STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+TERMINAL_STATES = ("completed", "cancelled", "declined", "failed", "expired")
+PRIORITIES = ("low", "normal", "high", "urgent")
+
+
+def effective_state_sql(t: str = "threads", now: str = "now()") -> str:
+    """The SQL of thread ``t``'s state as of ``now``, whether or not the sweep has recorded it.
+
+    A leased ``accepted`` handoff past ``lease_expires_at`` is ``pending`` again, and a
+    ``pending`` one past ``expires_at`` (also one whose lease just lapsed) is ``expired``
+    (issue 29: "at once in every read"). relay.services.threads.settle writes the same
+    rule; tests/test_lifecycle.py holds the two equal.
+    """
+    return (
+        f"CASE WHEN {t}.state = 'accepted' AND {t}.lease_expires_at <= {now}"
+        f" THEN CASE WHEN {t}.expires_at <= {now} THEN 'expired' ELSE 'pending' END"
+        f" WHEN {t}.state = 'pending' AND {t}.expires_at <= {now} THEN 'expired'"
+        f" ELSE {t}.state END"
+    )
+
+
 INTENTS = ("inform", "ask_question", "propose_action")
 # Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
 # same agent; seed clients may not use the prefix, so neither can replay the other's call.
@@ -148,11 +168,23 @@ class Thread(db.Model):
 
     __tablename__ = "threads"
     __table_args__ = (
-        CheckConstraint("state in ('pending','accepted','completed','cancelled')", name="state_valid"),
+        CheckConstraint(
+            "state in ('pending','accepted','completed','cancelled','declined','failed','expired')", name="state_valid"
+        ),
         CheckConstraint("intent in ('inform','ask_question','propose_action')", name="intent_valid"),
+        CheckConstraint("priority in ('low','normal','high','urgent')", name="priority_valid"),
         Index("ix_threads_recipient_activity", "recipient_id", text("updated_at DESC"), text("id DESC")),
         Index("ix_threads_sender_activity", "sender_id", text("updated_at DESC"), text("id DESC")),
         Index("ix_threads_context", "context_id"),
+        # What the sweep settles: leased accepted rows, and pending rows with an expiry.
+        Index(
+            "ix_threads_lease_due",
+            "lease_expires_at",
+            postgresql_where=text("state = 'accepted' AND lease_expires_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_threads_expiry_due", "expires_at", postgresql_where=text("state = 'pending' AND expires_at IS NOT NULL")
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -171,6 +203,18 @@ class Thread(db.Model):
     accepted_at: Mapped[datetime | None] = mapped_column(TZ)
     completed_at: Mapped[datetime | None] = mapped_column(TZ)
     cancelled_at: Mapped[datetime | None] = mapped_column(TZ)
+    declined_at: Mapped[datetime | None] = mapped_column(TZ)
+    failed_at: Mapped[datetime | None] = mapped_column(TZ)
+    expired_at: Mapped[datetime | None] = mapped_column(TZ)
+    priority: Mapped[str] = mapped_column(String(8), server_default="normal")
+    # A pending handoff past this is expired (create's expires_in_seconds).
+    expires_at: Mapped[datetime | None] = mapped_column(TZ)
+    # A lease (accept's lease_seconds): past lease_expires_at the handoff is pending again;
+    # lease_token fences complete/fail/release/renew to the session that holds it.
+    lease_expires_at: Mapped[datetime | None] = mapped_column(TZ)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_seconds: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)  # of the decline or fail that ended it
 
     sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined", innerjoin=True)
     recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined", innerjoin=True)
@@ -212,6 +256,8 @@ class Message(db.Model):
     artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, default=dict)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    # The read receipt: when the other participant's read position first reached it.
+    read_at: Mapped[datetime | None] = mapped_column(TZ)
     search_vector: Mapped[Any | None] = mapped_column(TSVECTOR)
     # Why the indexer could not write search_vector ("SQLSTATE: first line"); the sweep
     # skips such rows and search does not find them by text (relay.services.search).
@@ -278,6 +324,7 @@ class AuditEvent(db.Model):
     to_state: Mapped[str | None] = mapped_column(String(16))
     session_id: Mapped[str | None] = mapped_column(String(255))
     result_summary: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
     message_id: Mapped[uuid.UUID | None]
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 

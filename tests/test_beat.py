@@ -27,6 +27,7 @@ SWEEPS = {
     "sweep_outbox": "workers.tasks.sweep_outbox",
     "index_pending_messages": "workers.tasks.index_pending_messages",
     "retention": "workers.tasks.retention",
+    "settle_due": "workers.tasks.settle_due",
 }
 
 

@@ -88,9 +88,9 @@ def test_read_position_never_moves_backwards(app, client, alice, bob):
     with app.app_context():
         from relay.services.agents import get_agent
 
-        reader = get_agent(b_handle)
+        reader, author = get_agent(b_handle), get_agent(_a)
         with unit_of_work() as session:
-            threads._mark_read(session, parse_ulid(task_id), reader.id, 1)
+            threads._mark_read(session, parse_ulid(task_id), reader.id, 1, author=author.id)
     assert _position(app, task_id, b_handle) == [3]
     inbox = rpc(client, b_key, "tasks/list", {})["items"]
     assert [(i["task_id"], i["unread_messages"]) for i in inbox] == [(task_id, 0)]

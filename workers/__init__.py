@@ -16,7 +16,12 @@ log = logging.getLogger("relay.beat")
 
 #: The periodic sweeps (task names); each logs its own line, and only when it did something.
 SWEEP_TASKS = frozenset(
-    {"workers.tasks.retention", "workers.tasks.index_pending_messages", "workers.tasks.sweep_outbox"}
+    {
+        "workers.tasks.retention",
+        "workers.tasks.index_pending_messages",
+        "workers.tasks.sweep_outbox",
+        "workers.tasks.settle_due",
+    }
 )
 #: Tasks run once per message or event: the worker's "received"/"succeeded" lines for them
 #: would be two log lines per message saying nothing the pump's "webhook attempt" line does not.
@@ -91,6 +96,9 @@ def beat_schedule() -> dict:
         "retention": {"task": "workers.tasks.retention", "schedule": 3600.0},
         "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
         "sweep-outbox": {"task": "workers.tasks.sweep_outbox", "schedule": 3.0},
+        # Lapsed leases and expired handoffs recorded, with their webhooks, within 15 s
+        # (issue 29); reads and transitions see them at once without it.
+        "settle-due": {"task": "workers.tasks.settle_due", "schedule": 5.0},
     }
 
 

@@ -8,7 +8,7 @@ import uuid
 from celery import shared_task
 from flask import current_app
 
-from relay.services import delivery, maintenance, search, webhooks
+from relay.services import delivery, maintenance, search, threads, webhooks
 from relay.services import retention as retention_service
 from workers.delivery import pump_for
 
@@ -137,6 +137,19 @@ def sweep_outbox() -> dict:
         )
     maintenance.record_sweep("sweep_outbox")
     return {"fanned_out": fanned, "due": len(due), "redrives_resumed": len(resumed)}
+
+
+@shared_task(name="workers.tasks.settle_due")
+def settle_due() -> dict:
+    """Record lapsed leases (back to pending) and expired handoffs, in batches, until none is due."""
+    settled = total = threads.settle_due()
+    while settled == threads.SWEEP_BATCH:
+        settled = threads.settle_due()
+        total += settled
+    if total:
+        log.info("settle sweep: %d handoffs settled", total, extra={"sweep": "settle_due", "settled": total})
+    maintenance.record_sweep("settle_due")
+    return {"settled": total}
 
 
 @shared_task(name="workers.tasks.redrive_job", acks_late=True)

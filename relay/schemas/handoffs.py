@@ -6,7 +6,7 @@ import json
 
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from relay.models import INTENTS, RESERVED_KEY_PREFIX, THREAD_STATES
+from relay.models import INTENTS, PRIORITIES, RESERVED_KEY_PREFIX, THREAD_STATES
 from relay.schemas.common import AwareDateTime, BoundedList, BoundedUrl, Cursor, StrictSchema, Ulid
 
 # Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
@@ -21,8 +21,13 @@ MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
 MAX_LINE = 100_000_000
 MAX_TARGET_FILES = 200
-MAX_STATUS_FILTER = 20  # states in one tasks/list filter (there are 4; repeats are harmless)
-TRANSITIONS = ("accept", "complete", "cancel")
+MAX_STATUS_FILTER = 20  # states in one tasks/list filter (there are 7; repeats are harmless)
+# Seed 000's three, then issue 29's four.
+TRANSITIONS = ("accept", "complete", "cancel", "decline", "fail", "release", "renew")
+MAX_REASON = 2000
+LEASE_RANGE = validate.Range(min=10, max=86_400, error="must be 10-86400 seconds")
+EXPIRY_RANGE = validate.Range(min=10, max=2_592_000, error="must be 10-2592000 seconds (30 days)")
+PRIORITY_CHOICE = validate.OneOf(PRIORITIES, error=f"must be one of {', '.join(PRIORITIES)}")
 
 
 def _text(max_len: int, required: bool = True, **kw) -> fields.String:
@@ -198,6 +203,9 @@ class MessageSendParams(StrictSchema):
     artifacts = BoundedList(Artifact(), load_default=list, max_items=MAX_ARTIFACTS, noun="artifacts")
     proposed_action = fields.Nested(ProposedAction, load_default=None, allow_none=True)
     metadata = Metadata(load_default=dict)
+    # Issue 29, create only: how urgent, and how long a pending handoff waits before it expires.
+    priority = fields.String(load_default=None, allow_none=True, validate=PRIORITY_CHOICE)
+    expires_in_seconds = fields.Integer(load_default=None, allow_none=True, strict=True, validate=EXPIRY_RANGE)
 
 
 class TaskRef(StrictSchema):
@@ -241,6 +249,40 @@ class TasksUpdateParams(StrictSchema):
     )
     session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
     result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
+    # Issue 29: why (decline and fail require it), a lease's length, and the lease's fence.
+    reason = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=validate.Length(min=1, max=MAX_REASON, error="must be 1-2000 characters"),
+    )
+    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True, validate=LEASE_RANGE)
+    lease_token = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
+
+    @validates_schema
+    def _transition_params(self, data, **kwargs):
+        check_transition_params(data)
+
+
+def check_transition_params(data: dict) -> None:
+    """Refuse a transition's params that do not go with it (issue 29); raises ValidationError naming the field.
+
+    ``reason``: required for decline and fail, allowed for release only besides them;
+    ``lease_seconds``: accept and renew only.
+    """
+    name = data.get("transition")
+    if name in ("decline", "fail") and not data.get("reason"):
+        raise ValidationError(f"is required to {name} a handoff (1-2000 characters)", "reason")
+    if data.get("reason") is not None and name not in ("decline", "fail", "release"):
+        raise ValidationError("is only allowed with decline, fail or release", "reason")
+    if data.get("lease_seconds") is not None and name not in ("accept", "renew"):
+        raise ValidationError("is only allowed with accept or renew", "lease_seconds")
+
+
+class OneOrList(BoundedList):
+    """A list, or one value standing for a list of it (``"high"`` is ``["high"]``)."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        return super()._deserialize([value] if isinstance(value, str) else value, attr, data, **kwargs)
 
 
 class ListFilter(StrictSchema):
@@ -256,6 +298,10 @@ class ListFilter(StrictSchema):
         noun="states",
     )
     since = AwareDateTime(load_default=None, allow_none=True)
+    priority = OneOrList(
+        fields.String(validate=PRIORITY_CHOICE), load_default=None, allow_none=True, max_items=MAX_STATUS_FILTER,
+        noun="priorities",
+    )  # fmt: skip
 
 
 class ListPage(StrictSchema):

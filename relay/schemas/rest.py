@@ -140,7 +140,7 @@ class KeyCreateBody(StrictSchema):
     label = fields.String(load_default="", validate=validate.Length(max=200))
 
 
-WEBHOOK_EVENTS = ("message.created", "task.updated")
+WEBHOOK_EVENTS = ("message.created", "task.updated", "message.read")
 MAX_EVENTS = 20  # events in one webhook's list (there are 2; repeats are harmless)
 # For the OpenAPI document only: the service checks the scheme (and the target) itself.
 WEBHOOK_URL_DOC = {"format": "uri", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"}

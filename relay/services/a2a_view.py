@@ -18,6 +18,11 @@ STATES = {
     "accepted": "TASK_STATE_WORKING",
     "completed": "TASK_STATE_COMPLETED",
     "cancelled": "TASK_STATE_CANCELED",
+    # Issue 29's ends: A2A has REJECTED and FAILED for the first two; a handoff nobody took
+    # in time is CANCELED (by the clock), and its status carries the relay's state.
+    "declined": "TASK_STATE_REJECTED",
+    "failed": "TASK_STATE_FAILED",
+    "expired": "TASK_STATE_CANCELED",
 }
 ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
 MEDIA_JSON = "application/json"

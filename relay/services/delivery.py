@@ -509,6 +509,20 @@ def _webhook_data(event: Event, feed: dict, tasks: dict) -> dict[str, Any]:
             "from_state": event.payload.get("from"),
             "to_state": event.payload.get("to"),
         }
+    if event.type == "message.read":
+        # A read receipt, to the author: the other participant has read its messages
+        # through ``through_sequence_no`` (``messages`` of them newly, the last ``message_id``).
+        task = tasks.get(event.thread_id, {"task_id": format_ulid(event.thread_id)})
+        reader = task.get("recipient") if task.get("sender", {}).get("handle") == event.owner else task.get("sender")
+        return {
+            "task_id": task["task_id"],
+            "context_id": task.get("context_id"),
+            "reader": reader,
+            "message_id": str(event.message_id) if event.message_id else None,
+            "through_sequence_no": event.payload.get("through_sequence_no"),
+            "messages": event.payload.get("messages"),
+            "read_at": iso(event.created_at),
+        }
     return {"endpoint_id": event.payload.get("endpoint_id"), "message": "test event from the handoff relay"}
 
 
@@ -563,7 +577,7 @@ def _prepare(session, claims: list[Claimed]) -> list[Prepared]:
     s = _settings()
     hooks = [c.row for c in claims if c.row.kind != push.KIND]
     feed = _feed_rows([e.message_id for e in hooks if e.type == "message.created" and e.message_id])
-    tasks = _task_rows([e.thread_id for e in hooks if e.type == "task.updated" and e.thread_id])
+    tasks = _task_rows([e.thread_id for e in hooks if e.type in ("task.updated", "message.read") and e.thread_id])
     secrets: dict[str, Webhook] = {}
     out = []
     now = datetime.now(UTC)

@@ -13,7 +13,7 @@ from relay.ids import iso
 log = logging.getLogger("relay.beat")
 
 #: The sweeps beat schedules (their task names in workers.tasks, without the module).
-SWEEPS = ("sweep_outbox", "index_pending_messages", "retention")
+SWEEPS = ("sweep_outbox", "index_pending_messages", "retention", "settle_due")
 #: Redis key prefix of "when did this sweep last finish" (``<prefix><sweep>``, no expiry).
 SWEEP_KEY_PREFIX = "relay:beat:last_sweep:"
 

@@ -26,7 +26,10 @@ from flask import current_app
 
 from relay.errors import invalid
 
-EVENT_TYPES = ("message.created", "task.updated")
+EVENT_TYPES = ("message.created", "task.updated", "message.read")
+# What an endpoint hears when it names no events: message.read (a read receipt, issue 29)
+# is opt-in, as it fires on every read that moves a position.
+DEFAULT_EVENTS = ("message.created", "task.updated")
 USER_AGENT = "handoff-relay-webhooks/1.0"
 MAX_RESPONSE_BYTES = 64 * 1024
 DEADLINE_GRACE = 1.0  # seconds past the timeout before the watchdog cuts a trickling receiver

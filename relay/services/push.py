@@ -21,7 +21,7 @@ from relay.extensions import db
 from relay.ids import as_sent, format_ulid
 from relay.models import Agent, Event, Message, Thread, WebhookEndpoint
 from relay.services import a2a_view, threads, unit_of_work
-from relay.services.outbound import EVENT_TYPES, check_url, new_secret
+from relay.services.outbound import DEFAULT_EVENTS, check_url, new_secret
 from relay.services.threads import message_row, thread_summary
 
 KIND = "a2a_push"
@@ -85,7 +85,7 @@ def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: di
         thread_id=thread_id,
         push_config_id=config_id,
         url=config["url"],
-        events=list(EVENT_TYPES),
+        events=list(DEFAULT_EVENTS),
         description="A2A push notification config",
         enabled=True,
         secret_encrypted=crypto.encrypt(new_secret()),

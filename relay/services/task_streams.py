@@ -51,14 +51,19 @@ _ROW = (
     Thread.accepted_at,
     Thread.completed_at,
     Thread.cancelled_at,
+    Thread.declined_at,
+    Thread.failed_at,
+    Thread.expired_at,
 )
 
 
 def path(source: str, target: str) -> list[tuple[str, str, str]]:
-    """The transitions ``(name, from, to)`` that lead from state ``source`` to ``target`` (none if equal).
+    """The fewest transitions ``(name, from, to)`` that lead from state ``source`` to ``target`` (none if equal).
 
-    Seed 000's machine is a tree (pending -> accepted -> completed, pending -> cancelled),
-    so there is one path; a state a re-read can never reach from ``source`` is an error.
+    Seed 000's machine was a tree; issue 29's release and lapsed leases lead back from
+    accepted to pending, so a stream that re-reads a task sees only the shortest way
+    between the two states it read (a round trip between two reads is not shown). A
+    state a re-read can never reach from ``source`` is an error.
     """
     found = _path(source, target)
     if found is None:
@@ -66,12 +71,24 @@ def path(source: str, target: str) -> list[tuple[str, str, str]]:
     return found
 
 
+# A lease that lapsed, as a step of a path (the clock's, not a caller's).
+_CLOCK_STEPS = ((threads.LEASE_EXPIRED, "accepted", "pending"), (threads.EXPIRED, "pending", "expired"))
+
+
 def _path(source: str, target: str) -> list[tuple[str, str, str]] | None:
-    if source == target:
-        return []
-    for name, (src, dst, _who) in threads.TRANSITIONS.items():
-        if src == source and (rest := _path(dst, target)) is not None:
-            return [(name, src, dst), *rest]
+    steps = [(name, src, dst) for name, (src, dst, _who) in threads.TRANSITIONS.items() if src != dst]
+    steps += [step for step in _CLOCK_STEPS if step[0] not in threads.TRANSITIONS]
+    frontier, seen = [(source, [])], {source}
+    while frontier:  # breadth first: the shortest path, and no loop through a cycle
+        following = []
+        for state, taken in frontier:
+            if state == target:
+                return taken
+            for name, src, dst in steps:
+                if src == state and dst not in seen:
+                    seen.add(dst)
+                    following.append((dst, [*taken, (name, src, dst)]))
+        frontier = following
     return None
 
 
@@ -177,11 +194,11 @@ class TaskStream(streams.Held):
                 "result_summary": row.result_summary,
                 "updated_at": iso(row.updated_at),
             }
-            stamps = {"accepted": row.accepted_at, "completed": row.completed_at, "cancelled": row.cancelled_at}
+            stamps = {state: getattr(row, column) for state, column in threads.STAMP_COLUMN.items()}
             # (terminal last, time, order): a transition's time is read before it waits for the
             # row lock an append holds, so it can be older than a message committed before it.
             steps: list[tuple[tuple[bool, datetime, int], str, Any]] = [
-                ((dst in TERMINAL_STATES, stamps[dst] or row.updated_at, 1), "transition", (name, src, dst))
+                ((dst in TERMINAL_STATES, stamps.get(dst) or row.updated_at, 1), "transition", (name, src, dst))
                 for name, src, dst in path(self.state, row.state)
             ]
             steps += [((False, m.created_at, 0), "message", m) for m in new]

@@ -6,9 +6,10 @@ Each public function is one use case and one transaction. Callers pass loaded pa
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,7 @@ from relay.models import (
     Message,
     ReadPosition,
     Thread,
+    effective_state_sql,
 )
 from relay.services import (
     Prepared,
@@ -45,13 +47,31 @@ from relay.services.agents import check_handle
 PREVIEW_CHARS = 200
 
 
-# seed 000, tasks/update table: transition -> (from state, to state, who may call it)
+# seed 000, tasks/update table, then issue 29's four (additive): transition -> (from state,
+# to state, who may call it)
 TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "accept": ("pending", "accepted", "recipient"),
     "complete": ("accepted", "completed", "recipient"),
     "cancel": ("pending", "cancelled", "sender"),
+    "decline": ("pending", "declined", "recipient"),
+    "fail": ("accepted", "failed", "recipient"),
+    "release": ("accepted", "pending", "recipient"),
+    "renew": ("accepted", "accepted", "recipient"),
 }
-STAMP_COLUMN = {"accepted": "accepted_at", "completed": "completed_at", "cancelled": "cancelled_at"}
+STAMP_COLUMN = {
+    "accepted": "accepted_at",
+    "completed": "completed_at",
+    "cancelled": "cancelled_at",
+    "declined": "declined_at",
+    "failed": "failed_at",
+    "expired": "expired_at",
+}
+# Transitions whose reason is required (1-2,000 characters), and those a lease fences:
+# while leased they must carry its current lease_token (issue 29).
+REASON_REQUIRED = ("decline", "fail")
+FENCED = ("complete", "fail", "release", "renew")
+# The audit actions (and task.updated transitions) of what the clock does, not a caller.
+LEASE_EXPIRED, EXPIRED = "lease_expired", "expire"
 
 
 def _now(session: Session) -> datetime:
@@ -105,9 +125,10 @@ locks AS (
 clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken, go),
 t AS (
     INSERT INTO threads (id, context_id, sender_id, recipient_id, intent, summary, proposed_action,
-                         state, version, last_sequence_no, created_at, updated_at)
+                         state, version, last_sequence_no, created_at, updated_at, priority, expires_at)
     SELECT %(thread_id)s, %(context_id)s, %(sender)s, go.id, %(intent)s, %(summary)s, %(proposed)s,
-           'pending', 1, 1, clock.now, clock.now FROM clock, go
+           'pending', 1, 1, clock.now, clock.now, %(priority)s,
+           clock.now + CAST(%(ttl)s AS integer) * interval '1 second' FROM clock, go
     RETURNING id, recipient_id
 ),
 m AS (
@@ -315,6 +336,8 @@ def _create(
                 "artifacts": _json(params.get("artifacts") or []),
                 "meta": _json(params.get("metadata") or {}),
                 "event_id": event_id,
+                "priority": params.get("priority") or "normal",
+                "ttl": params.get("expires_in_seconds"),
             },
         )
         found = cur.fetchone()
@@ -330,6 +353,8 @@ def _create(
         "message_id": str(message_id),
         "sequence_no": 1,
         "created_at": iso(found[4]),
+        "priority": params.get("priority") or "normal",
+        "expires_at": iso(found[4] + timedelta(seconds=ttl)) if (ttl := params.get("expires_in_seconds")) else None,
     }
 
 
@@ -338,7 +363,7 @@ def _json(value: Any) -> Json | None:
     return None if value is None else Json(value)
 
 
-CREATE_ONLY = ("recipient", "intent", "proposed_action", "context_id")
+CREATE_ONLY = ("recipient", "intent", "proposed_action", "context_id", "priority", "expires_in_seconds")
 
 
 def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = None) -> dict:
@@ -350,6 +375,7 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
     expected = params.get("expect_context_id")
     if expected is not None and expected != thread.context_id:
         raise invalid("context_id", "does not match the task's context")
+    settle(session, thread, _now(session))  # an expired handoff takes no message, at once
     if thread.state in TERMINAL_STATES:
         raise RelayError(
             "thread_terminal", f"the thread is {thread.state}; no more messages can be added", {"state": thread.state}
@@ -366,6 +392,9 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
     now = _now(session)
     thread.last_sequence_no += 1
     thread.updated_at = now
+    if caller.id == thread.recipient_id and thread.state == "accepted" and thread.lease_seconds is not None:
+        # The worker is working: its message renews the lease (issue 29), as renew does.
+        thread.lease_expires_at = now + timedelta(seconds=thread.lease_seconds)
     message = _add_message(session, thread, caller, params, now)
     return {
         "task_id": format_ulid(thread.id),
@@ -424,11 +453,11 @@ def message_row(message: Message) -> dict[str, Any]:
     """
     m = message
     return _message_row(
-        m.id, m.sequence_no, m.author.handle, m.role, m.body, m.parts, m.artifacts, m.meta, m.created_at
+        m.id, m.sequence_no, m.author.handle, m.role, m.body, m.parts, m.artifacts, m.meta, m.created_at, m.read_at
     )
 
 
-def _message_row(id_, sequence_no, author, role, body, parts, artifacts, meta, created_at) -> dict[str, Any]:
+def _message_row(id_, sequence_no, author, role, body, parts, artifacts, meta, created_at, read_at) -> dict[str, Any]:
     row = {
         "id": str(id_),
         "sequence_no": sequence_no,
@@ -439,6 +468,7 @@ def _message_row(id_, sequence_no, author, role, body, parts, artifacts, meta, c
         "artifacts": artifacts,
         "payload": _payload(meta),
         "created_at": iso(created_at),
+        "read_at": iso(read_at),
     }
     key = meta.get("client_idempotency_key")
     if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
@@ -502,12 +532,18 @@ def get_thread(
         if mark_read and messages:
             # Read up to what this answer holds (not the thread's counter, which a later
             # append may have moved on): a message is marked read only once it was shown.
-            _mark_read(session, task_id, caller.id, messages[-1]["sequence_no"])
+            other = t[3] if caller.id == t[2] else t[2]
+            read_at = _mark_read(session, task_id, caller.id, messages[-1]["sequence_no"], author=other)
+            for m in messages:  # the receipts this read wrote, in its own answer too
+                if read_at is not None and m["read_at"] is None and m["from"] != caller.handle:
+                    m["read_at"] = read_at
+    state = t[22]
+    leased = state == "accepted"  # a lease that lapsed is shown as none, as the state is pending
     return {
         "thread_id": (tid := format_ulid(t[0])),
         "task_id": tid,
         "context_id": format_ulid(t[1]),
-        "status": {"state": t[4]},
+        "status": {"state": state},
         "sender": {"handle": t[15], "name": t[16], "role": t[17]},
         "recipient": {"handle": t[18], "name": t[19], "role": t[20]},
         "recipient_id": str(t[3]),
@@ -523,6 +559,16 @@ def get_thread(
         "cancelled_at": iso(t[12]),
         "created_at": iso(t[13]),
         "updated_at": iso(t[14]),
+        **_lifecycle_fields(
+            t[23],
+            t[24],
+            t[25] if leased else None,
+            t[26] if leased and caller.id == t[3] else None,
+            t[27],
+            t[28],
+            t[29] if state == t[4] else None,
+            t[30],
+        ),
         **({"messages_next": messages[-1]["sequence_no"] if more else None, "messages_total": t[21]} if paged else {}),
         **({"artifact_rows": artifact_rows} if artifact_rows is not None else {}),
     }
@@ -530,15 +576,21 @@ def get_thread(
 
 # tasks/get as three fixed statements, each its own transaction (own_transaction): the
 # thread with both agents, its messages with their authors, and the read position.
-_GET_THREAD_SQL = """
+_GET_THREAD_SQL = (
+    """
 SELECT t.id, t.context_id, t.sender_id, t.recipient_id, t.state, t.summary, t.intent, t.proposed_action,
        t.result_summary, t.version, t.accepted_at, t.completed_at, t.cancelled_at, t.created_at, t.updated_at,
-       s.handle, s.name, s.role, r.handle, r.name, r.role, t.last_sequence_no
+       s.handle, s.name, s.role, r.handle, r.name, r.role, t.last_sequence_no,
+       """
+    + effective_state_sql("t")
+    + """, t.priority, t.expires_at, t.lease_expires_at, t.lease_token,
+       t.declined_at, t.failed_at, t.expired_at, t.reason
 FROM threads t JOIN agents s ON s.id = t.sender_id JOIN agents r ON r.id = t.recipient_id
 WHERE t.id = %(id)s
 """
+)
 _GET_MESSAGES_SQL = """
-SELECT m.id, m.sequence_no, a.handle, m.role, m.body, m.parts, m.artifacts, m.metadata, m.created_at
+SELECT m.id, m.sequence_no, a.handle, m.role, m.body, m.parts, m.artifacts, m.metadata, m.created_at, m.read_at
 FROM messages m JOIN agents a ON a.id = m.author_id
 WHERE m.thread_id = %(id)s ORDER BY m.sequence_no
 """
@@ -558,18 +610,58 @@ _GET_ARTIFACTS = Prepared(
 MAX_MESSAGES_PAGE = 1000
 
 
-def _mark_read(session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int) -> None:
-    """Move the agent's read position forward to ``seq`` (never backwards)."""
+def _mark_read(
+    session: Session, thread_id: uuid.UUID, agent_id: uuid.UUID, seq: int, *, author: uuid.UUID
+) -> str | None:
+    """Move the agent's read position forward to ``seq`` (never backwards) and write the receipts.
+
+    Each of ``author``'s messages the position passes for the first time gets ``read_at``
+    (issue 29), and one ``message.read`` outbox event goes to ``author`` for the read.
+    Returns the receipts' time (ISO 8601), or None when no message was newly read.
+    """
     with statement_cursor(session) as cur:
-        cur.execute(_MARK_READ_SQL, {"thread_id": thread_id, "agent_id": agent_id, "seq": seq})
+        cur.execute(
+            _MARK_READ_SQL,
+            {"thread_id": thread_id, "agent_id": agent_id, "seq": seq, "author": author, "event_id": new_ulid()},
+        )
+        event_id, read_at = cur.fetchone()
+    if event_id is None:
+        return None
+    after_commit(partial(dispatch.event_committed, event_id, ()))
+    return iso(read_at)
 
 
+# One statement: the position's upsert, the receipts of the messages it newly passes (the
+# old position read first, in the same snapshot), and the message.read event when any.
 _MARK_READ_SQL = """
-INSERT INTO read_positions (thread_id, agent_id, last_read_sequence_no, updated_at)
-VALUES (%(thread_id)s, %(agent_id)s, %(seq)s, clock_timestamp())
-ON CONFLICT (thread_id, agent_id) DO UPDATE
-SET last_read_sequence_no = greatest(read_positions.last_read_sequence_no, EXCLUDED.last_read_sequence_no),
-    updated_at = EXCLUDED.updated_at
+WITH old AS (
+    SELECT last_read_sequence_no AS n FROM read_positions WHERE thread_id = %(thread_id)s AND agent_id = %(agent_id)s
+),
+pos AS (
+    INSERT INTO read_positions (thread_id, agent_id, last_read_sequence_no, updated_at)
+    VALUES (%(thread_id)s, %(agent_id)s, %(seq)s, clock_timestamp())
+    ON CONFLICT (thread_id, agent_id) DO UPDATE
+    SET last_read_sequence_no = greatest(read_positions.last_read_sequence_no, EXCLUDED.last_read_sequence_no),
+        updated_at = EXCLUDED.updated_at
+),
+read AS (
+    UPDATE messages SET read_at = clock_timestamp()
+    WHERE thread_id = %(thread_id)s AND author_id = %(author)s AND read_at IS NULL
+      AND sequence_no > coalesce((SELECT n FROM old), 0) AND sequence_no <= %(seq)s
+    RETURNING id, sequence_no, read_at
+),
+summary AS (
+    SELECT max(sequence_no) AS through, count(*) AS n, max(read_at) AS at,
+           (array_agg(id ORDER BY sequence_no DESC))[1] AS last_id FROM read
+),
+event AS (
+    INSERT INTO events (id, type, agent_id, thread_id, message_id, payload, created_at)
+    SELECT %(event_id)s, 'message.read', %(author)s, %(thread_id)s, summary.last_id,
+           jsonb_build_object('through_sequence_no', summary.through, 'messages', summary.n), summary.at
+    FROM summary WHERE summary.n > 0
+    RETURNING id
+)
+SELECT (SELECT id FROM event), (SELECT at FROM summary)
 """
 
 
@@ -578,7 +670,7 @@ def thread_summary(t: Thread) -> dict[str, Any]:
     s, r = t.sender, t.recipient
     return _summary(
         (str(t.id), str(t.context_id), t.state, s.handle, s.name, s.role, r.handle, r.name, r.role, t.summary, t.intent,
-         t.result_summary, iso(t.created_at), iso(t.updated_at))
+         t.result_summary, iso(t.created_at), iso(t.updated_at), t.priority)
     )  # fmt: skip
 
 
@@ -600,17 +692,20 @@ def _summary(r: Any) -> dict[str, Any]:
         "result_summary": r[11],
         "created_at": r[12],
         "updated_at": r[13],
+        "priority": r[14],
     }
 
 
 _SENDER, _RECIPIENT = aliased(Agent), aliased(Agent)
+# The state a list shows and filters on: as of now, recorded by the sweep or not (issue 29).
+_EFFECTIVE_STATE = literal_column(effective_state_sql("threads"), String)
 # A page of tasks/list as plain columns (_summary's order, then the unread count): 50
 # Thread entities with two joined agents each cost more to build as ORM objects than the
 # query took to run.
 _LIST_COLUMNS = (
     cast(Thread.id, Text),
     cast(Thread.context_id, Text),
-    Thread.state,
+    _EFFECTIVE_STATE,
     _SENDER.handle,
     _SENDER.name,
     _SENDER.role,
@@ -622,6 +717,7 @@ _LIST_COLUMNS = (
     Thread.result_summary,
     iso_text(Thread.created_at),
     iso_text(Thread.updated_at),
+    Thread.priority,
 )
 
 
@@ -652,7 +748,9 @@ def _list_filters(role: str, present: set[str]) -> list:
     if "context_id" in present:
         filters.append(Thread.context_id == bindparam("context_id"))
     if "status" in present:
-        filters.append(Thread.state == func.any(bindparam("status", type_=ARRAY(String))))
+        filters.append(_EFFECTIVE_STATE == func.any(bindparam("status", type_=ARRAY(String))))
+    if "priority" in present:
+        filters.append(Thread.priority == func.any(bindparam("priority", type_=ARRAY(String))))
     if "since" in present:
         filters.append(Thread.updated_at >= bindparam("since"))
     return filters
@@ -697,14 +795,15 @@ def _list_statement(role: str, rows: int, present: set[str]):
 
 # The tasks/list page statement of each shape (role, which filters are present), compiled once.
 _LIST_PAGES = Shapes(
-    ("peer", "context_id", "status", "since", "cursor_at"), _list_statement, prepared=lambda present: True
+    ("peer", "context_id", "status", "priority", "since", "cursor_at"), _list_statement, prepared=lambda present: True
 )
 
 
-def _count_threads(session: Session, role, caller, peer, context_id, status, since) -> int:
+def _count_threads(session: Session, role, caller, peer, context_id, status, since, priority=None) -> int:
     """Rows matching tasks/list's filters on all pages (the A2A binding's ListTasks ``total``)."""
     params = {"caller": caller.id, "peer": peer.id if peer else None, "context_id": context_id}
     params |= {"status": list(status) if status else None, "since": since}
+    params |= {"priority": list(priority) if priority else None}
     present = {k for k, v in params.items() if v is not None and k != "caller"}
     stmt = select(func.count()).select_from(Thread).where(*_list_filters(role, present))
     return session.scalar(stmt, params)
@@ -722,6 +821,7 @@ def list_threads(
     context_id: uuid.UUID | None = None,
     with_total: bool = False,
     messages: int | str | None = None,
+    priority: list[str] | None = None,
 ) -> dict:
     """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
 
@@ -739,6 +839,7 @@ def list_threads(
         "peer": peer.id if peer is not None else None,
         "context_id": context_id,
         "status": list(status) if status else None,
+        "priority": list(priority) if priority else None,
         "since": since,
         "cursor_at": cursor[0] if cursor else None,
         "cursor_id": cursor[1] if cursor else None,
@@ -751,7 +852,7 @@ def list_threads(
         items = []
         for r in page:
             item = _summary(r)
-            item["unread_messages"] = r[14]
+            item["unread_messages"] = r[15]
             items.append(item)
         if messages and page:
             by_thread: dict[uuid.UUID, list[dict]] = {}
@@ -759,7 +860,7 @@ def list_threads(
                 by_thread.setdefault(str(m.thread_id), []).append(message_row(m))
             for item, r in zip(items, page):
                 item["messages"] = by_thread.get(r[0], [])
-        total = _count_threads(session, role, caller, peer, context_id, status, since) if with_total else None
+        total = _count_threads(session, role, caller, peer, context_id, status, since, priority) if with_total else None
     last = page[-1] if page else None
     next_cursor = None
     if len(rows) > limit and last is not None:
@@ -770,6 +871,127 @@ def list_threads(
     return result
 
 
+def _announce(
+    session: Session,
+    thread: Thread,
+    actor_id: uuid.UUID,
+    action: str,
+    source: str,
+    target: str,
+    now: datetime,
+    *,
+    to: tuple[uuid.UUID, ...],
+    **audit: Any,
+) -> None:
+    """Write a transition's audit row and one ``task.updated`` outbox event per agent in ``to``,
+    fanned out and waking both participants after commit."""
+    session.add(
+        AuditEvent(
+            thread_id=thread.id, actor_id=actor_id, action=action, from_state=source, to_state=target,
+            created_at=now, **audit,
+        )
+    )  # fmt: skip
+    for agent_id in to:
+        event = Event(
+            id=new_ulid(),
+            type="task.updated",
+            agent_id=agent_id,
+            thread_id=thread.id,
+            payload={"transition": action, "from": source, "to": target},
+            created_at=now,
+        )
+        session.add(event)
+        after_commit(partial(dispatch.event_committed, event.id, (thread.sender_id, thread.recipient_id)))
+
+
+def settle(session: Session, thread: Thread, now: datetime) -> bool:
+    """Record what the clock did to a locked ``thread`` by ``now``; return whether it changed.
+
+    A leased ``accepted`` handoff past ``lease_expires_at`` goes back to ``pending``
+    (audit ``lease_expired``); a ``pending`` one past ``expires_at`` is ``expired``
+    (audit ``expire``). Each writes a ``task.updated`` event to both participants. The
+    reads compute the same rule (relay.models.effective_state_sql) before it is recorded.
+    """
+    changed = False
+    if thread.state == "accepted" and thread.lease_expires_at is not None and thread.lease_expires_at <= now:
+        _return_to_pending(thread, now)
+        _announce(session, thread, thread.recipient_id, LEASE_EXPIRED, "accepted", "pending", now,
+                  to=(thread.sender_id, thread.recipient_id))  # fmt: skip
+        changed = True
+    if thread.state == "pending" and thread.expires_at is not None and thread.expires_at <= now:
+        thread.state, thread.expired_at = "expired", now
+        thread.version += 1
+        thread.updated_at = now
+        _announce(session, thread, thread.sender_id, EXPIRED, "pending", "expired", now,
+                  to=(thread.sender_id, thread.recipient_id))  # fmt: skip
+        changed = True
+    if changed:
+        session.flush()
+    return changed
+
+
+def _return_to_pending(thread: Thread, now: datetime) -> None:
+    """Give the work back: no lease, no accept time (a release, or a lease that lapsed)."""
+    thread.state = "pending"
+    thread.version += 1
+    thread.updated_at = now
+    thread.accepted_at = None
+    thread.lease_expires_at = thread.lease_token = thread.lease_seconds = None
+
+
+SWEEP_BATCH = 500
+
+
+def settle_due(limit: int = SWEEP_BATCH) -> int:
+    """Record up to ``limit`` lapsed leases and expiries (beat's ``settle_due``); return how many.
+
+    Rows another transaction holds are skipped (SKIP LOCKED): that one settles them itself.
+    """
+    with unit_of_work() as session:
+        now = _now(session)
+        due = session.scalars(
+            select(Thread)
+            .where(
+                or_(
+                    and_(Thread.state == "accepted", Thread.lease_expires_at <= now),
+                    and_(Thread.state == "pending", Thread.expires_at <= now),
+                )
+            )
+            .order_by(Thread.id)
+            .limit(limit)
+            .with_for_update(of=Thread, skip_locked=True)
+        ).all()
+        return sum(settle(session, thread, now) for thread in due)
+
+
+def _refuse(name: str, thread: Thread, side: str, lease_token: str | None) -> None:
+    """Raise why ``side`` may not ``name`` ``thread`` now, in seed order, else nothing.
+
+    not_authorized_transition (wrong side) -> invalid_transition (wrong state) ->
+    state_changed (a leased handoff and no, or another, ``lease_token``).
+    """
+    source, _target, who = TRANSITIONS[name]
+    if side != who:
+        raise RelayError(
+            "not_authorized_transition",
+            f"only the {who} may {name} a handoff",
+            {"transition": name, "required_role": who},
+        )
+    if thread.state != source:
+        raise RelayError(
+            "invalid_transition",
+            f"cannot {name} a handoff that is {thread.state} (only from {source})",
+            {"transition": name, "state": thread.state},
+        )
+    if name in FENCED and thread.lease_token is not None and lease_token != thread.lease_token:
+        told = "no lease_token" if lease_token is None else "a lease_token that is not the current one"
+        raise RelayError(
+            "state_changed",
+            f"this handoff is leased and the call carries {told}; accept it again or read it",
+            {"transition": name, "field": "lease_token"},
+        )
+
+
 def transition(
     caller: Agent,
     task_id: uuid.UUID,
@@ -778,44 +1000,53 @@ def transition(
     result_summary: str | None = None,
     *,
     peer: Agent | None = None,
+    reason: str | None = None,
+    lease_seconds: int | None = None,
+    lease_token: str | None = None,
 ) -> dict:
-    """Move a thread along seed 000's state machine (``tasks/update``, ``tasks/cancel``).
+    """Move a thread along the state machine (``tasks/update``, ``tasks/cancel``; seed 000 and issue 29).
 
     Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
     (wrong side) -> invalid_transition (not valid from the current state) -> state_changed
-    (compare-and-set on state and version lost a race). Writes an audit row (with
-    ``session_id`` on accept, ``result_summary`` on complete) and a ``task.updated``
-    outbox event in the same transaction.
+    (a leased handoff without its current ``lease_token``, or a compare-and-set on state
+    and version lost a race). A lapsed lease or expiry is recorded first (:func:`settle`),
+    under the thread's row lock, so a ``complete`` and its lease's end have one winner.
+
+    ``reason`` (decline, fail, release) and ``session_id`` (accept) go on the audit row,
+    with ``result_summary`` on complete. ``lease_seconds`` on accept starts a lease (a new
+    ``lease_token``); on renew it sets the lease's length (else the accept's), and renew
+    of an unleased handoff starts one. Writes a ``task.updated`` outbox event to the other
+    side in the same transaction. Returns the thread's state fields (:func:`_state_fields`).
     """
     if name not in TRANSITIONS:
         raise invalid("transition", f"must be one of {', '.join(TRANSITIONS)}")
-    source, target, who = TRANSITIONS[name]
+    source, target, _who = TRANSITIONS[name]
     with unit_of_work() as session:
         thread, side = _load_thread(session, task_id, caller, peer=peer)
-        if side != who:
-            raise RelayError(
-                "not_authorized_transition",
-                f"only the {who} may {name} a handoff",
-                {"transition": name, "required_role": who},
-            )
-        if thread.state != source:
-            raise RelayError(
-                "invalid_transition",
-                f"cannot {name} a handoff that is {thread.state} (only from {source})",
-                {"transition": name, "state": thread.state},
-            )
         now = _now(session)
-        values: dict[str, Any] = {
-            "state": target,
-            "version": Thread.version + 1,
-            "updated_at": now,
-            STAMP_COLUMN[target]: now,
-        }
-        if name == "complete":
-            values["result_summary"] = result_summary
+        if _due(thread, now):
+            # Record it first, under the row lock the sweep also takes: one of them writes it.
+            thread = session.scalar(
+                select(Thread).where(Thread.id == thread.id).with_for_update(of=Thread)
+                .execution_options(populate_existing=True)
+            )  # fmt: skip
+            settle(session, thread, now)
+        _refuse(name, thread, side, lease_token)
+        if name == "renew" and thread.lease_token is None and lease_seconds is None:
+            raise invalid("lease_seconds", "is required to renew a handoff that has no lease (it starts one)")
+        values = _transition_values(thread, name, now, result_summary, reason, lease_seconds)
+        # Seed 000's compare-and-set on the state and version read above: a loser answers
+        # state_changed. A lease that lapses meanwhile loses it too, so a complete at the
+        # lease's last instant and the lease's end have one winner (the sweep, or a later
+        # call, records the end).
         won = session.execute(
             update(Thread)
-            .where(Thread.id == thread.id, Thread.state == source, Thread.version == thread.version)
+            .where(
+                Thread.id == thread.id,
+                Thread.state == source,
+                Thread.version == thread.version,
+                or_(Thread.lease_expires_at.is_(None), Thread.lease_expires_at > func.clock_timestamp()),
+            )
             .values(**values)
             .returning(Thread.version)
             .execution_options(synchronize_session=False)
@@ -824,42 +1055,85 @@ def transition(
             raise RelayError(
                 "state_changed", "another call changed this handoff first; read it again", {"transition": name}
             )
-        other = thread.recipient_id if side == "sender" else thread.sender_id
-        session.add(
-            AuditEvent(
-                thread_id=thread.id,
-                actor_id=caller.id,
-                action=name,
-                from_state=source,
-                to_state=target,
-                session_id=session_id if name == "accept" else None,
-                result_summary=result_summary if name == "complete" else None,
-                created_at=now,
-            )
-        )
-        event = Event(
-            id=new_ulid(),
-            type="task.updated",
-            agent_id=other,
-            thread_id=thread.id,
-            payload={"transition": name, "from": source, "to": target},
-            created_at=now,
-        )
-        session.add(event)
-        after_commit(partial(dispatch.event_committed, event.id, (thread.sender_id, thread.recipient_id)))
         session.refresh(thread)
-        return {
-            "thread_id": format_ulid(thread.id),
-            "task_id": format_ulid(thread.id),
-            "context_id": format_ulid(thread.context_id),
-            "status": _status(thread),
-            "version": thread.version,
-            "result_summary": thread.result_summary,
-            "accepted_at": iso(thread.accepted_at),
-            "completed_at": iso(thread.completed_at),
-            "cancelled_at": iso(thread.cancelled_at),
-            "updated_at": iso(thread.updated_at),
-        }
+        other = thread.recipient_id if side == "sender" else thread.sender_id
+        _announce(
+            session, thread, caller.id, name, source, target, now, to=(other,),
+            session_id=session_id if name == "accept" else None,
+            result_summary=result_summary if name == "complete" else None,
+            reason=reason if name in ("decline", "fail", "release") else None,
+        )  # fmt: skip
+        return _state_fields(thread, side)
+
+
+def _due(thread: Thread, now: datetime) -> bool:
+    """Whether :func:`settle` would change ``thread`` at ``now``."""
+    lapsed = thread.state == "accepted" and thread.lease_expires_at is not None and thread.lease_expires_at <= now
+    expired = thread.state == "pending" and thread.expires_at is not None and thread.expires_at <= now
+    return lapsed or expired
+
+
+def _transition_values(thread: Thread, name: str, now: datetime, result_summary, reason, lease_seconds) -> dict:
+    """The columns transition ``name`` writes (the caller checked that it may run)."""
+    _source, target, _who = TRANSITIONS[name]
+    values: dict[str, Any] = {"state": target, "version": Thread.version + 1, "updated_at": now}
+    if target in STAMP_COLUMN and name != "renew":
+        values[STAMP_COLUMN[target]] = now
+    if name == "complete":
+        values["result_summary"] = result_summary
+    if name in REASON_REQUIRED:
+        values["reason"] = reason
+    if name == "release" or target in TERMINAL_STATES:
+        values |= {"lease_expires_at": None, "lease_token": None, "lease_seconds": None}
+    if name == "release":
+        values["accepted_at"] = None
+    if name == "accept" and lease_seconds is not None:
+        values |= {"lease_token": secrets.token_urlsafe(24), "lease_seconds": lease_seconds}
+    if name == "renew":
+        values |= {"lease_token": thread.lease_token or secrets.token_urlsafe(24)}
+        values["lease_seconds"] = lease_seconds or thread.lease_seconds
+    if "lease_seconds" in values and values["lease_seconds"] is not None:
+        values["lease_expires_at"] = now + timedelta(seconds=values["lease_seconds"])
+    return values
+
+
+def _state_fields(thread: Thread, side: str) -> dict:
+    """A transition's answer: seed 000's fields, then issue 29's (lease, priority, expiry, reason).
+
+    ``lease_token`` is the recipient's alone (the sender cannot use it); both see when
+    the lease ends. Times are ISO 8601 UTC, or None.
+    """
+    return {
+        "thread_id": format_ulid(thread.id),
+        "task_id": format_ulid(thread.id),
+        "context_id": format_ulid(thread.context_id),
+        "status": _status(thread),
+        "version": thread.version,
+        "result_summary": thread.result_summary,
+        "accepted_at": iso(thread.accepted_at),
+        "completed_at": iso(thread.completed_at),
+        "cancelled_at": iso(thread.cancelled_at),
+        "updated_at": iso(thread.updated_at),
+        **_lifecycle_fields(
+            thread.priority, thread.expires_at, thread.lease_expires_at,
+            thread.lease_token if side == "recipient" else None,
+            thread.declined_at, thread.failed_at, thread.expired_at, thread.reason,
+        ),
+    }  # fmt: skip
+
+
+def _lifecycle_fields(priority, expires_at, lease_expires_at, lease_token, declined_at, failed_at, expired_at, reason):
+    """Issue 29's answer fields, the same in tasks/get and every transition's answer."""
+    return {
+        "priority": priority,
+        "expires_at": iso(expires_at),
+        "lease_expires_at": iso(lease_expires_at),
+        "lease_token": lease_token,
+        "declined_at": iso(declined_at),
+        "failed_at": iso(failed_at),
+        "expired_at": iso(expired_at),
+        "reason": reason,
+    }
 
 
 def audit_trail(caller: Agent, task_id: uuid.UUID) -> list[dict]:

@@ -26,7 +26,7 @@ from relay.ids import encode_cursor, iso, new_ulid
 from relay.models import Agent, Event, RedriveJob, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from relay.services import after_commit, agents, delivery, dispatch, outbound, unit_of_work
 from relay.services.delivery import TEST_EVENT, event_id_text
-from relay.services.outbound import EVENT_TYPES, check_url, new_secret
+from relay.services.outbound import DEFAULT_EVENTS, check_url, new_secret
 
 log = logging.getLogger("relay.webhooks")
 
@@ -90,7 +90,7 @@ def create_endpoint(agent: Agent, url: str, events: list[str] | None, descriptio
         endpoint = WebhookEndpoint(
             agent_id=agent.id,
             url=url,
-            events=list(events or EVENT_TYPES),
+            events=list(events or DEFAULT_EVENTS),
             description=description or "",
             enabled=True,
             secret_encrypted=crypto.encrypt(secret),

@@ -116,6 +116,7 @@ SEED_DIALECT = Dialect(
                 role=p["filter"]["role"],
                 status=p["filter"]["status"],
                 since=p["filter"]["since"],
+                priority=p["filter"]["priority"],
                 limit=p["page"]["limit"],
                 cursor=p["page"]["cursor"],
             ),
@@ -123,7 +124,14 @@ SEED_DIALECT = Dialect(
         "tasks/update": Method(
             TasksUpdateParams(),
             lambda caller, p: threads.transition(
-                caller, p["task_id"], p["transition"], session_id=p["session_id"], result_summary=p["result_summary"]
+                caller,
+                p["task_id"],
+                p["transition"],
+                session_id=p["session_id"],
+                result_summary=p["result_summary"],
+                reason=p["reason"],
+                lease_seconds=p["lease_seconds"],
+                lease_token=p["lease_token"],
             ),
         ),
         "tasks/cancel": Method(TaskRef(), lambda caller, p: threads.transition(caller, p["task_id"], "cancel")),
