@@ -19,6 +19,8 @@ from tests.conftest import bearer, rpc, sql
 
 TIE = "2026-03-04 05:06:07.123456+00"
 ROW_FIELDS = {
+    "priority",  # issue 29, beside seed 004's fields
+    "read_at",
     "id",
     "sequence_no",
     "role",
@@ -134,6 +136,8 @@ def test_feed_row_has_exactly_the_message_and_task_fields(client, alice, bob):
         "task_state": "pending",
         "caller": {"handle": a_handle, "name": "Alice", "role": "frontend"},
         "target": {"handle": b_handle, "name": "Bob", "role": "backend"},
+        "priority": "normal",
+        "read_at": None,
     }
 
 

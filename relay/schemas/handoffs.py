@@ -237,13 +237,12 @@ class TaskGetParams(TaskRef, MessagesPage):
     """``tasks/get`` params: ``{task_id, messages_limit?, messages_after?}``; without a page, every message."""
 
 
-class TasksUpdateParams(StrictSchema):
-    """``tasks/update`` params: a transition of seed 000's state machine."""
+class TransitionFields(StrictSchema):
+    """A transition and its params, as ``tasks/update`` and the REST transitions route take them."""
 
     class Meta:
         unknown = RAISE
 
-    task_id = Ulid(required=True)
     transition = fields.String(
         required=True, validate=validate.OneOf(TRANSITIONS, error=f"must be one of {', '.join(TRANSITIONS)}")
     )
@@ -261,6 +260,20 @@ class TasksUpdateParams(StrictSchema):
     @validates_schema
     def _transition_params(self, data, **kwargs):
         check_transition_params(data)
+
+
+def transition_args(params: dict) -> dict:
+    """The keyword arguments of ``threads.transition`` from loaded TransitionFields."""
+    return {
+        "name": params["transition"],
+        **{k: params[k] for k in ("session_id", "result_summary", "reason", "lease_seconds", "lease_token")},
+    }
+
+
+class TasksUpdateParams(TransitionFields):
+    """``tasks/update`` params: ``task_id`` and a transition (seed 000's three, issue 29's four)."""
+
+    task_id = Ulid(required=True)
 
 
 def check_transition_params(data: dict) -> None:

@@ -10,14 +10,14 @@ from relay.models import THREAD_STATES
 from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictBool, StrictSchema, Ulid
 from relay.schemas.handoffs import (
     MAX_ARTIFACTS,
-    MAX_SHORT,
     MAX_STATUS_FILTER,
     MESSAGES_AFTER_RANGE,
     MESSAGES_LIMIT_RANGE,
-    TRANSITIONS,
+    PRIORITY_CHOICE,
     Artifact,
     MessageIn,
     Metadata,
+    TransitionFields,
 )
 
 # "2026-07-21T18:00:00 02:00": a '+' offset that arrived unencoded in a query string.
@@ -97,6 +97,7 @@ class TaskListQuery(StrictSchema):
         max_items=MAX_STATUS_FILTER,
         noun="states",
     )
+    priority = BoundedList(fields.String(validate=PRIORITY_CHOICE), max_items=MAX_STATUS_FILTER, noun="priorities")
     since = QueryTime()
     cursor = Cursor()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200, error="must be 1-200"))
@@ -104,8 +105,9 @@ class TaskListQuery(StrictSchema):
     @pre_load
     def _split_status(self, data, **kwargs):
         data = dict(data)
-        if isinstance(data.get("status"), str):
-            data["status"] = [s for s in data["status"].split(",") if s]
+        for name in ("status", "priority"):  # comma-separated in a query string
+            if isinstance(data.get(name), str):
+                data[name] = [s for s in data[name].split(",") if s]
         return data
 
 
@@ -120,15 +122,8 @@ class ReplyBody(StrictSchema):
     metadata = Metadata(load_default=dict)
 
 
-class TransitionBody(StrictSchema):
-    """Body of ``POST .../tasks/{task_id}/transitions``."""
-
-    class Meta:
-        unknown = RAISE
-
-    transition = fields.String(required=True, validate=validate.OneOf(TRANSITIONS))
-    session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
-    result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
+class TransitionBody(TransitionFields):
+    """Body of ``POST .../tasks/{task_id}/transitions``: the fields of ``tasks/update`` but ``task_id``."""
 
 
 class KeyCreateBody(StrictSchema):

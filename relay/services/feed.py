@@ -34,7 +34,7 @@ from relay.encoding import json_size, loads, raw_json
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import encode_cursor, ulid_of_uuid_text
-from relay.models import Agent, Message, Thread
+from relay.models import Agent, Message, Thread, effective_state_sql
 from relay.services import Shapes, iso_text, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
 
@@ -93,7 +93,7 @@ def _row_select(*where):
 # page is picked from them before anything is joined (see _page_statement).
 _MESSAGE_COLUMNS = (
     "id", "sequence_no", "role", "body", "parts", "artifacts", "metadata", "created_at", "thread_id", "author_id",
-    "caller_id", "target_id",
+    "caller_id", "target_id", "read_at",
 )  # fmt: skip
 
 
@@ -126,7 +126,8 @@ def _build_row_select(m):
             iso_text(c.created_at).label("created_at"),
             cast(c.thread_id, Text).label("thread_id"),
             cast(Thread.context_id, Text).label("context_id"),
-            Thread.state,
+            # The state now, recorded by the sweep or not (issue 29).
+            literal_column(effective_state_sql("threads"), String).label("state"),
             author.c.handle.label("author_handle"),
             caller.c.handle.label("caller_handle"),
             caller.c.name.label("caller_name"),
@@ -134,6 +135,8 @@ def _build_row_select(m):
             target.c.handle.label("target_handle"),
             target.c.name.label("target_name"),
             target.c.role.label("target_role"),
+            Thread.priority,
+            iso_text(c.read_at).label("read_at"),
         )
         .select_from(m)
         .join(Thread, Thread.id == c.thread_id)
@@ -166,6 +169,8 @@ def _feed_row(r, json_value: Callable[[str], Any] = raw_json) -> dict[str, Any]:
         "task_state": r[10],
         "caller": {"handle": r[12], "name": r[13], "role": r[14]},
         "target": {"handle": r[15], "name": r[16], "role": r[17]},
+        "priority": r[18],
+        "read_at": r[19],
     }
 
 
@@ -211,12 +216,14 @@ class _Row(NamedTuple):
     target_handle: str
     target_name: str
     target_role: str
+    priority: str
+    read_at: str | None  # iso()'s text
 
 
 # A feed row's bytes that no text sets: its keys and punctuation with every text null (4
 # bytes, more than an empty string's 2) and the longest bigint sequence_no.
 _NO_TEXT = (None, -(2**63), None, None, None, None, None, None, str(uuid.UUID(int=0)), str(uuid.UUID(int=0)))
-_ROW_FRAME_BYTES = json_size(_feed_row(_NO_TEXT + (None,) * 8, lambda _text: None))
+_ROW_FRAME_BYTES = json_size(_feed_row(_NO_TEXT + (None,) * 10, lambda _text: None))
 
 
 def _page_statement(direction: str, _search_shape: tuple, ascending: bool, rows: int, present: frozenset[str]):

@@ -25,7 +25,14 @@ from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
-from relay.schemas.handoffs import MessageSendParams, TaskGetParams, TaskRef, TasksListParams, TasksUpdateParams
+from relay.schemas.handoffs import (
+    MessageSendParams,
+    TaskGetParams,
+    TaskRef,
+    TasksListParams,
+    TasksUpdateParams,
+    transition_args,
+)
 from relay.services import threads
 from relay.transport.auth import current_agent, retry_after_seconds
 from relay.transport.observability import RPC_CALLS
@@ -123,16 +130,7 @@ SEED_DIALECT = Dialect(
         ),
         "tasks/update": Method(
             TasksUpdateParams(),
-            lambda caller, p: threads.transition(
-                caller,
-                p["task_id"],
-                p["transition"],
-                session_id=p["session_id"],
-                result_summary=p["result_summary"],
-                reason=p["reason"],
-                lease_seconds=p["lease_seconds"],
-                lease_token=p["lease_token"],
-            ),
+            lambda caller, p: threads.transition(caller, p["task_id"], **transition_args(p)),
         ),
         "tasks/cancel": Method(TaskRef(), lambda caller, p: threads.transition(caller, p["task_id"], "cancel")),
     }

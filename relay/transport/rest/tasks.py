@@ -6,6 +6,7 @@ from flask import request
 
 from relay.errors import invalid
 from relay.ids import parse_ulid
+from relay.schemas.handoffs import transition_args
 from relay.schemas.rest import FeedQuery, ReplyBody, TaskGetQuery, TaskListQuery, TransitionBody
 from relay.services import feed, streams, threads
 from relay.transport import disconnect
@@ -41,7 +42,13 @@ def list_tasks(handle: str):
     caller = identity(handle)
     p = load_query(_TASK_LIST_QUERY)
     return threads.list_threads(
-        caller, role=p["role"], status=p.get("status"), since=p.get("since"), limit=p["limit"], cursor=p.get("cursor")
+        caller,
+        role=p["role"],
+        status=p.get("status"),
+        priority=p.get("priority"),
+        since=p.get("since"),
+        limit=p["limit"],
+        cursor=p.get("cursor"),
     )
 
 
@@ -65,16 +72,10 @@ def reply(handle: str, task_id: str):
 
 @bp.post("/identities/<handle>/a2a/tasks/<task_id>/transitions")
 def transition(handle: str, task_id: str):
-    """Accept, complete or cancel a thread."""
+    """Move a thread: accept, complete, cancel (seed 000), decline, fail, release, renew (issue 29)."""
     caller = identity(handle)
     body = load_json(TransitionBody())
-    return threads.transition(
-        caller,
-        _task_id(task_id),
-        body["transition"],
-        session_id=body["session_id"],
-        result_summary=body["result_summary"],
-    )
+    return threads.transition(caller, _task_id(task_id), **transition_args(body))
 
 
 @bp.get("/identities/<handle>/a2a/tasks/<task_id>/audit")
