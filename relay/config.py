@@ -58,6 +58,7 @@ DEFAULTS: dict[str, str] = {
     "RELAY_RETAIN_AUDIT_DAYS": "365",
     "RELAY_RETAIN_CLOSED_THREADS_DAYS": "0",
     "RELAY_RETENTION_LOCK_TIMEOUT_MS": "500",
+    "RELAY_SIGNING_KEY_GRACE_DAYS": "7",
 }
 
 
@@ -229,6 +230,10 @@ class Settings:
     retain_audit_days: int = 365  # the operators' audit log (issue 32)
     retain_closed_threads_days: int = 0
     retention_lock_timeout_ms: int = 500
+    # Agent-card signing (relay/services/signing.py): whole days a retired signing key stays
+    # in /.well-known/jwks.json, so a card signed before a rotation still verifies. 0 drops
+    # it at once (a compromised key).
+    signing_key_grace_days: int = 7
 
     @property
     def app_database_url(self) -> str:
@@ -356,6 +361,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         retain_audit_days=_int(env, "RELAY_RETAIN_AUDIT_DAYS", 1, _MAX_DAYS),
         retain_closed_threads_days=_int(env, "RELAY_RETAIN_CLOSED_THREADS_DAYS", 0, _MAX_DAYS),
         retention_lock_timeout_ms=_int(env, "RELAY_RETENTION_LOCK_TIMEOUT_MS", 1, _MAX_LOCK_TIMEOUT_MS),
+        signing_key_grace_days=_int(env, "RELAY_SIGNING_KEY_GRACE_DAYS", 0, _MAX_DAYS),
     )
 
 

@@ -572,3 +572,29 @@ class Operator(db.Model):
     def may_act(self) -> bool:
         """Whether this operator may change anything (an admin), not only look (a viewer)."""
         return self.role == "admin"
+
+
+SIGNING_ALGORITHMS = ("ES256", "EdDSA")
+
+
+class SigningKey(db.Model):
+    """A key that signs the A2A agent cards (relay/services/signing.py); a handful of rows.
+
+    Every key with ``retired_at`` null signs every card; a retired key signs nothing and
+    stays in the published key set (``/.well-known/jwks.json``) for the grace period
+    (``RELAY_SIGNING_KEY_GRACE_DAYS``) after ``retired_at``. ``public_jwk`` is the RFC 7517
+    public JWK as published (``kty``, ``crv``, ``x``[, ``y``], ``kid``, ``alg``, ``use``);
+    ``private_key_encrypted`` the PKCS#8 PEM under ``RELAY_SECRET_KEY`` (relay/crypto.py).
+    """
+
+    __tablename__ = "signing_keys"
+    __table_args__ = (CheckConstraint("alg IN ('ES256', 'EdDSA')", name="alg_known"),)
+
+    kid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    alg: Mapped[str] = mapped_column(String(16))
+    public_jwk: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    private_key_encrypted: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    retired_at: Mapped[datetime | None] = mapped_column(TZ)
+
+    __mapper_args__ = {"eager_defaults": True}

@@ -557,6 +557,60 @@ def retention_run(as_json: bool) -> None:
         click.echo("nothing to do")  # the floors (in --json) are set by every pass
 
 
+@main.group("signing-keys")
+def signing_keys() -> None:
+    """The keys that sign the A2A agent cards (published at /.well-known/jwks.json)."""
+
+
+@signing_keys.command("create")
+@click.option("--alg", type=click.Choice(["ES256", "EdDSA"]), default="ES256", show_default=True, help="JWS algorithm.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@with_app
+def signing_keys_create(alg: str, as_json: bool) -> None:
+    """Create a signing key: it signs every card (with the other active keys) within seconds."""
+    from relay.services.signing import create_key
+
+    key = create_key(alg)
+    if as_json:
+        click.echo(json.dumps({"kid": key.kid, "alg": key.alg, "created_at": _iso(key.created_at)}))
+    else:
+        click.echo(f"created signing key {key.kid} ({key.alg})")
+
+
+@signing_keys.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@with_app
+def signing_keys_list(as_json: bool) -> None:
+    """List signing keys, newest first: active (signs), retired (still published) or expired."""
+    from relay.services.signing import list_keys
+
+    rows = [{**r, **{k: _iso(r[k]) for k in ("created_at", "retired_at", "published_until")}} for r in list_keys()]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        until = f"published until {r['published_until']}" if r["state"] == "retired" else ""
+        click.echo(f"{r['kid']:<24} {r['alg']:<6} {r['state']:<8} created {r['created_at']}  {until}".rstrip())
+
+
+@signing_keys.command("retire")
+@click.argument("kid")
+@with_app
+def signing_keys_retire(kid: str) -> None:
+    """Retire a signing key: it stops signing within seconds and stays published for the grace period.
+
+    The only active key cannot be retired: create its successor first.
+    """
+    from relay.services.signing import grace, retire_key
+
+    key, was_active = retire_key(kid)
+    until = _iso(key.retired_at + grace())
+    if was_active:
+        click.echo(f"retired {key.kid}; it stays in the key set until {until}")
+    else:
+        click.echo(f"{key.kid} was already retired at {_iso(key.retired_at)}; published until {until}")
+
+
 def _banner(url: str, home: Path) -> list[str]:
     """The lines ``relay up`` prints once it serves: what to paste into another shell."""
     from relay.ops.embedded import relay_home

@@ -45,7 +45,7 @@ from relay.schemas.a2a import (
     SubscribeToTaskRequest,
 )
 from relay.services import a2a_view as view
-from relay.services import agents, push, task_streams, threads
+from relay.services import agents, push, signing, task_streams, threads
 from relay.services.agents import get_agent, normalize_handle
 from relay.transport import disconnect, jsonrpc
 from relay.transport.auth import INVALID_KEY, bearer_token
@@ -386,6 +386,8 @@ bp = Blueprint("a2a_v1", __name__)
 
 
 def _card(card: dict) -> Response:
+    # Signed last, over the card exactly as served (relay/services/signing.py, docs/a2a.md).
+    card = signing.sign_card(card, base_url() + signing.JWKS_PATH)
     resp = Response(json.dumps(card), mimetype="application/json")
     resp.headers["Cache-Control"] = "public, max-age=300"
     # Without RELAY_PUBLIC_URL the card's URLs come from the request's host: a shared cache
@@ -398,6 +400,16 @@ def _card(card: dict) -> Response:
 def relay_card() -> Response:
     """Return the relay's own agent card (where the per-agent cards are)."""
     return _card(shapes.relay_card(base_url(), relay_version()))
+
+
+@bp.get(signing.JWKS_PATH)
+def jwks() -> Response:
+    """Return the JWK Set (RFC 7517) of the keys that sign the cards: active ones, and retired ones in their grace."""
+    resp = Response(json.dumps(signing.key_set()), mimetype="application/jwk-set+json")
+    # Short: a verifier that meets a kid it lacks refetches, and a key past its grace must
+    # leave caches soon. The set does not depend on the Host (unlike the cards' URLs).
+    resp.headers["Cache-Control"] = "public, max-age=60"
+    return resp
 
 
 @bp.get("/a2a/agents/<handle>/.well-known/agent-card.json")
