@@ -527,3 +527,11 @@ def test_message_read_is_an_opt_in_webhook_event(app, client, alice, bob, celery
         time.sleep(2)
         assert len(rx.requests(path="/opted")) == 1
         assert rx.requests(path="/default") == []  # alice's default endpoint: no receipts
+
+
+def test_the_openapi_document_names_the_new_transitions_and_filters(client):
+    doc = client.get("/api/v1/openapi.json").get_json()
+    text = json.dumps(doc)
+    body = doc["components"]["schemas"]["TransitionBody"]["properties"]
+    assert set(body["transition"]["enum"]) >= set(NEW) and {"reason", "lease_seconds", "lease_token"} <= set(body)
+    assert '"name": "priority"' in text
