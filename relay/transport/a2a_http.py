@@ -312,6 +312,7 @@ bp = Blueprint("a2a_http", __name__)
 
 
 @bp.route(BASE, defaults={"path": ""}, methods=_VERBS, provide_automatic_options=False)
+@bp.route(f"{BASE}/", defaults={"path": ""}, methods=_VERBS, provide_automatic_options=False)
 @bp.route(f"{BASE}/<path:path>", methods=_VERBS, provide_automatic_options=False)
 def serve(handle: str, path: str) -> Response:
     """Serve one A2A HTTP+JSON operation for ``handle`` as recipient; the caller's key is the sender.
