@@ -577,3 +577,55 @@ def test_a_body_over_the_limit_is_413(base_env, celery_app, redis_url, make_agen
         assert resp.status_code == 413
         info = resp.get_json()["error"]["details"][0]
         assert info["metadata"]["symbol"] == "payload_too_large" and info["metadata"]["limit_bytes"] == "2000"
+
+
+def test_plain_a_revoked_key_ends_the_stream_with_a_status_error_event(relay_url, make_agent):
+    alice, alice_key = make_agent("alice@http")
+    bob, _ = make_agent("bob@http")
+    task = open_task(relay_url, bob, alice_key)
+    resp = call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:subscribe", stream=True)
+    try:
+        events = sse_events(resp)
+        first = next(e for e in events if e.kind != "comment")
+        assert json.loads(first.data)["task"]["id"] == task["id"]
+        keys = requests.get(f"{relay_url}/api/v1/identities/{alice}/keys", headers=bearer(alice_key), timeout=30)
+        key_id = keys.json()["items"][0]["key_id"]
+        revoked = requests.delete(
+            f"{relay_url}/api/v1/identities/{alice}/keys/{key_id}", headers=bearer(alice_key), timeout=30
+        )
+        assert revoked.status_code == 200, revoked.text
+        rest = [e for e in events if e.kind != "comment"]  # ends within a heartbeat (1 s here)
+        assert [e.kind for e in rest] == ["error"], rest
+        error = json.loads(rest[0].data)["error"]  # google.rpc.Status, as a2a-sdk's REST transport parses it
+        assert error["code"] == 401 and error["status"] == "UNAUTHENTICATED"
+        assert error["details"][0]["reason"] == "INVALID_REQUEST"
+        assert error["details"][0]["metadata"]["symbol"] == "unauthenticated"
+    finally:
+        resp.close()
+
+
+def test_plain_the_path_names_the_task_whatever_the_body_says(relay_url, make_agent):
+    _alice, alice_key = make_agent("alice@http")
+    bob, _ = make_agent("bob@http")
+    one, other = open_task(relay_url, bob, alice_key), open_task(relay_url, bob, alice_key)
+    resp = call(relay_url, bob, alice_key, "POST", f"/tasks/{one['id']}:cancel", json={"id": other["id"]})
+    assert resp.status_code == 200 and resp.json()["id"] == one["id"]
+    still = call(relay_url, bob, alice_key, "GET", f"/tasks/{other['id']}").json()
+    assert still["status"]["state"] == "TASK_STATE_SUBMITTED"
+    configs = f"/tasks/{one['id']}/pushNotificationConfigs"
+    made = call(relay_url, bob, alice_key, "POST", configs, json={"taskId": other["id"], "url": "http://127.0.0.1:9/p"})
+    assert made.status_code == 200 and made.json()["taskId"] == one["id"]
+
+
+def test_plain_a_disabled_agents_tasks_are_still_read_and_cancelled(app, relay_url, make_agent):
+    from relay.services.agents import disable_agent
+
+    _alice, alice_key = make_agent("alice@http")
+    bob, _ = make_agent("bob@http")
+    task = open_task(relay_url, bob, alice_key)
+    with app.app_context():
+        disable_agent(bob)
+    assert call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}").status_code == 200
+    assert call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel").status_code == 200
+    resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": a2a_message("new work")})
+    error_of(resp, 404, "NOT_FOUND", "INVALID_REQUEST", "recipient_not_found")
