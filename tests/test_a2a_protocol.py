@@ -196,16 +196,19 @@ def test_agent_card_parses_with_the_sdk_and_names_the_agent_endpoint(client, bob
     resp = client.get(f"/a2a/agents/{bob[0]}/.well-known/agent-card.json")  # no Authorization: public
     assert resp.status_code == 200, resp.get_data(as_text=True)
     raw = resp.get_json()
-    assert raw["supportedInterfaces"][0] == {
-        "url": f"http://localhost/a2a/agents/{bob[0]}",
-        "protocolBinding": "JSONRPC",
-        "protocolVersion": "1.0",
-    }
+    # JSON-RPC first (a client that takes the card's order keeps it), then HTTP+JSON (relay/transport/a2a_http.py).
+    assert raw["supportedInterfaces"] == [
+        {"url": f"http://localhost/a2a/agents/{bob[0]}", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        {"url": f"http://localhost/a2a/agents/{bob[0]}/http", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+    ]
     card = parse_agent_card(copy.deepcopy(raw))
     assert card.name == "Bob"
     assert card.supported_interfaces[0].url == "http://localhost/a2a/agents/bob@acme"
     assert card.supported_interfaces[0].protocol_binding == "JSONRPC"
     assert card.supported_interfaces[0].protocol_version == "1.0"
+    assert card.supported_interfaces[1].url == "http://localhost/a2a/agents/bob@acme/http"
+    assert card.supported_interfaces[1].protocol_binding == "HTTP+JSON"
+    assert card.supported_interfaces[1].protocol_version == "1.0"
     assert card.capabilities.streaming is True
     assert card.capabilities.push_notifications is True
     assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
@@ -1299,7 +1302,10 @@ def test_parse_error_says_why(to_bob):
 
 def test_agent_card_varies_with_the_host_it_names(client, bob):
     resp = client.get(f"/a2a/agents/{bob[0]}/.well-known/agent-card.json", headers={"Host": "relay.example"})
-    assert resp.get_json()["supportedInterfaces"][0]["url"] == f"http://relay.example/a2a/agents/{bob[0]}"
+    assert [i["url"] for i in resp.get_json()["supportedInterfaces"]] == [
+        f"http://relay.example/a2a/agents/{bob[0]}",
+        f"http://relay.example/a2a/agents/{bob[0]}/http",
+    ]
     assert "Host" in resp.headers["Vary"]
 
 

@@ -8,71 +8,26 @@ plain ``POST /a2a`` calls, as an agent on the seed dialect would.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from contextlib import asynccontextmanager
 
-import httpx
 import pytest
-import requests
-from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
-    Message,
-    Part,
     Role,
-    SendMessageRequest,
     TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, VersionNotSupportedError
 from google.protobuf.json_format import MessageToDict
 
-from tests.conftest import bearer
+from tests.a2a_helpers import run, sdk_client, seed
+from tests.a2a_helpers import send_text as _send
 from tests.receiver import Receiver
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("settled")]
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-@asynccontextmanager
-async def sdk_client(relay_url: str, handle: str, key: str, **headers: str):
-    """A stock SDK client built from the agent's card URL, with the caller's bearer key."""
-    async with httpx.AsyncClient(headers={**bearer(key), **headers}, timeout=20) as http:
-        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
-        client = await factory.create_from_url(f"{relay_url}/a2a/agents/{handle}")
-        try:
-            yield client
-        finally:
-            await client.close()
-
-
-async def _send(client, text: str, **message_fields):
-    request = SendMessageRequest(
-        message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text=text)], **message_fields)
-    )
-    events = [event async for event in client.send_message(request)]
-    assert len(events) == 1 and events[0].HasField("task"), events
-    return events[0].task
-
-
-def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
-    """One call of the seed dialect (the recipient's side), over HTTP."""
-    resp = requests.post(
-        f"{relay_url}/a2a",
-        headers=bearer(key),
-        timeout=20,
-        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-    )
-    body = resp.json()
-    assert "result" in body, body
-    return body["result"]
 
 
 def test_card_round_trip_through_the_seed_dialect(relay_url, make_agent):

@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
-import threading
 import uuid
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
-import httpx
 import pytest
 import requests
-from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
     Message,
     Part,
@@ -32,6 +26,8 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import UnsupportedOperationError
 
+from tests import a2a_helpers as helpers
+from tests.a2a_helpers import REPLY, RESULT, Event, Recipient, next_step, seed, sse_events
 from tests.conftest import bearer, connections_named, slots_in, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 
@@ -67,19 +63,6 @@ def pair(make_agent, live, settled):
 # --------------------------------------------------------------------------- helpers
 
 
-def seed(base: str, key: str, method: str, params: dict) -> dict:
-    """One seed-dialect call (the recipient's side); fails on an error."""
-    resp = requests.post(
-        f"{base}/a2a",
-        headers=bearer(key),
-        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-        timeout=30,
-    )
-    body = resp.json()
-    assert "result" in body, body
-    return body["result"]
-
-
 def a2a_call(base: str, handle: str, key: str, method: str, params: dict) -> dict:
     """One plain A2A call; returns the JSON-RPC response."""
     resp = requests.post(
@@ -108,12 +91,6 @@ def slots_held(app, handle: str) -> int:
     return slots_in(app, LIVE_REDIS[0], handle)
 
 
-@dataclass
-class Event:
-    kind: str  # "data", "error" (the SSE event named error) or "comment"
-    data: str
-
-
 class RpcStream:
     """One streaming A2A call over plain HTTP (``POST`` with ``Accept: text/event-stream``)."""
 
@@ -126,29 +103,11 @@ class RpcStream:
             stream=True,
             timeout=(5, 20),
         )
-        self._events = self._read()
+        self._events = sse_events(self.response)
 
     @property
     def is_stream(self) -> bool:
         return self.response.headers.get("Content-Type", "").startswith("text/event-stream")
-
-    def _read(self):
-        kind, data = "data", []
-        for raw in self.response.iter_lines(chunk_size=None, decode_unicode=False):
-            line = raw.decode()
-            if line == "":
-                if data:
-                    yield Event(kind, "\n".join(data))
-                kind, data = "data", []
-            elif line.startswith(":"):
-                yield Event("comment", line[1:].strip())
-            else:
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event" and value == "error":
-                    kind = "error"
-                elif name == "data":
-                    data.append(value)
 
     def _response(self, event: Event) -> dict:
         doc = json.loads(event.data)
@@ -201,60 +160,9 @@ def state_of(result: dict) -> str:
     return (result.get("task") or result.get("statusUpdate"))["status"]["state"]
 
 
-@asynccontextmanager
-async def sdk_client(base: str, handle: str, key: str):
+def sdk_client(base: str, handle: str, key: str):
     """The stock SDK client, streaming (its default), built from the agent's card."""
-    async with httpx.AsyncClient(headers=bearer(key), timeout=20) as http:
-        client = await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(
-            f"{base}/a2a/agents/{handle}"
-        )
-        try:
-            yield client
-        finally:
-            await client.close()
-
-
-class Recipient(threading.Thread):
-    """The recipient, in a thread: one seed call per ``(method, params)`` put on ``.steps``; None stops it."""
-
-    def __init__(self, base: str, key: str):
-        super().__init__(daemon=True)
-        self.base, self.key = base, key
-        self.steps: queue.Queue = queue.Queue()
-        self.done: list[str] = []
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self):
-        try:
-            while (step := self.steps.get(timeout=60)) is not None:
-                seed(self.base, self.key, *step)
-                self.done.append(step[0] + ":" + step[1].get("transition", "reply"))
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
-
-    def stop(self):
-        self.steps.put(None)
-        self.join(30)
-        assert not self.is_alive(), "the recipient thread did not stop"
-        assert self.error is None, self.error
-
-
-REPLY = "On it: the client is updated."
-RESULT = "Client uses { items, next_cursor }."
-
-
-def _next_step(task_id: str, seen: int) -> tuple[str, dict] | None:
-    """The recipient's step after the client saw ``seen`` events: accept, reply, complete."""
-    return (
-        [
-            ("tasks/update", {"task_id": task_id, "transition": "accept", "session_id": "s-1"}),
-            ("message/send", {"task_id": task_id, "message": {"parts": [{"type": "text", "text": REPLY}]}}),
-            ("tasks/update", {"task_id": task_id, "transition": "complete", "result_summary": RESULT}),
-        ][seen - 1]
-        if seen <= 3
-        else None
-    )
+    return helpers.sdk_client(base, handle, key, streaming=True)
 
 
 # --------------------------------------------------------------------------- the SDK client
@@ -273,7 +181,7 @@ def test_sdk_streaming_send_follows_the_task_to_completion(live, pair):
             async for event in client.send_message(request):  # ends when the relay ends the stream
                 events.append(event)
                 task_id = task_id or event.task.id
-                step = _next_step(task_id, len(events))
+                step = next_step(task_id, len(events))
                 if step is not None:
                     bob.steps.put(step)  # the recipient's next step only once this event arrived
         return events
@@ -306,7 +214,7 @@ def test_sdk_subscribe_to_an_existing_task_starts_with_its_current_state(live, p
             async for event in client.subscribe(SubscribeToTaskRequest(id=task["id"])):
                 events.append(event)
                 if len(events) == 1:
-                    bob.steps.put(_next_step(task["id"], 3))  # complete
+                    bob.steps.put(next_step(task["id"], 3))  # complete
         return events
 
     events = asyncio.run(scenario())

@@ -408,7 +408,10 @@ def agent_card(agent: dict, base_url: str, version: str) -> dict:
             "Send it a message to open a handoff; it accepts, replies and completes it."
         ),
         "version": version,
-        "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
+        "supportedInterfaces": [
+            {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
+            {"url": f"{url}/http", "protocolBinding": "HTTP+JSON", "protocolVersion": PROTOCOL_VERSION},
+        ],
         "provider": {"organization": agent.get("org") or agent["handle"].split("@", 1)[1], "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
         "capabilities": {"streaming": True, "pushNotifications": True, "extendedAgentCard": False},

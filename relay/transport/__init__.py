@@ -1,4 +1,4 @@
-"""Transports: JSON-RPC (``jsonrpc``), the A2A v1.0 binding (``a2a``), REST (``rest``),
+"""Transports: JSON-RPC (``jsonrpc``), the A2A v1.0 bindings (``a2a``: JSON-RPC; ``a2a_http``: HTTP+JSON), REST (``rest``),
 the operator console (``console``), and their plumbing (auth, rate limits, body reading, health, logs and metrics).
 
 Each transport loads its input through ``relay.schemas`` and calls ``relay.services``;
@@ -18,7 +18,7 @@ from relay.extensions import db
 def init_app(app: Flask) -> None:
     """Register every blueprint, the rate limiter and the one JSON error envelope on ``app``."""
     from relay.encoding import OrjsonProvider
-    from relay.transport import a2a, health, jsonrpc, observability, ratelimit, requests, rest
+    from relay.transport import a2a, a2a_http, health, jsonrpc, observability, ratelimit, requests, rest
 
     app.json = OrjsonProvider(app)
     requests.init_app(app)
@@ -27,6 +27,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(rest.bp)
     app.register_blueprint(jsonrpc.bp)
     app.register_blueprint(a2a.bp)
+    app.register_blueprint(a2a_http.bp)
     ratelimit.init_app(app)
     from relay.transport import console  # after ratelimit: its sign-in limits live on that Limiter
 

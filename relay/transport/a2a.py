@@ -367,7 +367,9 @@ def check_version() -> None:
         )
 
 
-def _peer(handle: str, *, disabled_ok: bool = False) -> Agent | None:
+def peer_for(handle: str, *, disabled_ok: bool = False) -> Agent | None:
+    """The agent ``{handle}`` names, or None (no such agent, a malformed handle, or disabled
+    unless ``disabled_ok``). Raises the database's errors (an outage) as they come."""
     try:
         agent = get_agent(normalize_handle(handle))
     except RelayError:  # a malformed handle names no agent
@@ -415,7 +417,7 @@ def jwks() -> Response:
 @bp.get("/a2a/agents/<handle>/.well-known/agent-card.json")
 def agent_card(handle: str) -> Response:
     """Return one agent's A2A card; 404 when no such (enabled) agent."""
-    agent = _peer(handle)
+    agent = peer_for(handle)
     if agent is None:
         from relay.transport.rest import error_response
 
@@ -434,7 +436,7 @@ def agent_rpc(handle: str) -> Response:
     # A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
     # service), but its senders still read and cancel the tasks they gave it.
     try:
-        peer = _peer(handle, disabled_ok=True)
+        peer = peer_for(handle, disabled_ok=True)
     except DATABASE_ERRORS as exc:
         if not is_connection_error(exc):
             raise

@@ -416,6 +416,24 @@ def _unavailable(answer: dict) -> bool:
 
 def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response:
     """The Server-Sent Events answer of a streaming method: one ``data:`` line per JSON-RPC response."""
+    return sse_response(
+        streamed,
+        result=lambda item: {"jsonrpc": "2.0", "id": id_, "result": item},
+        # As a2a-sdk's own server sends it: the SSE event "error", a JSON-RPC error response.
+        error=lambda exc: _relay_error(dialect, id_, exc),
+    )
+
+
+def sse_response(streamed: Streamed, result: Callable[[Any], Any], error: Callable[[RelayError], Any]) -> Response:
+    """A :class:`Streamed` answered as ``text/event-stream``, framed by the binding.
+
+    ``result(item)`` is the JSON document of one ``data:`` event; ``error(exc)`` that of the
+    last one, sent as ``event: error``, when the stream yields a RelayError or fails
+    mid-way (then a ``service_unavailable`` or ``internal_error`` RelayError carrying the
+    request id: the 200 is already sent, so the client hears an error event, not a cut
+    connection). A heartbeat (``None``) is the comment ``: heartbeat``. ``streamed.close``
+    runs once, however the response ended (also when its body never started).
+    """
 
     def body() -> Iterator[bytes]:
         try:
@@ -423,13 +441,12 @@ def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response
                 if item is None:
                     yield b": heartbeat\n\n"
                 elif isinstance(item, RelayError):
-                    # As a2a-sdk's own server sends it: the SSE event "error", a JSON-RPC error response.
-                    yield b"event: error\ndata: " + dumps_bytes(_relay_error(dialect, id_, item)) + b"\n\n"
+                    yield b"event: error\ndata: " + dumps_bytes(error(item)) + b"\n\n"
                     return
                 else:
                     # One line: orjson escapes newlines inside strings, so no data line breaks.
-                    yield b"data: " + dumps_bytes({"jsonrpc": "2.0", "id": id_, "result": item}) + b"\n\n"
-        except Exception as exc:  # mid-stream: the client hears an error event, not a cut connection
+                    yield b"data: " + dumps_bytes(result(item)) + b"\n\n"
+        except Exception as exc:
             try:
                 db.session.rollback()
             except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
@@ -440,8 +457,8 @@ def _stream_response(dialect: Dialect, id_: Any, streamed: Streamed) -> Response
             else:
                 log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
                 symbol = "internal_error"
-            data = {"symbol": symbol, "request_id": g.get("request_id")}
-            yield b"event: error\ndata: " + dumps_bytes(_error(dialect, id_, -32603, MESSAGES[-32603], data)) + b"\n\n"
+            failure = RelayError(symbol, MESSAGES[-32603], {"request_id": g.get("request_id")})
+            yield b"event: error\ndata: " + dumps_bytes(error(failure)) + b"\n\n"
         finally:
             streamed.close()
 

@@ -25,7 +25,7 @@ from flask import Flask, Response, current_app, request
 from flask_limiter import Limiter
 from limits import RateLimitItem, parse_many
 
-from relay.transport import a2a, jsonrpc
+from relay.transport import a2a, a2a_http, jsonrpc
 from relay.transport import rest as api
 from relay.transport.auth import is_unauthenticated, rate_limit_key
 
@@ -59,13 +59,15 @@ def _rest_rate() -> str:
     return current_app.config["RELAY"].rest_rate_limit
 
 
-# By blueprint. One JSON-RPC budget per agent across both dialects (scope "a2a"): the
-# seed's /a2a and the A2A v1.0 binding's /a2a/agents/{handle} (POST: its agent cards are
-# GETs). One REST budget per agent across every REST route, not one per endpoint.
+# By blueprint. One A2A budget per agent across both dialects and both A2A bindings (scope
+# "a2a"): the seed's /a2a, the A2A v1.0 JSON-RPC binding's /a2a/agents/{handle} (POST: its
+# agent cards are GETs) and its HTTP+JSON binding under /a2a/agents/{handle}/http (every
+# verb: its reads are GETs). One REST budget per agent across every REST route.
 _POST = frozenset({"POST"})
 BUDGETS: dict[str, Budget] = {
     jsonrpc.bp.name: Budget("a2a", _a2a_rate, jsonrpc.rate_limited, jsonrpc.batch_cost, _POST),
     a2a.bp.name: Budget("a2a", _a2a_rate, a2a.rate_limited, jsonrpc.batch_cost, _POST),
+    a2a_http.bp.name: Budget("a2a", _a2a_rate, a2a_http.rate_limited),
     api.bp.name: Budget("rest", _rest_rate, api.rest_rate_limited),
 }
 
