@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,9 +25,11 @@ from typing import Any
 
 import anyio
 import pytest
+import requests
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from relay.agent.client import InvalidParams, RelayClient
 from relay.ops.embedded import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -591,3 +594,254 @@ def test_get_thread_is_the_newest_50_and_cuts_a_large_diff_that_read_artifact_re
             ).startswith("invalid_params: ")
 
     run(test)
+
+
+# --------------------------------------------------------------------------- every answer bounded (issue 34)
+#
+# Each thread below passed some member through get_thread whole (a black-box check): the
+# answer must stay under 100,000 characters, and read_artifact, called as the cut note
+# says, must give back exactly what was cut.
+
+_REST_SEQ = re.compile(r"sequence_no=(\d+)")
+
+
+def _notes(answer: dict[str, Any]) -> list[tuple[int | None, dict[str, Any]]]:
+    """Every cut note of a get_thread answer: (the message's sequence_no or None for the thread's own, note)."""
+    found = [(None, n) for n in answer.get("cut", [])]
+    return found + [(m["sequence_no"], n) for m in answer["messages"] for n in m.get("cut", [])]
+
+
+async def _read_whole(session: ClientSession, task_id: str, note: dict[str, Any]) -> str:
+    """Page read_artifact from 0, as the note's rest names it, and put the pieces together."""
+    args: dict[str, Any] = {"task_id": task_id, "field": note["field"]}
+    seq = _REST_SEQ.search(note["rest"])
+    if seq:
+        args["sequence_no"] = int(seq.group(1))
+    assert f"field={json.dumps(note['field'])}" in note["rest"] and note["rest"].startswith("read_artifact(")
+    text, offset = "", 0
+    while offset is not None:
+        part = ok(await session.call_tool("read_artifact", {**args, "offset": offset}))
+        assert part["total"] == note["total"] and part["json"] == bool(note.get("json"))
+        text, offset = text + part["text"], part["next_offset"]
+    assert len(text) == note["total"]
+    return text
+
+
+def _send_raw(relay_url: str, key: str, params: dict[str, Any]) -> str:
+    """``message/send`` as given (several parts, metadata...) with the agent's client; the task_id."""
+    with RelayClient(relay_url, key) as client:
+        return client._rpc("message/send", params)["task_id"]
+
+
+def _thread_case(relay_url, keys, open_thread, check) -> None:
+    """Alice opens a thread (``open_thread(alice_session) -> task_id``); bob's get_thread answers are checked."""
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task_id = await open_thread(alice)
+            answer = ok(await bob.call_tool("get_thread", {"task_id": task_id}))  # ok(): under 100,000
+            await check(bob, task_id, answer)
+
+    run(test)
+
+
+async def _send(session: ClientSession, **args: Any) -> str:
+    return ok(await session.call_tool("send_handoff", {"recipient": "bob@acme", **args}))["task_id"]
+
+
+def _field_note(answer: dict[str, Any], field: str, seq: int | None) -> dict[str, Any]:
+    found = [n for s, n in _notes(answer) if n["field"] == field and s == seq]
+    assert found, f"no cut note for {field} (message {seq}): {[n['field'] for _, n in _notes(answer)]}"
+    return found[0]
+
+
+def test_a_long_brief_is_cut_in_the_summary_too(relay_url, keys):
+    brief = "word " * 30000
+
+    async def check(bob, task_id, answer):
+        for seq, field in ((None, "summary"), (1, "body")):
+            note = _field_note(answer, field, seq)
+            assert await _read_whole(bob, task_id, note) == brief
+
+    _thread_case(relay_url, keys, lambda alice: _send(alice, text=brief), check)
+
+
+def test_a_brief_of_four_long_parts(relay_url, keys):
+    parts = [(chr(ord("a") + i) + " part ") * 34_000 for i in range(4)]  # 4 x 238,000 characters
+
+    async def open_thread(alice):
+        params = {
+            "recipient": "bob@acme",
+            "intent": "inform",
+            "message": {"role": "user", "parts": [{"type": "text", "text": p} for p in parts]},
+        }
+        return await anyio.to_thread.run_sync(_send_raw, relay_url, keys["alice"], params)
+
+    async def check(bob, task_id, answer):
+        assert "parts" not in answer["messages"][0]
+        whole = await _read_whole(bob, task_id, _field_note(answer, "summary", None))
+        assert whole == await _read_whole(bob, task_id, _field_note(answer, "body", 1))
+        assert all(p in whole for p in parts)
+
+    _thread_case(relay_url, keys, open_thread, check)
+
+
+def test_an_object_spec_is_cut_as_json_text_and_read_back_whole(relay_url, keys):
+    spec = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": i} for i in range(9000)}}
+    assert len(json.dumps(spec)) > 400_000
+
+    async def check(bob, task_id, answer):
+        [(seq, note)] = [(s, n) for s, n in _notes(answer) if n["field"].startswith("artifacts[0].spec")]
+        assert note.get("json") is True
+        shown = json.loads(await _read_whole(bob, task_id, note))
+        path = note["field"].removeprefix("artifacts[0].spec").lstrip(".")
+        assert shown == (spec[path] if path else spec)
+
+    artifact = {"type": "api_contract", "name": "POST /big", "spec": spec, "format": "jsonschema"}
+    _thread_case(relay_url, keys, lambda alice: _send(alice, text="the contract", artifacts=[artifact]), check)
+
+
+def test_fifty_file_refs_with_long_descriptions(relay_url, keys):
+    refs = [{"type": "file_ref", "path": f"src/m{i}.py", "description": f"{i} " + "d" * 8000} for i in range(50)]
+
+    async def check(bob, task_id, answer):
+        assert len(answer["messages"][0]["artifacts"]) == 50  # each one still shown, its description cut
+        for i in (0, 49):
+            note = _field_note(answer, f"artifacts[{i}].description", 1)
+            assert await _read_whole(bob, task_id, note) == refs[i]["description"]
+
+    _thread_case(relay_url, keys, lambda alice: _send(alice, text="look at these", artifacts=refs), check)
+
+
+def test_an_artifact_member_the_relay_does_not_know(relay_url, keys):
+    mystery = "unknown " * 50_000  # 400,000 characters
+
+    async def open_thread(alice):
+        params = {
+            "recipient": "bob@acme",
+            "intent": "inform",
+            "message": {"role": "user", "parts": [{"type": "text", "text": "see the artifact"}]},
+            "artifacts": [{"type": "link", "url": "https://example.com/x", "mystery": mystery}],
+        }
+        try:
+            return await anyio.to_thread.run_sync(_send_raw, relay_url, keys["alice"], params)
+        except InvalidParams:
+            pytest.skip("this relay refuses unknown artifact members")
+
+    async def check(bob, task_id, answer):
+        assert await _read_whole(bob, task_id, _field_note(answer, "artifacts[0].mystery", 1)) == mystery
+
+    _thread_case(relay_url, keys, open_thread, check)
+
+
+def test_a_proposed_action_with_a_long_suggested_diff(relay_url, keys):
+    diff = "".join(f"+line {i}\n" for i in range(40_000))  # ~400,000 characters
+    action = {"description": "refactor", "target_files": ["src/a.py"], "rationale": "why", "suggested_diff": diff}
+
+    async def check(bob, task_id, answer):
+        note = _field_note(answer, "proposed_action.suggested_diff", None)
+        assert "sequence_no" not in note["rest"]
+        assert await _read_whole(bob, task_id, note) == diff
+
+    _thread_case(
+        relay_url,
+        keys,
+        lambda alice: _send(alice, text="please", intent="propose_action", proposed_action=action),
+        check,
+    )
+
+
+def test_ten_messages_of_fifty_links_with_long_titles(relay_url, keys):
+    def links(n):
+        return [
+            {"type": "link", "url": f"https://example.com/{n}/{i}", "title": f"{n}.{i} " + "t" * 8000}
+            for i in range(50)
+        ]
+
+    async def open_thread(alice):
+        task_id = await _send(alice, text="m1", artifacts=links(1))
+        for n in range(2, 11):
+            ok(await alice.call_tool("reply", {"task_id": task_id, "text": f"m{n}", "artifacts": links(n)}))
+        return task_id
+
+    async def check(bob, task_id, answer):
+        assert [m["sequence_no"] for m in answer["messages"]] == list(range(1, 11))
+        notes = [(s, n) for s, n in _notes(answer) if n["field"].startswith("artifacts")]
+        assert {s for s, _ in notes} == set(range(1, 11))
+        seq, note = notes[-1]
+        whole = await _read_whole(bob, task_id, note)
+        want = _lookup_path(links(seq), note["field"].removeprefix("artifacts"))
+        assert (json.loads(whole) if note.get("json") else whole) == want
+
+    _thread_case(relay_url, keys, open_thread, check)
+
+
+def _lookup_path(value: Any, path: str) -> Any:
+    for index, name in re.findall(r"\[(\d+)\]|\.(\w+)", path):
+        value = value[int(index)] if index else value[name]
+    return value
+
+
+def test_message_metadata_is_cut_and_read_back(relay_url, keys):
+    metadata = {f"k{i:04d}": f"v{i}" for i in range(900)}  # just under 16 KB of JSON
+    assert 14_000 < len(json.dumps(metadata)) < 16_384
+
+    async def open_thread(alice):
+        with RelayClient(relay_url, keys["alice"]) as client:
+            sent = await anyio.to_thread.run_sync(lambda: client.send("bob@acme", "m1", metadata=metadata))
+            for n in range(2, 61):
+                await anyio.to_thread.run_sync(lambda: client.reply(sent.task_id, f"m{n}", metadata=metadata))
+        return sent.task_id
+
+    async def check(bob, task_id, answer):
+        assert len(answer["messages"]) == 50
+        seq, note = next((s, n) for s, n in _notes(answer) if n["field"].startswith("payload"))
+        whole = await _read_whole(bob, task_id, note)
+        assert json.loads(whole) if note.get("json") else whole
+        assert (json.loads(whole) if note.get("json") else whole) == _lookup_path(
+            metadata, note["field"].removeprefix("payload")
+        )
+        # All 60 asked for: each is cut to its share, or the oldest are left out with a note on paging.
+        many = ok(await bob.call_tool("get_thread", {"task_id": task_id, "messages_limit": 1000, "messages_after": 0}))
+        assert many["messages"][-1]["sequence_no"] == 60
+        assert len(many["messages"]) == 60 or "messages_after" in many["note"]
+
+    _thread_case(relay_url, keys, open_thread, check)
+
+
+def test_feed_tools_stay_bounded(relay_url, keys):
+    refs = [{"type": "file_ref", "path": f"src/m{i}.py", "description": "needle " + "d" * 8000} for i in range(50)]
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task_id = await _send(alice, text="needle m1", artifacts=refs)
+            for n in range(2, 6):
+                ok(await alice.call_tool("reply", {"task_id": task_id, "text": f"needle m{n}", "artifacts": refs}))
+            waited = ok(await bob.call_tool("wait_for_messages", {"timeout_seconds": 5}))  # ok(): under 100,000
+            assert waited["count"] >= 1
+            caught = ok(await bob.call_tool("catch_up", {"since": "2000-01-01T00:00:00Z"}))
+            assert caught["count"] >= 1
+            found = ok(await bob.call_tool("search_messages", {"query": "needle", "limit": 100}))
+            assert found["items"]
+            row = caught["messages"][0]
+            note = next(n for n in row.get("cut", []) if n["field"].startswith("artifacts"))
+            whole = await _read_whole(bob, task_id, note)
+            want = _lookup_path(refs, note["field"].removeprefix("artifacts"))
+            assert (json.loads(whole) if note.get("json") else whole) == want
+
+    run(test)
+
+
+def test_a_huge_integer_argument_is_an_invalid_param_not_a_parse_error(relay_url, keys):
+    digits = "9" * 5000
+    if True:
+        resp = requests.post(
+            f"{relay_url}/a2a",
+            data='{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"task_id": "x", "messages_after": '
+            + digits
+            + "}}",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {keys['bob']}"},
+        )
+    error = resp.json()["error"]
+    assert "set_int_max_str_digits" not in json.dumps(error) and "sys." not in error["message"]
+    assert error["code"] in (-32602, -32700)

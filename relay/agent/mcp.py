@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -87,8 +88,16 @@ _BULKY_ARTIFACT_FIELDS = ("diff", "spec")
 MAX_OUTPUT = 100_000
 #: get_thread's default page: the newest this many messages
 THREAD_PAGE = 50
-#: get_thread cuts a body or a bulky artifact field at the first of these that makes its answer fit
-_CUTS = (20_000, 5_000, 1_000, 200)
+#: no string is shown longer than this, even where the answer has room (a summary repeats the brief)
+STRING_CAP = 20_000
+#: what the relay's data in an answer may take: MAX_OUTPUT less room for the tool's own members
+_BUDGET = MAX_OUTPUT - 2_000
+#: a container whose cut members would get less than this each is shown as its JSON text, cut
+MIN_SHARE = 400
+#: a message or feed row is not cut below this: the oldest messages (newest rows) are left out instead
+ITEM_FLOOR = 1_500
+#: read_artifact's text stays under this many characters of JSON (escapes included)
+ARTIFACT_ROOM = 90_000
 #: read_artifact's chunk, in characters
 ARTIFACT_CHUNK = 50_000
 
@@ -433,64 +442,233 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False))
 
 
-def _cut_thread(raw: dict[str, Any], cut: int) -> dict[str, Any]:
-    """``raw`` (a tasks/get page) with each body and bulky artifact field over ``cut`` characters cut, each cut noted."""
-    tid = raw.get("task_id")
-    messages = []
-    for m in raw.get("messages") or []:
-        m = dict(m)
-        seq = m.get("sequence_no")
-        cuts = []
-        body = m.get("body")
-        if isinstance(body, str) and len(body) > cut:
-            m["body"] = body[:cut]
-            cuts.append(
-                {
-                    "field": "body",
-                    "shown": cut,
-                    "total": len(body),
-                    "rest": f"read_artifact(task_id={tid!r}, sequence_no={seq}, offset={cut})",
-                }
-            )
-        artifacts = []
-        for i, a in enumerate(m.get("artifacts") or []):
-            a = dict(a) if isinstance(a, dict) else a
-            for name in _BULKY_ARTIFACT_FIELDS:
-                value = a.get(name) if isinstance(a, dict) else None
-                if isinstance(value, str) and len(value) > cut:
-                    a[name] = value[:cut]
-                    cuts.append(
-                        {
-                            "field": f"artifacts[{i}].{name}",
-                            "shown": cut,
-                            "total": len(value),
-                            "rest": f"read_artifact(task_id={tid!r}, sequence_no={seq}, index={i}, offset={cut})",
-                        }
-                    )
-            artifacts.append(a)
-        m["artifacts"] = artifacts
-        m.pop("parts", None)  # the body and the artifacts again
-        if cuts:
-            m["cut"] = cuts
-        messages.append(m)
-    out = {k: v for k, v in raw.items() if k not in ("messages", "artifacts")}  # artifacts: each message's again
-    out["messages"] = messages
-    return out
+# --------------------------------------------------------------------------- the budgeted serializer
+#
+# One mechanism bounds every answer (issue 34): a value is given a budget in characters of
+# its JSON text; a string over it is cut to a prefix, a container shares it among its
+# members (each gets what it needs, the largest the rest, equally), and a container whose
+# members would get too little each to be worth showing (or a number too long) is shown
+# as its JSON text, cut. Every cut leaves a note, {field, shown, total, rest[, json]},
+# whose ``rest`` is the read_artifact call with what follows; the note is paid for out of
+# the cut value's budget, so what is shown and its notes stay within it.
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH_STEP = re.compile(r'\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
+
+
+def _child_path(path: str, key: Any) -> str:
+    """``artifacts`` + 0 -> ``artifacts[0]``; ``payload`` + ``"a b"`` -> ``payload["a b"]``."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _IDENTIFIER.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def _path_steps(path: str) -> list[str | int]:
+    """A path as the cut notes name it (``artifacts[0].spec``, ``payload["a b"]``) as its keys and indexes."""
+    steps: list[str | int] = []
+    text = path if path.startswith("[") else "." + path
+    at = 0
+    while at < len(text):
+        match = _PATH_STEP.match(text, at)
+        if match is None:
+            raise InvalidParams(f"field: {path!r} is not a path such as 'artifacts[0].spec'", symbol="invalid_params")
+        name, index, quoted = match.groups()
+        steps.append(name if name is not None else int(index) if index is not None else json.loads(quoted))
+        at = match.end()
+    return steps
+
+
+def _lookup(value: Any, path: str, where: str) -> Any:
+    for step in _path_steps(path):
+        if isinstance(step, int) and isinstance(value, list) and step < len(value):
+            value = value[step]
+        elif isinstance(step, str) and isinstance(value, dict) and step in value:
+            value = value[step]
+        else:
+            raise InvalidParams(f"field: {where} has no {path}", symbol="invalid_params")
+    return value
+
+
+def _as_text(value: Any) -> tuple[str, bool]:
+    """What read_artifact pages: a string as itself, anything else as its JSON text (True)."""
+    return (value, False) if isinstance(value, str) else (json.dumps(value, ensure_ascii=False), True)
+
+
+def _prefix(text: str, room: int) -> str:
+    """The longest prefix of ``text`` whose JSON string (quotes and escapes included) is at most ``room`` characters."""
+    hi = min(len(text), max(0, room - 2))
+    if _size(text[:hi]) <= room:
+        return text[:hi]
+    lo = max(0, hi - (_size(text[:hi]) - room))  # each character dropped shortens it by one at least
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _size(text[:mid]) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
+
+
+def _fill(demands: list[int], room: int) -> list[int]:
+    """Shares of ``room`` for members needing ``demands``: each what it needs, the largest an equal rest."""
+    shares = [0] * len(demands)
+    left = room
+    order = sorted(range(len(demands)), key=demands.__getitem__)
+    for k, i in enumerate(order):
+        shares[i] = min(demands[i], max(0, left) // (len(order) - k))
+        left -= shares[i]
+    return shares
+
+
+class _Cut:
+    """Where the cut values of one holder (a thread, a message, a feed row) are read whole, and its bounds."""
+
+    def __init__(self, task_id: Any, sequence_no: Any = None):
+        self.task_id = task_id
+        self.sequence_no = sequence_no
+        self._capped: dict[tuple[int, str], tuple[Any, list[dict], int]] = {}
+
+    def note(self, path: str, shown: int, total: int, as_json: bool) -> dict[str, Any]:
+        if self.task_id is None:
+            rest = "not available: the answer was over its bound"
+        else:
+            where = f"task_id={self.task_id!r}"
+            if self.sequence_no is not None:
+                where += f", sequence_no={self.sequence_no}"
+            rest = f"read_artifact({where}, field={json.dumps(path, ensure_ascii=False)}, offset={shown})"
+        note: dict[str, Any] = {"field": path, "shown": shown, "total": total, "rest": rest}
+        if as_json:
+            note["json"] = True
+        return note
+
+    def text(
+        self, text: str, room: int, path: str, as_json: bool, most: int | None = None
+    ) -> tuple[str, list[dict], int]:
+        """``text`` cut to fit ``room`` (and ``most`` characters) with its note (over ``room`` only when not even the note fits)."""
+        probe = _size(self.note(path, len(text), len(text), as_json)) + 2
+        shown = _prefix(text[:most], room - probe) if room - probe >= 2 else ""
+        note = self.note(path, len(shown), len(text), as_json)
+        return shown, [note], _size(shown) + _size(note) + 2
+
+    def capped(self, value: Any, path: str) -> tuple[Any, list[dict], int]:
+        """``value`` with every string over STRING_CAP cut: (value, notes, cost of both)."""
+        if isinstance(value, str):
+            if len(value) > STRING_CAP:
+                return self.text(value, 10**12, path, False, most=STRING_CAP)
+            return value, [], _size(value)
+        if not isinstance(value, (dict, list)) or not value:
+            return value, [], _size(value)
+        key = (id(value), path)
+        if key not in self._capped:
+            items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+            parts = [(k, self.capped(v, _child_path(path, k))) for k, v in items]
+            shown: Any = {k: c[0] for k, c in parts} if isinstance(value, dict) else [c[0] for _, c in parts]
+            notes = [n for _, c in parts for n in c[1]]
+            self._capped[key] = (shown, notes, _size(shown) + sum(_size(n) + 2 for n in notes))
+        return self._capped[key]
+
+    def clip(self, value: Any, budget: int, path: str = "", root: bool = False) -> tuple[Any, list[dict], int]:
+        """``value`` within ``budget`` characters, its notes included: (value, notes, cost)."""
+        capped = self.capped(value, path)
+        if capped[2] <= budget:
+            return capped
+        if isinstance(value, str):
+            return self.text(value, budget, path, False)
+        if isinstance(value, (dict, list)) and value:
+            items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+            over = 2 * len(items) + (sum(_size(k) + 2 for k, _ in items) if isinstance(value, dict) else 0)
+            demands = [self.capped(v, _child_path(path, k))[2] for k, v in items]
+            shares = _fill(demands, budget - over)
+            squeezed = [s for s, d in zip(shares, demands) if s < d]
+            if root or (squeezed and min(squeezed) >= MIN_SHARE):
+                parts = [(k, self.clip(v, s, _child_path(path, k))) for (k, v), s in zip(items, shares)]
+                if root or all(c[2] <= s for (_, c), s in zip(parts, shares)):
+                    shown: Any = {k: c[0] for k, c in parts} if isinstance(value, dict) else [c[0] for _, c in parts]
+                    notes = [n for _, c in parts for n in c[1]]
+                    return shown, notes, _size(shown) + sum(_size(n) + 2 for n in notes)
+        return self.text(json.dumps(value, ensure_ascii=False), budget, path, True)
+
+
+def _holder(value: dict[str, Any], budget: int, cut: _Cut) -> tuple[dict[str, Any], int]:
+    """A thread, message or feed row within ``budget``, its members cut as needed; notes in its ``cut``."""
+    shown, notes, _ = cut.clip(value, budget - 12, root=True)
+    if notes:
+        shown["cut"] = notes
+    return shown, _size(shown)
+
+
+def _fit_list(items: list[dict[str, Any]], budget: int, cut_of: Callable[[dict], _Cut], keep: str) -> tuple[list, int]:
+    """As many of ``items`` (keeping the newest with keep="newest", else the oldest) as fit ``budget``, each cut to its share.
+
+    Items are left out, rather than cut below ITEM_FLOOR characters each; one is always kept.
+    Returns (the items shown, how many were left out).
+    """
+    cuts = [cut_of(item) for item in items]
+    demands = [_holder(item, 10**12, c)[1] + 12 for item, c in zip(items, cuts)]
+
+    def window(dropped: int) -> slice:
+        return slice(dropped, None) if keep == "newest" else slice(0, len(items) - dropped)
+
+    def shares(dropped: int) -> list[int]:
+        kept = demands[window(dropped)]
+        return _fill(kept, budget - 2 * len(kept))
+
+    def fits(dropped: int) -> bool:
+        kept = demands[window(dropped)]
+        squeezed = [s for s, d in zip(shares(dropped), kept) if s < d]
+        return not squeezed or min(squeezed) >= ITEM_FLOOR or len(kept) <= 1
+
+    lo, hi = 0, max(0, len(items) - 1)  # fits(hi) always
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = list(zip(items[window(lo)], cuts[window(lo)], shares(lo)))
+    return [_holder(item, share, c)[0] for item, c, share in kept], lo
 
 
 def _bounded_thread(raw: dict[str, Any]) -> dict[str, Any]:
-    """A tasks/get page that fits MAX_OUTPUT: bodies and bulky fields cut ever shorter, then the oldest messages left out."""
-    for cut in _CUTS:
-        out = _cut_thread(raw, cut)
-        if _size(out) < MAX_OUTPUT:
-            return out
-    while len(out["messages"]) > 1 and _size(out) >= MAX_OUTPUT:
-        out["messages"].pop(0)
-    first = out["messages"][0]["sequence_no"] if out["messages"] else None
-    out["note"] = (
-        f"older messages of this page were left out to fit; get_thread(messages_after=...) pages from any point (first shown: {first})"
-    )
+    """A tasks/get page that fits MAX_OUTPUT: every member cut to its share, then the oldest messages left out.
+
+    ``parts`` (each message's body and artifacts again) and the thread's ``artifacts``
+    (its messages' again) are left out.
+    """
+    tid = raw.get("task_id")
+    own = {k: v for k, v in raw.items() if k not in ("messages", "artifacts")}
+    messages = [
+        {k: v for k, v in m.items() if k != "parts"} if isinstance(m, dict) else {"value": m}
+        for m in raw.get("messages") or []
+    ]
+    wanted = sum(_holder(m, 10**12, _Cut(tid, m.get("sequence_no")))[1] + 2 for m in messages)
+    # The thread's own members have what they need, up to what leaves the messages half.
+    out, used = _holder(own, max(_BUDGET // 2, _BUDGET - wanted), _Cut(tid))
+    shown, dropped = _fit_list(messages, _BUDGET - used - 400, lambda m: _Cut(tid, m.get("sequence_no")), keep="newest")
+    out["messages"] = shown
+    if dropped:
+        first = shown[0].get("sequence_no") if shown else None
+        out["note"] = (
+            f"the {dropped} oldest messages of this page were left out to fit; "
+            f"get_thread(task_id={tid!r}, messages_after=N) pages from any point (first shown: {first})"
+        )
     return out
+
+
+def _bounded_rows(rows: list[FeedRow], budget: int) -> tuple[list[dict[str, Any]], int]:
+    """Feed rows (oldest first) as they fit ``budget``: the oldest kept, each cut to its share; (rows, left out)."""
+    return _fit_list(
+        [_feed_row(r) for r in rows], budget, lambda row: _Cut(row.get("task_id"), row.get("sequence_no")), "oldest"
+    )
+
+
+def _bounded_answer(result: dict[str, Any]) -> dict[str, Any]:
+    """The last guarantee, for any tool: an answer still over MAX_OUTPUT is cut (nothing here should be)."""
+    if _size(result) < MAX_OUTPUT:
+        return result
+    return _holder(result, _BUDGET, _Cut(None))[0]
 
 
 def _fail(line: str) -> CallToolResult:
@@ -698,11 +876,19 @@ class _WaitPosition:
             self.since, self.seen = next_position([newest], _BEGINNING)
         self._started.set()
 
-    def wait(self, client: RelayClient, timeout: float, take: _Take | None = None) -> tuple[list[FeedRow], bool]:
+    def wait(
+        self,
+        client: RelayClient,
+        timeout: float,
+        take: _Take | None = None,
+        fit: Callable[[list[FeedRow]], int] | None = None,
+    ) -> tuple[list[FeedRow], bool]:
         """The other side's next messages (oldest first) and whether the time ran out first.
 
         With ``take``, the wait ends (``[], True``) within CANCEL_CHECK_SECONDS of
-        ``take.cancel`` and moves the position only while ``take`` is not cancelled.
+        ``take.cancel`` and moves the position only while ``take`` is not cancelled. With
+        ``fit`` (how many of the messages one answer holds, at least 1), the position moves
+        only past those it returns: the rest come with the next call.
         """
         take = take or _Take()
         deadline = time.monotonic() + timeout
@@ -726,6 +912,13 @@ class _WaitPosition:
                         raise
                     self.after = None  # that message is gone (its agent deleted): go on from its time
                     continue
+                theirs = [row for row in rows if row.author != me]
+                if theirs and fit is not None:
+                    n = max(1, fit(theirs))
+                    if n < len(theirs):
+                        last = theirs[n - 1]
+                        rows = rows[: next(i for i, row in enumerate(rows) if row is last) + 1]
+                        theirs = theirs[:n]
                 if rows:
                     with take.lock:
                         if take.cancelled:
@@ -734,7 +927,6 @@ class _WaitPosition:
                             take.moved_from = (self.after, self.since, self.seen)
                         self.after = rows[-1].id
                         self.since, self.seen = next_position(rows, self.since, self.seen)
-                theirs = [row for row in rows if row.author != me]
                 if theirs:
                     return theirs, False
                 if time.monotonic() >= deadline:
@@ -756,7 +948,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
 
     async def run(call: Callable[[], dict[str, Any]], abandon_on_cancel: bool = False) -> CallToolResult:
         try:
-            return _ok(await anyio.to_thread.run_sync(call, abandon_on_cancel=abandon_on_cancel))
+            return _ok(_bounded_answer(await anyio.to_thread.run_sync(call, abandon_on_cancel=abandon_on_cancel)))
         except RelayError as exc:
             return _fail(error_line(exc))
         except Exception as exc:  # a bug here, not the caller's: logged with its traceback, answered in one line
@@ -928,8 +1120,9 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         artifacts, payload, created_at, cut?}], messages_total, messages_next, result_summary,
         accepted_at, completed_at, cancelled_at, ...}. messages_next is the messages_after of the next
         page (null at the end); earlier messages: pass a smaller messages_after. The answer stays under
-        100,000 characters: a long body or diff is cut, and its cut entry names the read_artifact call
-        with the rest. Errors: thread_not_found, not_a_participant, invalid_params (a malformed task_id).
+        100,000 characters: anything long (a body, the summary, a diff or spec, a payload) is cut, and
+        each cut entry (in its message's or the thread's cut list) names the read_artifact call with
+        the rest; if even so the page does not fit, its oldest messages are left out (see note). Errors: thread_not_found, not_a_participant, invalid_params (a malformed task_id).
         """
 
         def call() -> dict[str, Any]:
@@ -944,40 +1137,81 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     @tool("Read a long artifact or body", read_only=True, idempotent=True)
     async def read_artifact(
         task_id: TaskId,
-        sequence_no: Annotated[int, Field(ge=1, le=2**31 - 1, description="The message's sequence_no.")],
+        sequence_no: Annotated[
+            int | None,
+            Field(
+                ge=1,
+                le=2**31 - 1,
+                description="The message's sequence_no; leave it out for a field of the thread itself (summary...).",
+            ),
+        ] = None,
         index: Annotated[
             int | None,
             Field(ge=0, le=99, description="Which of the message's artifacts (0 first); leave it out for the body."),
         ] = None,
-        offset: Annotated[int, Field(ge=0, description="Where to start, in characters (0: the start).")] = 0,
+        field: Annotated[
+            str | None,
+            Field(
+                max_length=2000,
+                description="What to read, as a cut note's field names it: 'artifacts[0].spec', "
+                "'payload.notes', 'summary' (with no sequence_no); relative to the artifact when index is given.",
+            ),
+        ] = None,
+        offset: Annotated[
+            int, Field(ge=0, le=2**31 - 1, description="Where to start, in characters (0: the start).")
+        ] = 0,
     ) -> CallToolResult:
-        """Read one message's body or one artifact's diff/spec (the part get_thread cut), 50,000 characters at a time.
+        """Read what get_thread (or a feed) cut: a body, an artifact's diff/spec, or any field, 50,000 characters at a time.
 
-        Returns {task_id, sequence_no, index, field, offset, text, total, next_offset}: text is at most
-        50,000 characters from offset; next_offset is where the next call starts (null at the end).
-        An artifact without a diff or spec is read as its JSON. Errors: invalid_params (no such message
-        or artifact), thread_not_found, not_a_participant.
+        The cut note's rest names the call. Returns {task_id, sequence_no, index, field, offset, text,
+        total, next_offset, json}: text is at most 50,000 characters from offset (fewer when they
+        are mostly escapes); next_offset is where the next call starts (null at the end). A value
+        that is not a string (an object spec, a payload) is read as its JSON text (json: true):
+        the pieces put together parse back to it. With index and no field, the artifact's diff or
+        spec, else the artifact as JSON. Errors: invalid_params (no such message, artifact or
+        field), thread_not_found, not_a_participant.
         """
 
         def call() -> dict[str, Any]:
-            page = client.get(task_id, messages_limit=1, messages_after=sequence_no - 1).raw
-            found = [m for m in page.get("messages") or [] if m.get("sequence_no") == sequence_no]
-            if not found:
-                raise InvalidParams(f"sequence_no: this thread has no message {sequence_no}", symbol="invalid_params")
-            message = found[0]
-            if index is None:
-                name, text = "body", message.get("body") or ""
+            if sequence_no is None:
+                if field is None:
+                    raise InvalidParams(
+                        "field: name a field of the thread, or give sequence_no", symbol="invalid_params"
+                    )
+                if index is not None:
+                    raise InvalidParams("index: give sequence_no with it", symbol="invalid_params")
+                holder: Any = client.get(task_id, messages_limit=1, messages_after=0).raw
+                where = "the thread"
             else:
-                artifacts = message.get("artifacts") or []
+                page = client.get(task_id, messages_limit=1, messages_after=sequence_no - 1).raw
+                found = [m for m in page.get("messages") or [] if m.get("sequence_no") == sequence_no]
+                if not found:
+                    raise InvalidParams(
+                        f"sequence_no: this thread has no message {sequence_no}", symbol="invalid_params"
+                    )
+                holder, where = found[0], f"message {sequence_no}"
+            name = field
+            if index is not None:
+                artifacts = holder.get("artifacts") or []
                 if index >= len(artifacts):
                     raise InvalidParams(
                         f"index: message {sequence_no} has {len(artifacts)} artifacts", symbol="invalid_params"
                     )
-                artifact = artifacts[index]
-                name = next((f for f in _BULKY_ARTIFACT_FIELDS if isinstance(artifact.get(f), str)), None)
-                text = artifact[name] if name else json.dumps(artifact, ensure_ascii=False)
-                name = name or "json"
-            chunk = text[offset : offset + ARTIFACT_CHUNK]
+                holder, where = artifacts[index], f"artifact {index} of message {sequence_no}"
+                if name is None:
+                    name = next((f for f in _BULKY_ARTIFACT_FIELDS if isinstance(holder.get(f), str)), None)
+                    value: Any = holder[name] if name else holder
+                    name = name or "json"
+                else:
+                    value = _lookup(holder, name, where)
+            elif name is None:
+                name, value = "body", holder.get("body") or ""
+            else:
+                value = _lookup(holder, name, where)
+            text, as_json = _as_text(value)
+            chunk = _prefix(text[offset : offset + ARTIFACT_CHUNK], ARTIFACT_ROOM)
+            if not chunk and offset < len(text):
+                chunk = text[offset]  # one character always moves the reader on
             end = offset + len(chunk)
             return {
                 "task_id": task_id,
@@ -988,6 +1222,7 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 "text": chunk,
                 "total": len(text),
                 "next_offset": end if end < len(text) else None,
+                "json": as_json,
             }
 
         return await run(call)
@@ -1065,7 +1300,8 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
 
         def call() -> dict[str, Any]:
             rows = list(itertools.islice(client.search(query, limit=min(100, limit + 1)), limit + 1))
-            return {"items": [_feed_row(r) for r in rows[:limit]], "more": len(rows) > limit}
+            items, left_out = _bounded_rows(rows[:limit], _BUDGET)
+            return {"items": items, "more": len(rows) > limit or left_out > 0}
 
         return await run(call)
 
@@ -1105,11 +1341,14 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         def call() -> dict[str, Any]:
             rows = client.catch_up(since, seen=seen_ids or (), direction=direction, limit=100)
             kept = rows[:limit]
+            # next_seen_ids may be long (seen_ids is the caller's): the rows get what is left.
+            shown, left_out = _bounded_rows(kept, _BUDGET - _size(list(seen_ids or ())) - 5_000)
+            kept = kept[: len(shown)]
             next_since, next_seen = next_position(kept, since, seen_ids or ())
             return {
-                "messages": [_feed_row(r) for r in kept],
+                "messages": shown,
                 "count": len(kept),
-                "more": len(rows) > limit,
+                "more": len(rows) > len(kept),
                 "next_since": next_since,
                 "next_seen_ids": next_seen,
             }
@@ -1141,10 +1380,19 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         """
 
         take = _Take()
+        fitted: list[dict[str, Any]] = []  # the rows of the answer, as fit cut them
+
+        def fit(rows: list[FeedRow]) -> int:
+            fitted[:] = _bounded_rows(rows, _BUDGET)[0]
+            return len(fitted)
 
         def call() -> dict[str, Any]:
-            rows, timed_out = position.wait(client, float(timeout_seconds), take)
-            return {"messages": [_feed_row(r) for r in rows], "count": len(rows), "timed_out": timed_out}
+            rows, timed_out = position.wait(client, float(timeout_seconds), take, fit=fit)
+            return {
+                "messages": fitted if rows else [],
+                "count": len(rows),
+                "timed_out": timed_out,
+            }
 
         try:
             # Abandoned on cancel: the handler ends at once; the thread stops at its next slice.

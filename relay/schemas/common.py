@@ -128,6 +128,19 @@ class NotJson(ValueError):
     """The bytes are not a JSON document PostgreSQL's jsonb could store."""
 
 
+#: Python reads an integer of at most this many digits (sys.get_int_max_str_digits' default)
+MAX_INT_DIGITS = 4300
+
+
+def _bounded_int(text: str) -> int:
+    # int() refuses more digits than that with a message about sys.set_int_max_str_digits,
+    # which was the parse error's text; no integer field takes such a number anyway.
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise NotJson(f"a number of {digits} digits is out of range (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
 def _reject_constant(name: str):
     raise NotJson(f"{name} is not valid JSON")
 
@@ -147,7 +160,9 @@ def strict_json(raw: bytes) -> Any:
     Raises NotJson for anything else, including nesting too deep for the parser.
     """
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(
+            raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int
+        )
     except NotJson:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
