@@ -152,3 +152,42 @@ def test_push_notification_config_receives_state_change(relay_url, make_agent):
         parsed = ParseDict(json.loads(push.body), StreamResponse())
         assert parsed.status_update.status.state == TaskState.TASK_STATE_WORKING
         assert MessageToDict(parsed)["statusUpdate"]["taskId"] == task.id
+
+
+def test_the_lifecycle_ends_through_the_stock_client(relay_url, make_agent, app):
+    """Issue 29: declined is REJECTED, failed FAILED, expired CANCELED; ListTasks filters on them."""
+    from relay.ids import parse_ulid
+    from tests.conftest import sql
+
+    _alice, alice_key = make_agent("alice@sdk")
+    bob, bob_key = make_agent("bob@sdk")
+
+    async def scenario():
+        async with sdk_client(relay_url, bob, alice_key) as client:
+            declined, failed, expired, cancelled = [await _send(client, f"task {i}") for i in range(4)]
+            await client.cancel_task(CancelTaskRequest(id=cancelled.id))
+            seed(relay_url, bob_key, "tasks/update", {"task_id": declined.id, "transition": "decline", "reason": "no"})
+            seed(relay_url, bob_key, "tasks/update", {"task_id": failed.id, "transition": "accept"})
+            seed(relay_url, bob_key, "tasks/update", {"task_id": failed.id, "transition": "fail", "reason": "stuck"})
+            sql(
+                app,
+                "UPDATE threads SET expires_at = now() - interval '1 second' WHERE id = :id",
+                id=parse_ulid(expired.id),
+            )
+            states = {
+                t.id: (await client.get_task(GetTaskRequest(id=t.id))).status.state for t in (declined, failed, expired)
+            }
+            assert states == {
+                declined.id: TaskState.TASK_STATE_REJECTED,
+                failed.id: TaskState.TASK_STATE_FAILED,
+                expired.id: TaskState.TASK_STATE_CANCELED,
+            }
+            for state, ids in (
+                (TaskState.TASK_STATE_REJECTED, [declined.id]),
+                (TaskState.TASK_STATE_FAILED, [failed.id]),
+                (TaskState.TASK_STATE_CANCELED, [cancelled.id, expired.id]),  # either end is CANCELED
+            ):
+                page = await client.list_tasks(ListTasksRequest(status=state))
+                assert sorted(t.id for t in page.tasks) == sorted(ids), state
+
+    run(scenario())

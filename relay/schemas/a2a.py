@@ -45,9 +45,13 @@ from relay.schemas.handoffs import (
 from relay.services.a2a_view import MEDIA_JSON, STATES
 
 PROTOCOL_VERSION = "1.0"
-RELAY_STATES = {v: k for k, v in STATES.items()}
+# A2A state -> the relay states shown as it (CANCELED is cancelled or expired, issue 29).
+RELAY_STATES: dict[str, list[str]] = {}
+for _relay, _a2a in STATES.items():
+    RELAY_STATES.setdefault(_a2a, []).append(_relay)
+del _relay, _a2a
 # A2A states the relay never enters: a filter on them is valid and matches nothing.
-OTHER_STATES = ("TASK_STATE_FAILED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_REJECTED", "TASK_STATE_AUTH_REQUIRED")
+OTHER_STATES = ("TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED")
 MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
 MAX_A2A_PARTS = MAX_PARTS + MAX_ARTIFACTS  # text parts plus data/url parts (artifacts)

@@ -257,7 +257,7 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
         caller,
         role="sender",
         peer=peer,
-        status=[shapes.RELAY_STATES[state]] if state in shapes.RELAY_STATES else None,
+        status=shapes.RELAY_STATES.get(state),
         context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
         since=since,
         limit=req["pageSize"],
