@@ -430,23 +430,33 @@ def agent_card(handle: str) -> Response:
     )
 
 
-@bp.post("/a2a/agents/<handle>")
-def agent_rpc(handle: str) -> Response:
-    """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
-    # A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
-    # service), but its senders still read and cancel the tasks they gave it.
+def lookup_peer(handle: str) -> Agent | None:
+    """The agent a binding's request talks to (disabled ones too), or None for no such agent.
+
+    A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
+    service), but its senders still read and cancel the tasks they gave it. Raises
+    service_unavailable when the database cannot be reached (rolled back first).
+    """
     try:
-        peer = peer_for(handle, disabled_ok=True)
+        return peer_for(handle, disabled_ok=True)
     except DATABASE_ERRORS as exc:
         if not is_connection_error(exc):
             raise
-        # The recipient could not be read: an outage, answered as this endpoint answers
-        # everything (a JSON-RPC error), not in the REST shape of the app's catch-all.
         try:
             db.session.rollback()
         except Exception:  # the connection itself is gone; the pool replaces it
             pass
-        unavailable = RelayError("service_unavailable", "the database is unavailable; retry shortly")
+        raise RelayError("service_unavailable", "the database is unavailable; retry shortly") from None
+
+
+@bp.post("/a2a/agents/<handle>")
+def agent_rpc(handle: str) -> Response:
+    """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
+    try:
+        peer = lookup_peer(handle)
+    except RelayError as unavailable:
+        # An outage, answered as this endpoint answers everything (a JSON-RPC error), not
+        # in the REST shape of the app's catch-all.
         return jsonrpc.relay_error_response(ERRORS_ONLY, unavailable, unavailable.http_status)
     if peer is None:
         return jsonrpc.relay_error_response(

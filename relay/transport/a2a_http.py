@@ -45,7 +45,7 @@ from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException
 
 from relay.encoding import dumps_bytes
-from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
+from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
 from relay.schemas.common import BoundedList, NotJson, StrictBool, load_or_invalid, strict_json
@@ -247,18 +247,10 @@ def params_for(source: str | None, path_params: dict[str, str], schema: Schema) 
 
 
 def _peer_or_error(handle: str) -> Agent | Response:
-    # A disabled agent takes no new tasks (SendMessage answers recipient_not_found, from the
-    # service), but its senders still read and cancel the tasks they gave it.
     try:
-        peer = a2a.peer_for(handle, disabled_ok=True)
-    except DATABASE_ERRORS as exc:
-        if not is_connection_error(exc):
-            raise
-        try:
-            db.session.rollback()
-        except Exception:  # the connection itself is gone; the pool replaces it
-            pass
-        return error_response(RelayError("service_unavailable", "the database is unavailable; retry shortly"))
+        peer = a2a.lookup_peer(handle)
+    except RelayError as unavailable:
+        return error_response(unavailable)
     if peer is None:
         return error_response(
             RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404
