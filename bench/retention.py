@@ -66,8 +66,8 @@ def _database(revision: str):
 def _plain_schema_since_0009(url: str) -> None:
     """Give the plain (0008) database what the later migrations add besides partitions.
 
-    0010's ``claimed_by`` column (and its index) and 0011's floors, at ``-infinity``:
-    on plain tables there is nothing to prune, so the floor only filters.
+    0010's ``claimed_by`` column (and its index), 0011's floors, at ``-infinity`` (on
+    plain tables there is nothing to prune, so the floor only filters), and 0016's columns.
     """
     conn, _ = harness._admin(url)
     with conn.cursor() as cur:
@@ -78,6 +78,15 @@ def _plain_schema_since_0009(url: str) -> None:
         )
         cur.execute("CREATE TABLE relay_floors (name text PRIMARY KEY, floor timestamptz NOT NULL)")
         cur.execute("INSERT INTO relay_floors VALUES ('webhook_deliveries', '-infinity'), ('events', '-infinity')")
+        # 0016's lifecycle columns (the services read and write them); its indexes do not matter here.
+        cur.execute(
+            "ALTER TABLE threads ADD COLUMN priority varchar(8) NOT NULL DEFAULT 'normal',"
+            " ADD COLUMN expires_at timestamptz, ADD COLUMN lease_expires_at timestamptz,"
+            " ADD COLUMN declined_at timestamptz, ADD COLUMN failed_at timestamptz, ADD COLUMN expired_at timestamptz,"
+            " ADD COLUMN lease_token varchar(64), ADD COLUMN lease_seconds integer, ADD COLUMN reason text"
+        )
+        cur.execute("ALTER TABLE messages ADD COLUMN read_at timestamptz")
+        cur.execute("ALTER TABLE audit_events ADD COLUMN reason text")
     conn.close()
 
 
