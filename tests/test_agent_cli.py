@@ -585,3 +585,109 @@ def test_a_non_numeric_file_ref_line_is_a_usage_error_and_nothing_is_sent(run, k
     assert line.startswith("error: --file-ref src/x.py:abc: ") and "PATH:START-END" in line, line
     assert json.loads(ok(run(keys["alice"], "inbox", "--sent", "--json")))["items"] == []
     assert "PATH[:START[-END]]" in ok(run(None, "send", "--help", url=None))
+
+
+# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+
+
+def _handoff(run, keys, *extra: str) -> str:
+    return field(ok(run(keys["alice"], "send", "bob@acme", "please do it", *extra)), "task_id")
+
+
+def test_decline_sends_the_reason_the_sender_then_reads(run, keys):
+    task = _handoff(run, keys)
+    assert "declined " + task + ": state is now declined" in ok(
+        run(keys["bob"], "decline", task, "--reason", "not mine")
+    )
+    shown = ok(run(keys["alice"], "show", task))
+    assert field(shown, "state") == "declined" and field(shown, "reason") == "not mine"
+
+
+def test_a_missing_reason_is_one_usage_line_and_nothing_is_sent(run, keys):
+    task = _handoff(run, keys)
+    for verb in ("decline", "fail"):
+        proc = run(keys["bob"], verb, task)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert (
+            proc.stderr.strip()
+            == f"error: {verb} needs --reason TEXT: say why, for the sender to read (1-2000 characters)"
+        )
+    assert field(ok(run(keys["bob"], "show", task)), "state") == "pending"
+
+
+def test_accept_lease_then_complete_uses_the_saved_token_kept_private(run, keys, tmp_path):
+    task = _handoff(run, keys)
+    accepted = json.loads(ok(run(keys["bob"], "accept", task, "--lease", "60", "--json")))
+    assert accepted["lease_token"] and accepted["lease_expires_at"]
+    saved = tmp_path / "state" / "relay-agent" / "bob@acme.leases.json"
+    assert saved.stat().st_mode & 0o777 == 0o600 and saved.parent.stat().st_mode & 0o777 == 0o700
+    assert json.loads(saved.read_text())["leases"][task]["lease_token"] == accepted["lease_token"]
+    # another process, no --lease-token: the saved token is sent
+    assert "state is now completed" in ok(run(keys["bob"], "complete", task, "--summary", "done"))
+    assert task not in json.loads(saved.read_text())["leases"]
+
+
+def test_fail_and_release_use_the_saved_token(run, keys):
+    task = _handoff(run, keys)
+    ok(run(keys["bob"], "accept", task, "--lease", "60"))
+    assert "state is now pending" in ok(run(keys["bob"], "release", task, "--reason", "out of time"))
+    ok(run(keys["bob"], "accept", task, "--lease", "60"))
+    assert "state is now failed" in ok(run(keys["bob"], "fail", task, "--reason", "tests will not pass"))
+    assert field(ok(run(keys["alice"], "show", task)), "reason") == "tests will not pass"
+
+
+def test_renew_with_the_stored_token_moves_the_lease_end(run, keys):
+    task = _handoff(run, keys)
+    first = json.loads(ok(run(keys["bob"], "accept", task, "--lease", "30", "--json")))
+    renewed = json.loads(ok(run(keys["bob"], "renew", task, "--lease", "3600", "--json")))
+    assert renewed["lease_token"] == first["lease_token"]
+    assert renewed["lease_expires_at"] > first["lease_expires_at"]
+    assert "lease ends" in ok(run(keys["bob"], "renew", task))
+
+
+def test_a_stale_saved_token_after_another_accept_says_to_accept_again(run, keys, relay_url):
+    task = _handoff(run, keys)
+    first = json.loads(ok(run(keys["bob"], "accept", task, "--lease", "60", "--json")))
+    with RelayClient(relay_url, keys["bob"]) as other:  # bob's other session takes the work over
+        other.release(task, lease_token=first["lease_token"])
+        second = other.accept(task, lease_seconds=60)
+    proc = run(keys["bob"], "complete", task, "--summary", "done")
+    assert proc.returncode == 1 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: state_changed: ") and "saved lease token is stale" in line
+    assert f"accept it again (relay-agent accept {task} --lease SECONDS)" in line
+    # --lease-token overrides the saved one
+    ok(run(keys["bob"], "complete", task, "--summary", "done", "--lease-token", second.lease_token))
+
+
+def test_send_priority_and_expiry_and_inbox_filters_on_priority(run, keys):
+    urgent = json.loads(
+        ok(run(keys["alice"], "send", "bob@acme", "now", "--priority", "urgent", "--expires-in", "3600", "--json"))
+    )
+    plain = _handoff(run, keys)
+    assert urgent["priority"] == "urgent" and urgent["expires_at"]
+    listed = ok(run(keys["bob"], "inbox", "--priority", "urgent"))
+    assert urgent["task_id"] in listed and plain not in listed
+    [row] = [ln for ln in listed.splitlines() if urgent["task_id"] in ln]
+    assert "urgent" in row.split()
+    shown = ok(run(keys["bob"], "show", urgent["task_id"]))
+    assert field(shown, "priority") == "urgent" and field(shown, "expires") != "-"
+
+
+def test_show_prints_each_messages_read_receipt(run, keys):
+    task = _handoff(run, keys)
+    ok(run(keys["alice"], "reply", task, "one more thing"))
+
+    def receipts(shown: str) -> list[str]:
+        return [ln.split(")", 1)[1].split("Z", 1)[1].strip() for ln in shown.splitlines() if ln.startswith("  #")]
+
+    assert receipts(ok(run(keys["alice"], "show", task))) == ["unread", "unread"]
+    ok(run(keys["bob"], "show", task))  # bob reads them
+    after = receipts(ok(run(keys["alice"], "show", task)))
+    assert all(r.startswith("read 20") and r.endswith("Z") for r in after), after
+
+
+def test_status_takes_the_new_states(run, keys):
+    task = _handoff(run, keys)
+    ok(run(keys["bob"], "decline", task, "--reason", "no"))
+    assert task in ok(run(keys["bob"], "inbox", "--status", "declined"))

@@ -677,3 +677,78 @@ def test_the_agent_tools_import_no_server_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+
+
+def test_decline_sends_its_reason_and_the_result_is_typed(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    declined = bob.decline(task, "not my area")
+    assert isinstance(declined, TransitionResult)
+    assert (declined.state, declined.reason) == ("declined", "not my area")
+    assert declined.declined_at is not None
+    assert alice.get(task).reason == "not my area"
+
+
+def test_accept_with_a_lease_remembers_its_token_and_complete_sends_it(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    accepted = bob.accept(task, lease_seconds=60)
+    assert accepted.lease_token and accepted.lease_expires_at is not None
+    assert bob.leases[task] == accepted.lease_token
+    done = bob.complete(task, "done")  # no token given: the remembered one is sent
+    assert done.state == "completed" and task not in bob.leases
+
+
+def test_fail_and_release_send_the_remembered_token(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    bob.accept(task, lease_seconds=60)
+    released = bob.release(task, reason="out of time")
+    assert (released.state, released.lease_token, released.accepted_at) == ("pending", None, None)
+    bob.accept(task, lease_seconds=60)
+    failed = bob.fail(task, "the tests will not pass")
+    assert (failed.state, failed.reason) == ("failed", "the tests will not pass")
+
+
+def test_renew_extends_the_lease_with_the_remembered_token_and_keeps_it(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    accepted = bob.accept(task, lease_seconds=30)
+    renewed = bob.renew(task, lease_seconds=600)
+    assert renewed.lease_token == accepted.lease_token == bob.leases[task]
+    assert (renewed.lease_expires_at - datetime.now(UTC)).total_seconds() > 590
+
+
+def test_a_token_lost_to_another_sessions_accept_is_state_changed_and_forgotten(agents, relay_url):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    first = bob.accept(task, lease_seconds=60)
+    with RelayClient(relay_url, bob.api_key) as other:  # bob's second session takes the work over
+        other.release(task, lease_token=first.lease_token)
+        second = other.accept(task, lease_seconds=60)
+    with pytest.raises(rc.StateChanged) as caught:
+        bob.complete(task, "done")
+    assert rc.lease_refused(caught.value) and task not in bob.leases
+    assert bob.complete(task, "done", lease_token=second.lease_token).state == "completed"
+
+
+def test_send_takes_priority_and_expiry_and_the_list_filters_on_priority(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    urgent = alice.send("bob@acme", "now please", priority="urgent", expires_in_seconds=3600)
+    alice.send("bob@acme", "whenever")
+    assert urgent.priority == "urgent" and urgent.expires_at is not None
+    assert [t.task_id for t in bob.inbox(priority="urgent")] == [urgent.task_id]
+    assert {t.priority for t in bob.inbox(priority=["urgent", "normal"])} == {"urgent", "normal"}
+    assert [t.task_id for t in bob.iter_inbox(priority="urgent")] == [urgent.task_id]
+    assert bob.get(urgent.task_id).expires_at == urgent.expires_at
+
+
+def test_messages_carry_their_read_receipts(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    assert alice.get(task).messages[0].read_at is None
+    bob.get(task)
+    assert alice.get(task).messages[0].read_at is not None

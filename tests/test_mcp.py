@@ -44,6 +44,10 @@ TOOLS = {
     "accept",
     "complete",
     "cancel",
+    "decline",
+    "fail",
+    "release",
+    "renew",
     "search_messages",
     "catch_up",
     "wait_for_messages",
@@ -110,7 +114,7 @@ def run(test) -> None:
 # --------------------------------------------------------------------------- 1. the tool list
 
 
-def test_stdio_lists_exactly_the_eleven_tools_with_schemas_and_descriptions(relay_url, keys):
+def test_stdio_lists_exactly_the_fifteen_tools_with_schemas_and_descriptions(relay_url, keys):
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
             assert alice.server_info.name == "relay"
@@ -845,3 +849,112 @@ def test_a_huge_integer_argument_is_an_invalid_param_not_a_parse_error(relay_url
     error = resp.json()["error"]
     assert "set_int_max_str_digits" not in json.dumps(error) and "sys." not in error["message"]
     assert error["code"] in (-32602, -32700)
+
+
+# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+
+
+async def _open(alice: ClientSession, **extra: Any) -> dict[str, Any]:
+    return ok(await alice.call_tool("send_handoff", {"recipient": "bob@acme", "text": "please do it", **extra}))
+
+
+def test_the_lifecycle_tools_schemas_bound_their_arguments(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["bob"]) as bob:
+            tools = {t.name: t.input_schema for t in (await bob.list_tools()).tools}
+            assert set(tools["decline"]["required"]) == set(tools["fail"]["required"]) == {"task_id", "reason"}
+            assert tools["release"]["required"] == tools["renew"]["required"] == ["task_id"]
+            assert {"lease_seconds"} <= set(tools["accept"]["properties"])
+            assert {"lease_token"} <= set(tools["complete"]["properties"])
+            assert {"priority", "expires_in_seconds"} <= set(tools["send_handoff"]["properties"])
+            task = "01HXYZ4K2VNJQP7R8MWDB3CSTF"
+            assert err(await bob.call_tool("decline", {"task_id": task})).startswith("invalid_params: reason")
+            assert "reason" in err(await bob.call_tool("decline", {"task_id": task, "reason": ""}))
+            assert "lease_seconds" in err(await bob.call_tool("accept", {"task_id": task, "lease_seconds": 5}))
+            assert "lease_seconds" in err(await bob.call_tool("renew", {"task_id": task, "lease_seconds": "60"}))
+            wrong = err(await bob.call_tool("list_inbox", {"priority": ["soon"]}))
+            assert wrong.startswith("invalid_params: priority"), wrong
+
+    run(test)
+
+
+def test_decline_with_a_reason(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task = (await _open(alice))["task_id"]
+            declined = ok(await bob.call_tool("decline", {"task_id": task, "reason": "not my area"}))
+            assert (declined["status"]["state"], declined["reason"]) == ("declined", "not my area")
+            assert declined["declined_at"]
+
+    run(test)
+
+
+def test_accept_with_a_lease_then_complete_fail_release_and_renew_send_the_remembered_token(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task = (await _open(alice))["task_id"]
+            accepted = ok(await bob.call_tool("accept", {"task_id": task, "lease_seconds": 30}))
+            assert accepted["lease_token"] and accepted["lease_expires_at"]
+            renewed = ok(await bob.call_tool("renew", {"task_id": task, "lease_seconds": 3600}))
+            assert renewed["lease_token"] == accepted["lease_token"]
+            assert renewed["lease_expires_at"] > accepted["lease_expires_at"]
+            released = ok(await bob.call_tool("release", {"task_id": task, "reason": "out of time"}))
+            assert (released["status"]["state"], released["lease_token"]) == ("pending", None)
+            ok(await bob.call_tool("accept", {"task_id": task, "lease_seconds": 60}))
+            failed = ok(await bob.call_tool("fail", {"task_id": task, "reason": "tests will not pass"}))
+            assert (failed["status"]["state"], failed["reason"]) == ("failed", "tests will not pass")
+
+            other = (await _open(alice))["task_id"]
+            ok(await bob.call_tool("accept", {"task_id": other, "lease_seconds": 60}))
+            done = ok(await bob.call_tool("complete", {"task_id": other, "result_summary": "done"}))
+            assert done["status"]["state"] == "completed"
+
+    run(test)
+
+
+def test_a_stale_token_after_another_accept_is_state_changed_saying_to_accept_again(relay_url, keys):
+    from relay.agent.client import RelayClient
+
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task = (await _open(alice))["task_id"]
+            first = ok(await bob.call_tool("accept", {"task_id": task, "lease_seconds": 60}))
+            with RelayClient(relay_url, keys["bob"]) as session:  # bob's other session takes it over
+                session.release(task, lease_token=first["lease_token"])
+                second = session.accept(task, lease_seconds=60)
+            line = err(await bob.call_tool("complete", {"task_id": task, "result_summary": "done"}))
+            assert line.startswith("state_changed: "), line
+            assert "(hint: the handoff is leased and the lease_token is missing or no longer its current one" in line
+            given = {"task_id": task, "result_summary": "done", "lease_token": second.lease_token}
+            assert ok(await bob.call_tool("complete", given))["status"]["state"] == "completed"
+
+    run(test)
+
+
+def test_send_handoff_priority_and_expiry_and_list_inbox_filters_on_priority(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            urgent = await _open(alice, priority="urgent", expires_in_seconds=3600)
+            await _open(alice)
+            assert urgent["priority"] == "urgent" and urgent["expires_at"]
+            listed = ok(await bob.call_tool("list_inbox", {"priority": ["urgent"]}))["items"]
+            assert [(i["task_id"], i["priority"]) for i in listed] == [(urgent["task_id"], "urgent")]
+            both = ok(await bob.call_tool("list_inbox", {"priority": ["urgent", "normal"]}))["items"]
+            assert len(both) == 2
+
+    run(test)
+
+
+def test_one_memory_of_lease_tokens_for_every_worker_thread():
+    import threading as _threading
+
+    from relay.agent.client import RelayClient
+    from relay.agent.mcp import _PerThreadClient
+
+    shared = _PerThreadClient(RelayClient("http://127.0.0.1:1", "ah_live_x"))
+    shared.leases["t1"] = "token"
+    seen = []
+    worker = _threading.Thread(target=lambda: seen.append(shared.leases.get("t1")))
+    worker.start()
+    worker.join()
+    assert seen == ["token"]

@@ -36,7 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,12 @@ from relay.agent.client import (
     StreamUnavailable,
     TaskSummary,
     TransitionResult,
+    lease_refused,
     next_position,
 )
 
-STATES = ("pending", "accepted", "completed", "cancelled")
+STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+PRIORITIES = ("low", "normal", "high", "urgent")
 INTENTS = ("inform", "ask_question", "propose_action")
 # The feed's oldest possible position, where `watch --from-start` begins.
 BEGINNING = "1970-01-01T00:00:00+00:00"
@@ -107,9 +109,11 @@ HINTS: dict[str, str] = {
     "and that RELAY_API_KEY is the right agent's key",
     "thread_not_found": "check the task id: 'relay-agent inbox' and 'relay-agent inbox --sent' list yours",
     "thread_terminal": "start a new handoff with relay-agent send",
-    "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept needs pending, "
-    "complete needs accepted, cancel needs pending",
-    "not_authorized_transition": "the recipient accepts and completes a handoff; only the sender cancels it",
+    "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept, decline and cancel "
+    "need pending; complete, fail, release and renew need accepted; completed, cancelled, declined, failed "
+    "and expired are final",
+    "not_authorized_transition": "the recipient accepts, declines, completes, fails, releases and renews a "
+    "handoff; only the sender cancels it",
     "state_changed": "someone changed the thread first; check it with 'relay-agent show TASK_ID' and retry",
     "duplicate_idempotency_key": "that --idempotency-key was already used with a different message; use a new key",
     "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
@@ -128,6 +132,22 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _lease_hint(exc: RelayError) -> str:
+    """What to do when the relay refused a call's lease token (``state_changed`` on ``lease_token``)."""
+    task = getattr(exc, "task_id", None) or "TASK_ID"
+    if "no lease_token" in (exc.message or ""):
+        return (
+            f"the handoff is leased and relay-agent has no lease token for it (another session accepted it): "
+            f"pass --lease-token TOKEN (the lease_token its accept answered), or once it is pending again, "
+            f"accept it again (relay-agent accept {task} --lease SECONDS)"
+        )
+    return (
+        f"the saved lease token is stale: the lease lapsed, or the handoff was released or accepted again since; "
+        f"check it with 'relay-agent show {task}' and accept it again (relay-agent accept {task} --lease SECONDS), "
+        "which saves a new token"
+    )
+
+
 def format_error(exc: RelayError, url: str | None = None) -> str:
     """The one stderr line for a relay error: ``error: SYMBOL: message (hint: ...)``."""
     symbol = exc.symbol or "error"
@@ -140,6 +160,8 @@ def format_error(exc: RelayError, url: str | None = None) -> str:
     elif isinstance(exc, RateLimited):
         wait = f"{int(exc.retry_after + 0.999)} s" if exc.retry_after is not None else "a minute"
         hint = f"wait {wait} and retry"
+    elif lease_refused(exc):
+        hint = _lease_hint(exc)
     else:
         hint = HINTS.get(symbol, "")
         fields = [f for f in exc.field_errors() if f not in (message or "")]
@@ -257,6 +279,8 @@ def _print_sent(result: SendResult, to: str | None) -> None:
             ("message", f"#{result.sequence_no}" if result.sequence_no is not None else None),
             ("message_id", result.message_id),
             ("context_id", result.context_id),
+            ("priority", result.priority),
+            ("expires", _when(result.expires_at) if result.expires_at else None),
             ("created", _when(result.created_at) if result.created_at else None),
         ]
     )
@@ -539,6 +563,8 @@ def _client(ctx: click.Context) -> RelayClient:
             obj["client"] = RelayClient(url, key, on_retry=_say_retry(url))
         except ConfigurationError as exc:
             raise ConfigMissing(str(exc)) from None
+        # Lease tokens outlive this process: accept saves them, complete/fail/release/renew read them.
+        obj["client"].leases = LeaseFile(obj["client"])
         _SEEN["url"] = url
         ctx.find_root().call_on_close(obj["client"].close)
     return obj["client"]
@@ -573,8 +599,12 @@ def cli(ctx: click.Context, url: str | None, key: str | None) -> None:
       relay-agent inbox                                   # handoffs sent to you
       relay-agent show TASK_ID                            # read one (marks it read)
       relay-agent reply TASK_ID "Question: ..."           # either side, while open
-      relay-agent accept TASK_ID                          # recipient: pending -> accepted
+      relay-agent accept TASK_ID [--lease 3600]           # recipient: pending -> accepted (leased)
+      relay-agent renew TASK_ID                           # recipient: extend the lease
       relay-agent complete TASK_ID --summary "Done: ..."  # recipient: accepted -> completed
+      relay-agent decline TASK_ID --reason "..."          # recipient: pending -> declined
+      relay-agent fail TASK_ID --reason "..."             # recipient: accepted -> failed
+      relay-agent release TASK_ID [--reason "..."]        # recipient: accepted -> pending
       relay-agent cancel TASK_ID                          # sender: pending -> cancelled
       relay-agent watch                                   # print new messages as they come
       relay-agent wait --timeout 300                      # block until someone writes to you
@@ -637,6 +667,19 @@ def whoami(ctx: click.Context, as_json: bool) -> None:
     metavar="ID",
     help="Join an existing context (one in which you already have a thread) instead of starting a new one.",
 )
+@click.option(
+    "--priority",
+    type=click.Choice(PRIORITIES),
+    default=None,
+    help="low, normal (the relay's default), high or urgent; the recipient can filter its inbox on it.",
+)
+@click.option(
+    "--expires-in",
+    "expires_in",
+    type=click.IntRange(10, 2_592_000),
+    metavar="SECONDS",
+    help="If still pending after SECONDS (10-2592000), the handoff becomes expired (final).",
+)
 @_artifact_options
 @click.pass_context
 def send(
@@ -648,6 +691,8 @@ def send(
     target_files: tuple[str, ...],
     rationale: str | None,
     context_id: str | None,
+    priority: str | None,
+    expires_in: int | None,
     diffs,
     diff_path,
     file_refs,
@@ -700,6 +745,8 @@ def send(
         proposed_action=proposed_action,
         context_id=context_id,
         idempotency_key=idempotency_key,
+        priority=priority,
+        expires_in_seconds=expires_in,
     )
     if as_json:
         _dump(result.raw)
@@ -715,6 +762,13 @@ def send(
     type=click.Choice(STATES),
     help="Only threads in this state. Repeatable (default: all states).",
 )
+@click.option(
+    "--priority",
+    "priorities",
+    multiple=True,
+    type=click.Choice(PRIORITIES),
+    help="Only threads of this priority. Repeatable (default: all).",
+)
 @click.option("--sent", is_flag=True, help="List the handoffs you opened instead of those sent to you.")
 @click.option(
     "--limit",
@@ -725,7 +779,9 @@ def send(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's tasks/list answer.")
 @click.pass_context
-def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int, as_json: bool) -> None:
+def inbox(
+    ctx: click.Context, statuses: tuple[str, ...], priorities: tuple[str, ...], sent: bool, limit: int, as_json: bool
+) -> None:
     """List handoffs sent to you (or, with --sent, opened by you), newest activity first.
 
     UNREAD counts the other side's messages you have not read yet; 'relay-agent show
@@ -734,7 +790,9 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
     """
     client = _client(ctx)
     status = list(statuses) or None
-    page: Page[TaskSummary] = (client.sent if sent else client.inbox)(status=status, limit=limit)
+    page: Page[TaskSummary] = (client.sent if sent else client.inbox)(
+        status=status, limit=limit, priority=list(priorities) or None
+    )
     if as_json:
         _dump(page.raw)
         return
@@ -742,7 +800,7 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
         click.echo(
             "no handoffs"
             + (" opened by you" if sent else " in your inbox")
-            + (f" ({', '.join(statuses)})" if statuses else "")
+            + (f" ({', '.join(statuses + priorities)})" if statuses or priorities else "")
         )
         return
     rows = []
@@ -752,6 +810,7 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
             [
                 t.task_id,
                 t.state,
+                t.priority or "-",
                 other.handle if other else "-",
                 str(t.unread_messages),
                 _when(t.updated_at),
@@ -759,7 +818,7 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
                 t.summary_preview or "",
             ]
         )
-    _table(["TASK_ID", "STATE", "TO" if sent else "FROM", "UNREAD", "UPDATED", "INTENT", "SUMMARY"], rows)
+    _table(["TASK_ID", "STATE", "PRIORITY", "TO" if sent else "FROM", "UNREAD", "UPDATED", "INTENT", "SUMMARY"], rows)
     if page.next_cursor:
         click.echo(f"(more threads than --limit {limit}; filter with --status or raise --limit)")
 
@@ -783,8 +842,10 @@ def inbox(ctx: click.Context, statuses: tuple[str, ...], sent: bool, limit: int,
 def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, after: int | None) -> None:
     """Print a handoff with its messages and artifacts (diffs in full); marks what it prints read.
 
-    The header gives the state, both participants, the intent, any proposed action
-    and, once completed, the result summary. Every message by default; --limit N the
+    The header gives the state, both participants, the intent, the priority, when a
+    pending handoff expires and a lease ends, any proposed action, the reason of a
+    decline or fail and, once completed, the result summary. Each message's line ends
+    with its read receipt: 'read TIME' (when the other side first read it) or 'unread'. Every message by default; --limit N the
     newest N, --after S (with --limit, a page) those after #S, as tasks/get pages them.
     """
     client = _client(ctx)
@@ -807,6 +868,13 @@ def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, aft
             ("accepted", _when(handoff.accepted_at) if handoff.accepted_at else None),
             ("completed", _when(handoff.completed_at) if handoff.completed_at else None),
             ("cancelled", _when(handoff.cancelled_at) if handoff.cancelled_at else None),
+            ("declined", _when(handoff.declined_at) if handoff.declined_at else None),
+            ("failed", _when(handoff.failed_at) if handoff.failed_at else None),
+            ("expired", _when(handoff.expired_at) if handoff.expired_at else None),
+            ("priority", handoff.priority),
+            ("expires", _when(handoff.expires_at) if handoff.expires_at else None),
+            ("lease ends", _when(handoff.lease_expires_at) if handoff.lease_expires_at else None),
+            ("reason", handoff.reason),
             ("result", handoff.result_summary),
         ]
     )
@@ -832,7 +900,8 @@ def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, aft
         first, last = handoff.messages[0].sequence_no, handoff.messages[-1].sequence_no
         click.echo(f"messages #{first}-#{last} of {total}:")
     for m in handoff.messages:
-        click.echo(f"  #{m.sequence_no}  {m.author}  ({m.role or '-'})  {_when(m.created_at)}")
+        receipt = f"read {_when(m.read_at)}" if m.read_at else "unread"
+        click.echo(f"  #{m.sequence_no}  {m.author}  ({m.role or '-'})  {_when(m.created_at)}  {receipt}")
         _print_message_body(m.body, m.artifacts, m.payload)
     if handoff.raw.get("messages_next") is not None:
         click.echo(f"(more: --after {handoff.raw['messages_next']})")
@@ -857,8 +926,8 @@ def reply(
 ) -> None:
     """Add a message (TEXT, plus any artifacts) to handoff TASK_ID.
 
-    Either participant may reply while the thread is pending or accepted; a completed
-    or cancelled thread takes no more messages (start a new one with send).
+    Either participant may reply while the thread is pending or accepted; a thread in a final
+    state (completed, cancelled, declined, failed, expired) takes no more messages (start a new one with send).
     """
     artifacts = _collect_artifacts(diffs, diff_path, file_refs, test_commands, links)
     result = _client(ctx).reply(task_id, text, artifacts=artifacts, idempotency_key=idempotency_key)
@@ -868,18 +937,78 @@ def reply(
         _print_sent(result, None)
 
 
-@cli.command(short_help="Accept a pending handoff (recipient).")
+def _lease_token_option(fn: Callable) -> Callable:
+    return click.option(
+        "--lease-token",
+        metavar="TOKEN",
+        help="The lease's token (default: the one 'relay-agent accept --lease' saved for TASK_ID, if any).",
+    )(fn)
+
+
+def _lease_option(what: str) -> Callable:
+    return click.option(
+        "--lease",
+        "lease_seconds",
+        type=click.IntRange(10, 86_400),
+        metavar="SECONDS",
+        help=what,
+    )
+
+
+def _reason(reason: str | None, verb: str, required: bool) -> str | None:
+    """``--reason`` checked here, so a missing one is one clear line and nothing is sent."""
+    if reason is None:
+        if required:
+            raise OneLineUsage(f"{verb} needs --reason TEXT: say why, for the sender to read (1-2000 characters)")
+        return None
+    if not reason.strip():
+        raise OneLineUsage("--reason: the reason is empty (1-2000 characters)")
+    return reason
+
+
+def _fenced(task_id: str, call: Callable[[], TransitionResult]) -> TransitionResult:
+    """Run a lease-fenced transition; a refused lease token names the task in its hint."""
+    try:
+        return call()
+    except RelayError as exc:
+        if lease_refused(exc):
+            exc.task_id = task_id  # type: ignore[attr-defined]
+        raise
+
+
+def _print_lease(result: TransitionResult, client: RelayClient) -> None:
+    if result.lease_expires_at is None:
+        return
+    where = client.leases.path if isinstance(client.leases, LeaseFile) else None
+    saved = f"; its token is saved in {where}" if where is not None and result.lease_token else ""
+    click.echo(f"lease ends {_when(result.lease_expires_at)}{saved} (relay-agent renew {result.task_id} extends it)")
+
+
+@cli.command(short_help="Accept a pending handoff (recipient), optionally leased.")
 @click.argument("task_id")
 @click.option("--session-id", metavar="ID", help="Your session's id, recorded in the thread's audit trail.")
+@_lease_option(
+    "Lease the work for SECONDS (10-86400): until then only this lease's token completes, fails, releases or "
+    "renews it (relay-agent saves the token and sends it); past it the handoff is pending again."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
 @click.pass_context
-def accept(ctx: click.Context, task_id: str, session_id: str | None, as_json: bool) -> None:
+def accept(ctx: click.Context, task_id: str, session_id: str | None, lease_seconds: int | None, as_json: bool) -> None:
     """Accept a pending handoff sent to you (recipient only): pending -> accepted.
 
-    Accept before working on it; finish with 'relay-agent complete'.
+    Accept before working on it; finish with 'relay-agent complete' (or 'fail', or give
+    it back with 'release'). With --lease SECONDS the handoff goes back to pending if you
+    neither finish nor renew it in time; the lease token is saved (privately, in
+    $XDG_STATE_HOME/relay-agent/HANDLE.leases.json) and used by complete, fail, release
+    and renew for this task.
     """
-    result = _client(ctx).accept(task_id, session_id=session_id)
-    _dump(result.raw) if as_json else _print_transition("accepted", result)
+    client = _client(ctx)
+    result = client.accept(task_id, session_id=session_id, lease_seconds=lease_seconds)
+    if as_json:
+        _dump(result.raw)
+        return
+    _print_transition("accepted", result)
+    _print_lease(result, client)
 
 
 @cli.command(short_help="Complete an accepted handoff (recipient).")
@@ -890,15 +1019,93 @@ def accept(ctx: click.Context, task_id: str, session_id: str | None, as_json: bo
     metavar="TEXT",
     help="What was done (the sender reads it as the result; at most 8192 characters).",
 )
+@_lease_token_option
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
 @click.pass_context
-def complete(ctx: click.Context, task_id: str, summary: str, as_json: bool) -> None:
+def complete(ctx: click.Context, task_id: str, summary: str, lease_token: str | None, as_json: bool) -> None:
     """Complete an accepted handoff (recipient only): accepted -> completed.
 
-    The thread is then closed: no more messages.
+    The thread is then closed: no more messages. A leased handoff needs its lease token:
+    the one accept saved is sent unless --lease-token is given.
     """
-    result = _client(ctx).complete(task_id, summary)
+    client = _client(ctx)
+    result = _fenced(task_id, lambda: client.complete(task_id, summary, lease_token=lease_token))
     _dump(result.raw) if as_json else _print_transition("completed", result)
+
+
+@cli.command(short_help="Decline a pending handoff (recipient), saying why.")
+@click.argument("task_id")
+@click.option("--reason", metavar="TEXT", help="Why you will not take it (required; 1-2000 characters).")
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def decline(ctx: click.Context, task_id: str, reason: str | None, as_json: bool) -> None:
+    """Decline a pending handoff sent to you (recipient only): pending -> declined.
+
+    --reason is required; the sender reads it. Declined is final: no more messages.
+    """
+    why = _reason(reason, "decline", required=True)
+    result = _client(ctx).decline(task_id, why)  # type: ignore[arg-type]
+    _dump(result.raw) if as_json else _print_transition("declined", result)
+
+
+@cli.command(short_help="Fail an accepted handoff (recipient), saying why.")
+@click.argument("task_id")
+@click.option("--reason", metavar="TEXT", help="Why the work could not be done (required; 1-2000 characters).")
+@_lease_token_option
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def fail(ctx: click.Context, task_id: str, reason: str | None, lease_token: str | None, as_json: bool) -> None:
+    """Give up on an accepted handoff (recipient only): accepted -> failed.
+
+    --reason is required; the sender reads it. Failed is final. A leased handoff's
+    token is sent as for complete.
+    """
+    why = _reason(reason, "fail", required=True)
+    client = _client(ctx)
+    result = _fenced(task_id, lambda: client.fail(task_id, why, lease_token=lease_token))  # type: ignore[arg-type]
+    _dump(result.raw) if as_json else _print_transition("failed", result)
+
+
+@cli.command(short_help="Give an accepted handoff back (recipient): it is pending again.")
+@click.argument("task_id")
+@click.option("--reason", metavar="TEXT", help="Why you give it back (optional; 1-2000 characters).")
+@_lease_token_option
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def release(ctx: click.Context, task_id: str, reason: str | None, lease_token: str | None, as_json: bool) -> None:
+    """Give an accepted handoff back (recipient only): accepted -> pending, its lease ended.
+
+    It can then be accepted again (by you, another session, or not at all). A leased
+    handoff's token is sent as for complete.
+    """
+    why = _reason(reason, "release", required=False)
+    client = _client(ctx)
+    result = _fenced(task_id, lambda: client.release(task_id, reason=why, lease_token=lease_token))
+    _dump(result.raw) if as_json else _print_transition("released", result)
+
+
+@cli.command(short_help="Extend the lease of an accepted handoff (recipient).")
+@click.argument("task_id")
+@_lease_option(
+    "The lease runs SECONDS (10-86400) from now (default: the accept's length). Needed for a handoff "
+    "accepted without a lease: renew then starts one."
+)
+@_lease_token_option
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def renew(ctx: click.Context, task_id: str, lease_seconds: int | None, lease_token: str | None, as_json: bool) -> None:
+    """Extend the lease of an accepted handoff (recipient only): it stays accepted, the token stays.
+
+    Renew before lease_expires_at ('relay-agent show' prints it); a reply of yours renews
+    it too. The saved token is sent unless --lease-token is given.
+    """
+    client = _client(ctx)
+    result = _fenced(task_id, lambda: client.renew(task_id, lease_seconds=lease_seconds, lease_token=lease_token))
+    if as_json:
+        _dump(result.raw)
+        return
+    _print_transition("renewed", result)
+    _print_lease(result, client)
 
 
 @cli.command(short_help="Cancel a pending handoff (sender).")
@@ -1014,6 +1221,110 @@ def save_state(path: Path, state: dict) -> None:
             f"cannot write the state file {path}: {exc.strerror}",
             "check the directory's permissions or pass --state-file",
         ) from None
+
+
+#: a saved lease token older than this is dropped (a lease runs at most 86,400 s; a renew saves it again)
+LEASE_KEEP_SECONDS = 2 * 86_400
+
+
+class LeaseFile(MutableMapping):
+    """The lease tokens relay-agent's accepts got, ``task_id -> token``, kept across processes.
+
+    ``$XDG_STATE_HOME/relay-agent/HANDLE.leases.json`` (beside watch's state), private: the
+    directory is made 0700 and the file is written 0600. Each entry also records the
+    relay's URL (a token is only sent back to the relay that issued it) and when it was
+    saved (entries older than LEASE_KEEP_SECONDS are dropped on the next write). Every
+    access reads the file again, so two relay-agent processes see each other's tokens; a
+    write replaces the file atomically under an advisory lock.
+    """
+
+    def __init__(self, client: RelayClient, path: Path | None = None):
+        self._client = client
+        self._path = path
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = default_state_file(self._client.handle, "leases")
+        return self._path
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise LocalError(
+                f"cannot read the lease file {self.path}: {exc.strerror}", "check its permissions"
+            ) from None
+        except ValueError:
+            raise LocalError(
+                f"the lease file {self.path} is not JSON", "delete it (saved lease tokens are lost: pass --lease-token)"
+            ) from None
+        leases = doc.get("leases") if isinstance(doc, dict) else None
+        return {
+            k: v for k, v in (leases or {}).items() if isinstance(v, dict) and isinstance(v.get("lease_token"), str)
+        }
+
+    def _mine(self) -> dict[str, str]:
+        return {k: v["lease_token"] for k, v in self._read().items() if v.get("url") == self._client.base_url}
+
+    def _update(self, change: Callable[[dict[str, dict]], None]) -> None:
+        path = self.path
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with _locked(path.with_name(path.name + ".lock")):
+                leases = self._read()
+                change(leases)
+                cutoff = time.time() - LEASE_KEEP_SECONDS
+                leases = {k: v for k, v in leases.items() if v.get("saved_at", 0) >= cutoff}
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+                with os.fdopen(fd, "w") as out:
+                    json.dump({"handle": self._client.handle, "leases": leases}, out, indent=2)
+                    out.write("\n")
+                os.replace(tmp, path)
+        except OSError as exc:
+            raise LocalError(
+                f"cannot write the lease file {path}: {exc.strerror}", "check the directory's permissions"
+            ) from None
+
+    def __getitem__(self, task_id: str) -> str:
+        return self._mine()[task_id]
+
+    def __setitem__(self, task_id: str, token: str) -> None:
+        entry = {"lease_token": token, "url": self._client.base_url, "saved_at": time.time()}
+        self._update(lambda leases: leases.__setitem__(task_id, entry))
+
+    def __delitem__(self, task_id: str) -> None:
+        if task_id not in self._mine():
+            raise KeyError(task_id)
+        self._update(lambda leases: leases.pop(task_id, None))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._mine())
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+
+class _locked:
+    """An advisory lock on ``path`` (``fcntl.flock``; nothing where fcntl does not exist)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover (Windows)
+            return
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
 
 
 def advance(state: dict, rows: list[FeedRow]) -> dict:
@@ -1307,7 +1618,7 @@ def hook_reason(me: str, rows: list[FeedRow]) -> str:
     if len(rows) > HOOK_LIST:
         lines.append(f"- and {len(rows) - HOOK_LIST} more: relay-agent inbox lists them")
     lines.append(
-        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / reply / complete) "
+        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / decline / reply / complete) "
         "or tell the user why not, before you stop."
     )
     return "\n".join(lines)
@@ -1328,7 +1639,7 @@ def unread_reason(me: str, threads: list[TaskSummary]) -> str:
     if len(threads) > HOOK_LIST:
         lines.append(f"- and {len(threads) - HOOK_LIST} more: relay-agent inbox lists them")
     lines.append(
-        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / reply / complete) "
+        "Read each one with 'relay-agent show TASK_ID', then act on it (relay-agent accept / decline / reply / complete) "
         "or tell the user why not, before you stop."
     )
     return "\n".join(lines)

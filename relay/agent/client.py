@@ -52,7 +52,7 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -103,6 +103,7 @@ __all__ = [
     "InvalidTransition",
     "NotAuthorizedTransition",
     "StateChanged",
+    "lease_refused",
     "DuplicateIdempotencyKey",
     "InvalidIntentPayload",
     "TeammateBlocked",
@@ -428,7 +429,9 @@ NotAParticipant = _error(
 )
 ThreadNotFound = _error("ThreadNotFound", "thread_not_found", "-32006 / HTTP 404: no thread has that (well-formed) id.")
 ThreadTerminal = _error(
-    "ThreadTerminal", "thread_terminal", "-32007 / HTTP 409: the thread is completed or cancelled; no more messages."
+    "ThreadTerminal",
+    "thread_terminal",
+    "-32007 / HTTP 409: the thread is in a final state (completed, cancelled, declined, failed, expired); no more messages.",
 )
 InvalidTransition = _error(
     "InvalidTransition",
@@ -438,12 +441,14 @@ InvalidTransition = _error(
 NotAuthorizedTransition = _error(
     "NotAuthorizedTransition",
     "not_authorized_transition",
-    "-32009 / HTTP 403: the other participant performs this transition (accept/complete: recipient; cancel: sender).",
+    "-32009 / HTTP 403: the other participant performs this transition (cancel: the sender; "
+    "every other one: the recipient).",
 )
 StateChanged = _error(
     "StateChanged",
     "state_changed",
-    "-32010 / HTTP 409: another call changed the thread first (compare-and-set lost); read it again.",
+    "-32010 / HTTP 409: another call changed the thread first (compare-and-set lost), or the handoff is "
+    "leased and the call's lease_token is missing or not the current one (:func:`lease_refused`); read it again.",
 )
 DuplicateIdempotencyKey = _error(
     "DuplicateIdempotencyKey",
@@ -499,6 +504,13 @@ _CODE_SYMBOL = {
 }
 
 
+def lease_refused(exc: RelayError) -> bool:
+    """Whether a ``state_changed`` is the relay refusing the call's lease token (missing or not the current one)."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    details = data.get("details") if isinstance(data.get("details"), dict) else data
+    return exc.symbol == "state_changed" and details.get("field") == "lease_token"
+
+
 def error_class(symbol: str | None) -> type[RelayError]:
     """The exception class for a relay error symbol; :class:`RelayError` for an unknown one."""
     return _CLASSES.get(symbol or "", RelayError)
@@ -517,6 +529,20 @@ def _ts(value: Any) -> datetime | None:
 def _state(obj: Mapping[str, Any]) -> str:
     status = obj.get("status")
     return status.get("state") if isinstance(status, dict) else obj.get("task_state")
+
+
+def _lifecycle(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Issue 29's answer fields (tasks/get and every transition's answer), typed."""
+    return {
+        "priority": d.get("priority"),
+        "expires_at": _ts(d.get("expires_at")),
+        "lease_expires_at": _ts(d.get("lease_expires_at")),
+        "lease_token": d.get("lease_token"),
+        "declined_at": _ts(d.get("declined_at")),
+        "failed_at": _ts(d.get("failed_at")),
+        "expired_at": _ts(d.get("expired_at")),
+        "reason": d.get("reason"),
+    }
 
 
 @dataclass(frozen=True)
@@ -576,6 +602,7 @@ class Message:
     artifacts: list
     payload: dict
     created_at: datetime
+    read_at: datetime | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -590,6 +617,7 @@ class Message:
             artifacts=list(d.get("artifacts") or []),
             payload=dict(d.get("payload") or {}),
             created_at=_ts(d["created_at"]),
+            read_at=_ts(d.get("read_at")),
             raw=dict(d),
         )
 
@@ -599,8 +627,13 @@ class Handoff:
     """A whole thread, from ``tasks/get`` (seed 000): its state, participants and messages.
 
     ``task_id`` and ``thread_id`` are the same 26-character ULID; ``state`` is
-    ``pending``, ``accepted``, ``completed`` or ``cancelled``; ``artifacts`` collects every
-    message's artifacts; ``messages`` are in ``sequence_no`` order.
+    ``pending``, ``accepted``, ``completed``, ``cancelled``, ``declined``, ``failed`` or
+    ``expired`` (as of now: a lapsed lease reads ``pending``); ``artifacts`` collects every
+    message's artifacts; ``messages`` are in ``sequence_no`` order. The lifecycle's fields
+    (issue 29): ``priority``; ``expires_at`` (a pending handoff's end, None for none);
+    ``lease_expires_at`` and ``lease_token`` while leased (the token is shown to the
+    recipient only); ``declined_at``/``failed_at``/``expired_at``; ``reason`` (why it was
+    declined or failed).
     """
 
     task_id: str
@@ -621,6 +654,14 @@ class Handoff:
     cancelled_at: datetime | None
     created_at: datetime | None
     updated_at: datetime | None
+    priority: str | None = None
+    expires_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    lease_token: str | None = None
+    declined_at: datetime | None = None
+    failed_at: datetime | None = None
+    expired_at: datetime | None = None
+    reason: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -644,6 +685,7 @@ class Handoff:
             cancelled_at=_ts(d.get("cancelled_at")),
             created_at=_ts(d.get("created_at")),
             updated_at=_ts(d.get("updated_at")),
+            **_lifecycle(d),
             raw=dict(d),
         )
 
@@ -653,7 +695,8 @@ class TaskSummary:
     """One ``tasks/list`` item: a thread without its messages.
 
     ``unread_messages`` counts the other side's messages after the caller's read
-    position (a new handoff shows 1 in the recipient's inbox until ``get`` reads it).
+    position (a new handoff shows 1 in the recipient's inbox until ``get`` reads it);
+    ``priority`` is ``low``, ``normal``, ``high`` or ``urgent``.
     """
 
     task_id: str
@@ -667,6 +710,7 @@ class TaskSummary:
     unread_messages: int
     created_at: datetime | None
     updated_at: datetime | None
+    priority: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -683,6 +727,7 @@ class TaskSummary:
             unread_messages=int(d.get("unread_messages") or 0),
             created_at=_ts(d.get("created_at")),
             updated_at=_ts(d.get("updated_at")),
+            priority=d.get("priority"),
             raw=dict(d),
         )
 
@@ -693,6 +738,8 @@ class SendResult:
 
     ``idempotency_key`` is the ``client_idempotency_key`` the call carried (generated by
     the client unless given): sending again with it returns this same result.
+    A create's answer also has ``priority`` and ``expires_at`` (None without
+    ``expires_in_seconds``); an append's has neither.
     """
 
     task_id: str
@@ -703,6 +750,8 @@ class SendResult:
     sequence_no: int | None
     created_at: datetime | None
     idempotency_key: str
+    priority: str | None = None
+    expires_at: datetime | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -716,13 +765,20 @@ class SendResult:
             sequence_no=d.get("sequence_no"),
             created_at=_ts(d.get("created_at")),
             idempotency_key=idempotency_key,
+            priority=d.get("priority"),
+            expires_at=_ts(d.get("expires_at")),
             raw=dict(d),
         )
 
 
 @dataclass(frozen=True)
 class TransitionResult:
-    """What ``tasks/update`` / ``tasks/cancel`` answered: the thread's new state and times."""
+    """What ``tasks/update`` / ``tasks/cancel`` answered: the thread's new state and times.
+
+    The lifecycle's fields are :class:`Handoff`'s: after an accept with a lease (or a
+    renew) ``lease_token`` fences complete, fail, release and renew, and
+    ``lease_expires_at`` says when the lease ends; ``reason`` after a decline or fail.
+    """
 
     task_id: str
     thread_id: str
@@ -734,6 +790,14 @@ class TransitionResult:
     completed_at: datetime | None
     cancelled_at: datetime | None
     updated_at: datetime | None
+    priority: str | None = None
+    expires_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    lease_token: str | None = None
+    declined_at: datetime | None = None
+    failed_at: datetime | None = None
+    expired_at: datetime | None = None
+    reason: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -749,6 +813,7 @@ class TransitionResult:
             completed_at=_ts(d.get("completed_at")),
             cancelled_at=_ts(d.get("cancelled_at")),
             updated_at=_ts(d.get("updated_at")),
+            **_lifecycle(d),
             raw=dict(d),
         )
 
@@ -760,7 +825,8 @@ class FeedRow:
     ``author`` is the writer's handle (the wire's ``from``); ``role`` is ``caller`` or
     ``agent`` (who wrote it); ``task_state`` is the task's state *now*, not when the
     message was written; ``caller``/``target`` are the task's requester and worker;
-    ``metadata`` is what the message was sent with, minus ``client_idempotency_key``.
+    ``metadata`` is what the message was sent with, minus ``client_idempotency_key``;
+    ``priority`` is the task's and ``read_at`` the message's read receipt (issue 29).
     """
 
     id: str
@@ -777,6 +843,8 @@ class FeedRow:
     created_at: datetime
     caller: AgentRef | None
     target: AgentRef | None
+    priority: str | None = None
+    read_at: datetime | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -796,6 +864,8 @@ class FeedRow:
             created_at=_ts(d["created_at"]),
             caller=AgentRef.from_json(d.get("caller")),
             target=AgentRef.from_json(d.get("target")),
+            priority=d.get("priority"),
+            read_at=_ts(d.get("read_at")),
             raw=dict(d),
         )
 
@@ -987,6 +1057,16 @@ class RelayClient:
         retry_refused: retry a refused connection too (default: raise it at once).
         on_retry: called with a :class:`RetryNotice` before each retry's wait, e.g. to
             tell a user why a call is taking long; what it raises propagates.
+        leases: where the client keeps the lease tokens its accepts and renews got,
+            ``task_id -> token`` (default: a dict of its own, for this process only).
+
+    Leases (issue 29). ``accept(..., lease_seconds=N)`` answers a ``lease_token``; the
+    client remembers it per task and sends it on :meth:`complete`, :meth:`fail`,
+    :meth:`release` and :meth:`renew` unless the call gives ``lease_token`` itself. Only
+    tokens this client got from its own accept or renew are remembered (a :meth:`get`
+    shows the current token but does not adopt it: that would defeat the fencing between
+    two sessions of one agent). A token is forgotten when the lease ends through this
+    client (complete, fail, release) or the relay refuses it as stale.
 
     Retries. A call is retried when the relay could not answer it: a connection reset
     or dropped before the answer, a timeout, an HTTP 5xx, a JSON-RPC
@@ -1003,7 +1083,8 @@ class RelayClient:
       ``client_idempotency_key`` (generated unless given) that stays the same across
       the client's retries of that call; the relay answers a replay with the first
       result (DESIGN.md, "Idempotency"), so a retry never makes a second thread.
-    * ``accept``/``complete``/``cancel`` are not idempotent at the relay. If an attempt
+    * transitions (``accept``, ``complete``, ``cancel``, ``decline``, ``fail``,
+      ``release``, ``renew``) are not idempotent at the relay. If an attempt
       was carried out but its answer was lost, the retry answers
       :class:`InvalidTransition` (the thread already moved) or :class:`StateChanged`;
       the client raises that as it is (``attempts > 1`` on the exception tells you a
@@ -1031,6 +1112,7 @@ class RelayClient:
         *,
         retry_refused: bool = False,
         on_retry: Callable[[RetryNotice], None] | None = None,
+        leases: MutableMapping[str, str] | None = None,
     ):
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -1047,6 +1129,10 @@ class RelayClient:
         self._sleep: Callable[[float], None] = time.sleep
         self._ids = itertools.count(1)
         self._handle: str | None = None
+        #: task_id -> the lease token an accept (or renew) answered this client; sent on
+        #: complete/fail/release/renew when no ``lease_token`` is given. In-process unless
+        #: ``leases`` (any mutable mapping, such as relay-agent's file) was passed.
+        self.leases: MutableMapping[str, str] = leases if leases is not None else {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1077,6 +1163,8 @@ class RelayClient:
         metadata: Mapping[str, Any] | None = None,
         context_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: str | None = None,
+        expires_in_seconds: int | None = None,
     ) -> SendResult:
         """Open a handoff to ``recipient`` (``message/send`` with no ``task_id``).
 
@@ -1087,6 +1175,9 @@ class RelayClient:
         in which the caller already has a thread. ``idempotency_key`` (else
         ``metadata["client_idempotency_key"]``, else a new uuid4) makes the call safe to
         repeat: the same key with the same params returns the first result.
+        ``priority`` is ``low``, ``normal`` (the relay's default), ``high`` or ``urgent``;
+        ``expires_in_seconds`` (10-2,592,000) makes a handoff still pending after that
+        long ``expired`` (issue 29). Left out (None), neither is sent.
 
         Returns :class:`SendResult` (``state`` ``pending``, ``sequence_no`` 1).
         Raises :class:`RecipientNotFound`, :class:`TeammateBlocked`,
@@ -1102,6 +1193,10 @@ class RelayClient:
         }
         if context_id is not None:
             params["context_id"] = context_id
+        if priority is not None:
+            params["priority"] = priority
+        if expires_in_seconds is not None:
+            params["expires_in_seconds"] = expires_in_seconds
         return self._send_message(params, metadata, idempotency_key)
 
     def reply(
@@ -1158,15 +1253,18 @@ class RelayClient:
         since: datetime | str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        priority: str | Sequence[str] | None = None,
     ) -> Page[TaskSummary]:
         """One page of threads addressed to the caller (``tasks/list``, ``filter.role=recipient``).
 
         ``status``: one state or several (``pending``, ``accepted``, ``completed``,
-        ``cancelled``); ``since``: inclusive, on the thread's last activity (an aware
-        datetime or ISO 8601 string); ``limit`` 1-200. Newest activity first; pass the
-        page's ``next_cursor`` as ``cursor`` for the next one. Raises :class:`InvalidParams`.
+        ``cancelled``, ``declined``, ``failed``, ``expired``); ``priority``: one or several
+        (``low``, ``normal``, ``high``, ``urgent``); ``since``: inclusive, on the thread's
+        last activity (an aware datetime or ISO 8601 string); ``limit`` 1-200. Newest
+        activity first (priority filters, it does not reorder); pass the page's
+        ``next_cursor`` as ``cursor`` for the next one. Raises :class:`InvalidParams`.
         """
-        return self._list("recipient", status, since, limit, cursor)
+        return self._list("recipient", status, since, limit, cursor, priority)
 
     def sent(
         self,
@@ -1174,50 +1272,144 @@ class RelayClient:
         since: datetime | str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        priority: str | Sequence[str] | None = None,
     ) -> Page[TaskSummary]:
         """One page of threads the caller opened (``tasks/list``, ``filter.role=sender``); as :meth:`inbox`."""
-        return self._list("sender", status, since, limit, cursor)
+        return self._list("sender", status, since, limit, cursor, priority)
 
     def iter_inbox(
-        self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50
+        self,
+        status: str | Sequence[str] | None = None,
+        since: datetime | str | None = None,
+        limit: int = 50,
+        priority: str | Sequence[str] | None = None,
     ) -> Iterator[TaskSummary]:
         """Every inbox thread across all pages, newest activity first (follows ``next_cursor``)."""
-        return self._iter_list("recipient", status, since, limit)
+        return self._iter_list("recipient", status, since, limit, priority)
 
     def iter_sent(
-        self, status: str | Sequence[str] | None = None, since: datetime | str | None = None, limit: int = 50
+        self,
+        status: str | Sequence[str] | None = None,
+        since: datetime | str | None = None,
+        limit: int = 50,
+        priority: str | Sequence[str] | None = None,
     ) -> Iterator[TaskSummary]:
         """Every thread the caller opened, across all pages, newest activity first."""
-        return self._iter_list("sender", status, since, limit)
+        return self._iter_list("sender", status, since, limit, priority)
 
-    def accept(self, task_id: str, session_id: str | None = None) -> TransitionResult:
+    def accept(
+        self, task_id: str, session_id: str | None = None, *, lease_seconds: int | None = None
+    ) -> TransitionResult:
         """Accept a pending handoff (``tasks/update`` ``accept``; recipient only).
 
-        ``session_id`` is recorded in the audit trail. Raises
+        ``session_id`` is recorded in the audit trail. ``lease_seconds`` (10-86,400) leases
+        the work: the answer's ``lease_token`` fences complete/fail/release/renew until
+        ``lease_expires_at`` (then the handoff is pending again); the client remembers the
+        token for this task (:attr:`leases`) and sends it on those calls. Raises
         :class:`NotAuthorizedTransition` (the sender called), :class:`InvalidTransition`
         (not pending), :class:`StateChanged` (lost a race), :class:`ThreadNotFound`,
-        :class:`NotAParticipant`. Not idempotent: see the class docstring on retries.
+        :class:`NotAParticipant`, :class:`InvalidParams` (``lease_seconds`` out of range).
+        Not idempotent: see the class docstring on retries.
         """
         params: dict[str, Any] = {"task_id": task_id, "transition": "accept"}
         if session_id is not None:
             params["session_id"] = session_id
-        return self._transition(task_id, "accepted", "tasks/update", params)
+        if lease_seconds is not None:
+            params["lease_seconds"] = lease_seconds
+        result = self._transition(task_id, "accepted", "tasks/update", params)
+        self._remember(task_id, result)
+        return result
 
-    def complete(self, task_id: str, result_summary: str) -> TransitionResult:
+    def complete(self, task_id: str, result_summary: str, *, lease_token: str | None = None) -> TransitionResult:
         """Complete an accepted handoff (``tasks/update`` ``complete``; recipient only).
 
-        ``result_summary`` (at most 8192 characters) says what was done. Errors as :meth:`accept`.
+        ``result_summary`` (at most 8192 characters) says what was done. ``lease_token``:
+        the accept's, for a leased handoff (default: the one this client remembers, see
+        :attr:`leases`). Errors as :meth:`accept`; :class:`StateChanged` also when the
+        handoff is leased and the token is missing or not the current one (the lease lapsed
+        or another accept took it: read it, and accept again if it is pending).
+        """
+        params = {"task_id": task_id, "transition": "complete", "result_summary": result_summary}
+        return self._fenced(task_id, "completed", params, lease_token)
+
+    def decline(self, task_id: str, reason: str) -> TransitionResult:
+        """Decline a pending handoff (``tasks/update`` ``decline``; recipient only): pending -> declined.
+
+        ``reason`` (1-2000 characters, required) tells the sender why; declined is final.
+        Raises :class:`InvalidParams` (no or too long a reason), :class:`InvalidTransition`
+        (not pending), :class:`NotAuthorizedTransition` (the sender called), :class:`StateChanged`.
         """
         return self._transition(
-            task_id,
-            "completed",
-            "tasks/update",
-            {"task_id": task_id, "transition": "complete", "result_summary": result_summary},
+            task_id, "declined", "tasks/update", {"task_id": task_id, "transition": "decline", "reason": reason}
         )
+
+    def fail(self, task_id: str, reason: str, lease_token: str | None = None) -> TransitionResult:
+        """Give up on an accepted handoff (``tasks/update`` ``fail``; recipient only): accepted -> failed.
+
+        ``reason`` (1-2000 characters, required) says why; failed is final. ``lease_token``
+        as in :meth:`complete`. Errors as :meth:`complete`.
+        """
+        params = {"task_id": task_id, "transition": "fail", "reason": reason}
+        return self._fenced(task_id, "failed", params, lease_token)
+
+    def release(self, task_id: str, reason: str | None = None, lease_token: str | None = None) -> TransitionResult:
+        """Give an accepted handoff back (``tasks/update`` ``release``; recipient only): accepted -> pending.
+
+        ``reason`` (optional, 1-2000 characters) goes on the audit row; the lease ends.
+        ``lease_token`` as in :meth:`complete`. Errors as :meth:`complete`.
+        """
+        params: dict[str, Any] = {"task_id": task_id, "transition": "release"}
+        if reason is not None:
+            params["reason"] = reason
+        return self._fenced(task_id, "pending", params, lease_token)
+
+    def renew(self, task_id: str, lease_seconds: int | None = None, lease_token: str | None = None) -> TransitionResult:
+        """Extend the lease of an accepted handoff (``tasks/update`` ``renew``; recipient only).
+
+        The lease runs ``lease_seconds`` (10-86,400; default the accept's) from now and
+        keeps its token. An unleased accepted handoff needs ``lease_seconds``: renew then
+        starts a lease (its token is remembered as an accept's). ``lease_token`` as in
+        :meth:`complete`. Errors as :meth:`complete`.
+        """
+        params: dict[str, Any] = {"task_id": task_id, "transition": "renew"}
+        if lease_seconds is not None:
+            params["lease_seconds"] = lease_seconds
+        result = self._fenced(task_id, "accepted", params, lease_token)
+        self._remember(task_id, result)
+        return result
 
     def cancel(self, task_id: str) -> TransitionResult:
         """Cancel a pending handoff (``tasks/cancel``; sender only). Errors as :meth:`accept`."""
         return self._transition(task_id, "cancelled", "tasks/cancel", {"task_id": task_id})
+
+    def _remember(self, task_id: str, result: TransitionResult) -> None:
+        """Keep the lease token an accept or renew answered (or forget the task's when it has none)."""
+        if result.lease_token:
+            self.leases[task_id] = result.lease_token
+        else:
+            self.leases.pop(task_id, None)
+
+    def _fenced(self, task_id: str, target: str, params: dict[str, Any], lease_token: str | None) -> TransitionResult:
+        """A transition a lease fences: with ``lease_token``, else the remembered one, else none.
+
+        The remembered token is forgotten once it cannot serve again: the transition ended
+        the lease (complete, fail, release), or the relay refused the token as stale or the
+        handoff is no longer accepted (then only a new accept brings a new one).
+        """
+        remembered = self.leases.get(task_id)
+        token = lease_token if lease_token is not None else remembered
+        if token is not None:
+            params["lease_token"] = token
+        try:
+            result = self._transition(task_id, target, "tasks/update", params)
+        except (StateChanged, InvalidTransition) as exc:
+            stale = isinstance(exc, InvalidTransition) or lease_refused(exc)
+            if stale and remembered is not None and token == remembered:
+                self.leases.pop(task_id, None)
+            raise
+        if target != "accepted":
+            self.leases.pop(task_id, None)
+        return result
 
     def _transition(self, task_id: str, target: str, method: str, params: dict[str, Any]) -> TransitionResult:
         # A transition is not idempotent at the relay: when an attempt whose answer was lost
@@ -1640,10 +1832,13 @@ class RelayClient:
         since: datetime | str | None,
         limit: int,
         cursor: str | None,
+        priority: str | Sequence[str] | None = None,
     ) -> Page[TaskSummary]:
         flt: dict[str, Any] = {"role": role}
         if status is not None:
             flt["status"] = [status] if isinstance(status, str) else list(status)
+        if priority is not None:
+            flt["priority"] = [priority] if isinstance(priority, str) else list(priority)
         if since is not None:
             flt["since"] = _when(since, "since")
         result = self._rpc("tasks/list", {"filter": flt, "page": {"limit": limit, "cursor": cursor}})
@@ -1653,10 +1848,10 @@ class RelayClient:
             raw=result,
         )
 
-    def _iter_list(self, role: str, status: Any, since: Any, limit: int) -> Iterator[TaskSummary]:
+    def _iter_list(self, role: str, status: Any, since: Any, limit: int, priority: Any = None) -> Iterator[TaskSummary]:
         cursor, used = None, set()
         while True:
-            page = self._list(role, status, since, limit, cursor)
+            page = self._list(role, status, since, limit, cursor, priority)
             yield from page.items
             if not page.next_cursor:
                 return

@@ -1,8 +1,11 @@
 """relay-mcp: the handoff relay as Model Context Protocol tools for a coding agent.
 
-An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets eleven
+An MCP-capable agent (Claude Code, Cursor, ...) starts ``relay-mcp`` and gets fifteen
 tools: ``send_handoff``, ``reply``, ``list_inbox``, ``get_thread``, ``read_artifact``,
-``accept``, ``complete``, ``cancel``, ``search_messages``, ``catch_up`` and ``wait_for_messages``
+``accept``, ``complete``, ``cancel``, ``decline``, ``fail``, ``release``, ``renew`` (the
+work lifecycle, issue 29: an accept with ``lease_seconds`` answers a lease token that this
+process remembers and sends on complete/fail/release/renew), ``search_messages``,
+``catch_up`` and ``wait_for_messages``
 (block until the other side writes: an agent with no public URL waits for work with
 it; the position is this process's, from the newest message when it started). Each one is a call of
 :class:`relay.agent.client.RelayClient` on the relay's public HTTP API, made with the agent's
@@ -56,6 +59,7 @@ from relay.agent.client import (
     RelayClient,
     RelayError,
     TaskSummary,
+    lease_refused,
     next_position,
 )
 
@@ -73,6 +77,10 @@ TOOL_NAMES = (
     "accept",
     "complete",
     "cancel",
+    "decline",
+    "fail",
+    "release",
+    "renew",
     "search_messages",
     "catch_up",
     "wait_for_messages",
@@ -106,8 +114,12 @@ Tools for the handoff relay, where AI agents hand work to each other. You act as
 API key this server holds. A handoff (thread, identified by task_id) is opened with send_handoff to \
 another agent's handle (local@org); both sides add messages with reply. The recipient accepts a pending \
 handoff (accept), does the work, then completes it with a result summary (complete); the sender may \
-cancel it while it is still pending (cancel). States: pending -> accepted -> completed, or pending -> \
-cancelled; completed and cancelled are final. Check your inbox with list_inbox, read a whole thread with \
+cancel it while it is still pending (cancel). The recipient may instead decline a pending handoff or, \
+once accepted, fail it (both with a reason) or release it (back to pending). accept with lease_seconds \
+leases the work: renew extends the lease, and past its end the handoff is pending again; this server \
+remembers the lease token and sends it for you. States: pending -> accepted -> completed | failed | \
+pending (release), pending -> cancelled | declined | expired; completed, cancelled, declined, failed and \
+expired are final. list_inbox filters on priority (low, normal, high, urgent); send_handoff sets it. Check your inbox with list_inbox, read a whole thread with \
 get_thread (its newest 50 messages; this marks them read; read_artifact has what it cut), find old messages with search_messages, and after a break fetch \
 everything new with catch_up. To wait for the other side (a reply, a new handoff) without polling, call \
 wait_for_messages. Errors come back as one line: "symbol: message (hint: ...)"."""
@@ -197,6 +209,27 @@ ArtifactList = Annotated[
         "link {url, title?}."
     ),
 ]
+LeaseSeconds = Annotated[
+    int | None,
+    Field(
+        ge=10,
+        le=86_400,
+        description="Optional: lease the work for this many seconds (10-86400); past the lease's end "
+        "(without renew) the handoff is pending again. Leave it out for no lease.",
+    ),
+]
+LeaseToken = Annotated[
+    str | None,
+    Field(
+        max_length=64,
+        description="The lease_token of a leased handoff; leave it out to send the one this server "
+        "remembers from its accept (or renew).",
+    ),
+]
+Reason = Annotated[
+    str,
+    Field(min_length=1, max_length=2000, description="Why, for the sender to read (1-2000 characters)."),
+]
 IdempotencyKey = Annotated[
     str | None,
     Field(
@@ -220,9 +253,10 @@ _HINTS: dict[str, str] = {
     "thread_not_found": "check task_id; list_inbox (sent=true for threads you opened) shows your threads",
     "thread_terminal": "the thread is completed or cancelled; open a new handoff with send_handoff "
     "(pass its context_id to keep the work together)",
-    "invalid_transition": "accept needs a pending thread, complete an accepted one, cancel a pending one; "
-    "get_thread shows its state",
-    "not_authorized_transition": "accept and complete are the recipient's to do; cancel is the sender's",
+    "invalid_transition": "accept, decline and cancel need a pending thread; complete, fail, release and renew "
+    "an accepted one; completed, cancelled, declined, failed and expired are final; get_thread shows its state",
+    "not_authorized_transition": "accept, decline, complete, fail, release and renew are the recipient's to do; "
+    "cancel is the sender's",
     "state_changed": "another call changed the thread first; get_thread, then decide again",
     "duplicate_idempotency_key": "this idempotency_key was already used with other arguments; use a new key "
     "or leave it out",
@@ -251,6 +285,7 @@ _ARGUMENTS = {
     "metadata": "idempotency_key",
     "filter.since": "since",
     "filter.status": "status",
+    "filter.priority": "priority",
     "page.cursor": "cursor",
     "page.limit": "limit",
     "q": "query",
@@ -279,6 +314,12 @@ def error_line(exc: RelayError) -> str:
     if fields:
         message = f"invalid arguments: {'; '.join(fields)}"
     hint = _HINTS.get(symbol)
+    if lease_refused(exc):
+        hint = (
+            "the handoff is leased and the lease_token is missing or no longer its current one (the lease "
+            "lapsed, or the handoff was released or accepted again since); get_thread shows its state: if it "
+            "is pending, accept it again (with lease_seconds) for a new token"
+        )
     if symbol == "rate_limited" and getattr(exc, "retry_after", None) is not None:
         hint = f"too many requests for this agent; wait {exc.retry_after:g} s and call again"
     if exc.request_id and symbol in ("internal_error", "service_unavailable"):
@@ -690,6 +731,7 @@ def _task_row(task: TaskSummary) -> dict[str, Any]:
         "sender": _handle(task.sender),
         "recipient": _handle(task.recipient),
         "summary_preview": task.summary_preview,
+        "priority": task.priority,
         "unread_messages": task.unread_messages,
         "created_at": raw.get("created_at"),
         "updated_at": raw.get("updated_at"),
@@ -803,6 +845,7 @@ class _PerThreadClient:
                 backoff=t.backoff,
                 retry_refused=t.retry_refused,
                 on_retry=t.on_retry,
+                leases=t.leases,  # one memory of lease tokens for the process, whichever thread accepted
             )
         return client
 
@@ -936,7 +979,7 @@ class _WaitPosition:
 
 
 def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServer:
-    """An MCPServer whose eleven tools call ``client`` (one client for the whole process).
+    """An MCPServer whose fifteen tools call ``client`` (one client for the whole process).
 
     ``RelayClient`` is synchronous and its ``requests.Session`` is not thread-safe, so
     every call runs on a worker thread (``anyio.to_thread.run_sync``, keeping the event
@@ -1016,10 +1059,24 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
             ),
         ] = None,
         idempotency_key: IdempotencyKey = None,
+        priority: Annotated[
+            Literal["low", "normal", "high", "urgent"] | None,
+            Field(description="Optional priority: 'low', 'normal' (the default), 'high' or 'urgent'."),
+        ] = None,
+        expires_in_seconds: Annotated[
+            int | None,
+            Field(
+                ge=10,
+                le=2_592_000,
+                description="Optional: if still pending after this many seconds (10-2592000), the handoff "
+                "becomes expired (final).",
+            ),
+        ] = None,
     ) -> CallToolResult:
         """Open a new handoff (thread) to another agent: hand over work, ask a question or propose a change.
 
-        Returns {task_id, thread_id, context_id, status: {state: "pending"}, created_at, idempotency_key, ...};
+        Returns {task_id, thread_id, context_id, status: {state: "pending"}, priority, expires_at, created_at,
+        idempotency_key, ...};
         keep task_id to follow the thread with get_thread. The recipient sees it in its inbox.
         Errors: recipient_not_found, teammate_blocked, invalid_intent_payload (proposed_action
         without intent 'propose_action' or the reverse), invalid_params (e.g. sending to yourself,
@@ -1035,6 +1092,8 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 proposed_action=proposed_action.model_dump() if proposed_action else None,
                 context_id=context_id,
                 idempotency_key=idempotency_key,
+                priority=priority,
+                expires_in_seconds=expires_in_seconds,
             )
             return {**sent.raw, "idempotency_key": sent.idempotency_key}
 
@@ -1065,8 +1124,12 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     @tool("List handoffs", read_only=True)
     async def list_inbox(
         status: Annotated[
-            list[Literal["pending", "accepted", "completed", "cancelled"]] | None,
+            list[Literal["pending", "accepted", "completed", "cancelled", "declined", "failed", "expired"]] | None,
             Field(description="Only threads in these states, e.g. ['pending'] for new work; leave it out for all."),
+        ] = None,
+        priority: Annotated[
+            list[Literal["low", "normal", "high", "urgent"]] | None,
+            Field(description="Only threads of these priorities, e.g. ['urgent', 'high']; leave it out for all."),
         ] = None,
         sent: Annotated[
             bool,
@@ -1084,14 +1147,16 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
     ) -> CallToolResult:
         """List your handoff threads, newest activity first, without their messages.
 
-        Returns {items: [{task_id, context_id, state, intent, sender, recipient, summary_preview,
+        Returns {items: [{task_id, context_id, state, intent, sender, recipient, summary_preview, priority,
         unread_messages, created_at, updated_at}], next_cursor}; next_cursor is null on the last page.
         unread_messages counts the other side's messages you have not read (get_thread reads them).
         Errors: invalid_params (a bad since or cursor).
         """
 
         def call() -> dict[str, Any]:
-            page = (client.sent if sent else client.inbox)(status=status, since=since, limit=limit, cursor=cursor)
+            page = (client.sent if sent else client.inbox)(
+                status=status, since=since, limit=limit, cursor=cursor, priority=priority
+            )
             return {"items": [_task_row(t) for t in page.items], "next_cursor": page.next_cursor}
 
         return await run(call)
@@ -1237,14 +1302,18 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 description="Optional id of your working session, recorded in the audit trail (up to 255 characters)."
             ),
         ] = None,
+        lease_seconds: LeaseSeconds = None,
     ) -> CallToolResult:
         """Accept a pending handoff addressed to you (recipient only): you take on the work.
 
-        Returns {task_id, status: {state: "accepted"}, accepted_at, updated_at, ...}.
-        Errors: not_authorized_transition (you are the sender), invalid_transition (not pending),
-        state_changed (another call got there first), thread_not_found, not_a_participant.
+        With lease_seconds the work is leased: if you neither finish nor renew it in time it is pending
+        again. This server remembers the lease_token and sends it on complete, fail, release and renew.
+        Returns {task_id, status: {state: "accepted"}, accepted_at, lease_token, lease_expires_at, priority,
+        updated_at, ...}. Errors: not_authorized_transition (you are the sender), invalid_transition (not
+        pending), state_changed (another call got there first), thread_not_found, not_a_participant,
+        invalid_params (lease_seconds out of range).
         """
-        return await run(lambda: client.accept(task_id, session_id=session_id).raw)
+        return await run(lambda: client.accept(task_id, session_id=session_id, lease_seconds=lease_seconds).raw)
 
     @tool("Complete a handoff")
     async def complete(
@@ -1256,15 +1325,17 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
                 "for the sender to read; up to 8192 characters."
             ),
         ],
+        lease_token: LeaseToken = None,
     ) -> CallToolResult:
         """Complete an accepted handoff addressed to you (recipient only), saying what was done.
 
         The thread becomes completed (final: no more messages). Returns {task_id, status: {state:
         "completed"}, completed_at, result_summary, ...}. Errors: not_authorized_transition (you are the
-        sender), invalid_transition (not accepted yet: accept first), state_changed, thread_not_found,
-        not_a_participant, invalid_params (summary too long).
+        sender), invalid_transition (not accepted yet: accept first), state_changed (also: a leased handoff
+        and a missing or stale lease_token), thread_not_found, not_a_participant, invalid_params (summary
+        too long).
         """
-        return await run(lambda: client.complete(task_id, result_summary).raw)
+        return await run(lambda: client.complete(task_id, result_summary, lease_token=lease_token).raw)
 
     @tool("Cancel a handoff", destructive=True)
     async def cancel(task_id: TaskId) -> CallToolResult:
@@ -1275,6 +1346,70 @@ def build_server(client: RelayClient, *, log_level: str = "WARNING") -> MCPServe
         completed or cancelled), state_changed, thread_not_found, not_a_participant.
         """
         return await run(lambda: client.cancel(task_id).raw)
+
+    @tool("Decline a handoff", destructive=True)
+    async def decline(task_id: TaskId, reason: Reason) -> CallToolResult:
+        """Decline a pending handoff addressed to you (recipient only), telling the sender why.
+
+        The thread becomes declined (final). Returns {task_id, status: {state: "declined"}, declined_at,
+        reason, ...}. Errors: not_authorized_transition (you are the sender), invalid_transition (not
+        pending), state_changed, thread_not_found, not_a_participant, invalid_params (reason missing or over
+        2000 characters).
+        """
+        return await run(lambda: client.decline(task_id, reason).raw)
+
+    @tool("Fail a handoff", destructive=True)
+    async def fail(task_id: TaskId, reason: Reason, lease_token: LeaseToken = None) -> CallToolResult:
+        """Give up on an accepted handoff addressed to you (recipient only), telling the sender why.
+
+        The thread becomes failed (final). Returns {task_id, status: {state: "failed"}, failed_at, reason,
+        ...}. Errors: not_authorized_transition (you are the sender), invalid_transition (not accepted),
+        state_changed (also: a leased handoff and a missing or stale lease_token), thread_not_found,
+        not_a_participant, invalid_params (reason missing or over 2000 characters).
+        """
+        return await run(lambda: client.fail(task_id, reason, lease_token=lease_token).raw)
+
+    @tool("Release a handoff")
+    async def release(
+        task_id: TaskId,
+        reason: Annotated[
+            str | None,
+            Field(min_length=1, max_length=2000, description="Optional: why you give it back (1-2000 characters)."),
+        ] = None,
+        lease_token: LeaseToken = None,
+    ) -> CallToolResult:
+        """Give an accepted handoff addressed to you back (recipient only): it is pending again, its lease ended.
+
+        It can then be accepted again, by you or not at all. Returns {task_id, status: {state: "pending"},
+        accepted_at: null, lease_token: null, ...}. Errors: not_authorized_transition (you are the sender),
+        invalid_transition (not accepted), state_changed (also: a leased handoff and a missing or stale
+        lease_token), thread_not_found, not_a_participant.
+        """
+        return await run(lambda: client.release(task_id, reason=reason, lease_token=lease_token).raw)
+
+    @tool("Renew a lease")
+    async def renew(
+        task_id: TaskId,
+        lease_seconds: Annotated[
+            int | None,
+            Field(
+                ge=10,
+                le=86_400,
+                description="The lease runs this many seconds (10-86400) from now; default the accept's length. "
+                "Needed for a handoff accepted without a lease (renew then starts one).",
+            ),
+        ] = None,
+        lease_token: LeaseToken = None,
+    ) -> CallToolResult:
+        """Extend the lease of an accepted handoff addressed to you (recipient only); it stays accepted.
+
+        Renew before lease_expires_at, or the handoff is pending again (a reply of yours renews it too).
+        Returns {task_id, status: {state: "accepted"}, lease_token (the same), lease_expires_at, ...}.
+        Errors: not_authorized_transition (you are the sender), invalid_transition (not accepted),
+        state_changed (a missing or stale lease_token), invalid_params (no lease yet and no lease_seconds),
+        thread_not_found, not_a_participant.
+        """
+        return await run(lambda: client.renew(task_id, lease_seconds=lease_seconds, lease_token=lease_token).raw)
 
     # ------------------------------------------------------------------ the messages feed
     @tool("Search messages", read_only=True)
