@@ -848,7 +848,7 @@ def test_a_huge_integer_is_a_clean_parse_error_that_leaks_no_python_internals(re
     )
     error = resp.json()["error"]
     assert "set_int_max_str_digits" not in json.dumps(error) and "sys." not in error["message"]
-    assert error["code"] == -32700 and "5000 digits" in error["message"], error
+    assert error["code"] == -32700 and "5000 digits" in error["data"]["reason"], error
 
 
 # --------------------------------------------------------------------------- the work lifecycle (issue 29)
