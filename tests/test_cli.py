@@ -255,6 +255,22 @@ def test_the_cli_finds_a_running_relay_up_under_relay_home_and_prints_its_consol
     assert local.stdout.splitlines()[-1] == "sign in at http://localhost:8765/console/login", local.stderr
 
 
+def test_under_a_running_relay_up_the_cli_stores_secrets_under_its_homes_key(relay, cli_env, tmp_path, app):
+    """A signing key made by the CLI must decrypt in relay up's processes, which use home/secret_key."""
+    from relay import crypto
+    from tests.conftest import sql
+
+    home = tmp_path / "home"
+    with _as_relay_up(home, cli_env):
+        (home / "secret_key").write_text("the-home-secret\n")
+        env = {k: v for k, v in _no_database(cli_env, RELAY_HOME=str(home)).items() if k != "RELAY_SECRET_KEY"}
+        made = relay("signing-keys", "create", "--json", env=env)
+        assert made.returncode == 0, made.stderr
+    kid = json.loads(made.stdout)["kid"]
+    [(stored,)] = sql(app, "SELECT private_key_encrypted FROM signing_keys WHERE kid = :kid", kid=kid)
+    assert crypto._fernet("the-home-secret").decrypt(stored.encode("ascii"))  # InvalidToken under any other key
+
+
 def test_a_bad_port_refuses_operators_create_before_it_makes_anyone(relay, cli_env):
     bad = relay("operators", "create", "p@example.com", "--org", "acme", env=dict(cli_env, PORT="abc"))
     assert _assert_one_line_failure(bad) == "error: PORT must be a positive integer, got 'abc'"

@@ -31,7 +31,7 @@ def _effective_env() -> dict[str, str]:
     ``./.relay``). Exits with one line naming what it looked for when neither that nor
     ``DATABASE_URL`` is there.
     """
-    from relay.ops.embedded import read_env_file, relay_home, running
+    from relay.ops.embedded import SECRET_KEY_FILE, read_env_file, relay_home, running
 
     env = dict(os.environ)
     home = relay_home(env)
@@ -39,6 +39,11 @@ def _effective_env() -> dict[str, str]:
     for name in ("DATABASE_URL", "REDIS_URL", "RELAY_URL"):
         if not env.get(name) and recorded.get(name):
             env[name] = recorded[name]
+    secret = home / SECRET_KEY_FILE
+    if recorded and not env.get("RELAY_SECRET_KEY") and secret.is_file():
+        # relay up's processes encrypt under the home's key: so must what this CLI stores
+        # (a signing key or a webhook secret made under another key is one they cannot read).
+        env["RELAY_SECRET_KEY"] = secret.read_text().strip()
     if not env.get("DATABASE_URL"):
         where = f"RELAY_HOME={env['RELAY_HOME']}" if env.get("RELAY_HOME") else "./.relay, the default RELAY_HOME"
         _fail(
