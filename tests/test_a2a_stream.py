@@ -456,3 +456,34 @@ def test_waiting_streams_hold_no_database_connection(app, live, make_agent, sett
         update = stream.result()["statusUpdate"]
         assert (update["taskId"], update["status"]["state"]) == (tasks[handle], "TASK_STATE_WORKING")
         stream.close()
+
+
+@pytest.mark.parametrize("back", ["release", "lease_expired"])
+def test_a_task_stream_names_the_way_back_to_pending_as_the_audit_trail_does(live, pair, app, back):
+    """accepted -> pending is a release or a lapsed lease (issue 29); the stream says which."""
+    from relay.ids import parse_ulid
+    from relay.services import threads
+    from tests.conftest import sql
+
+    a, a_key, b, b_key = pair
+    task = open_task(live, b, a_key)
+    stream = RpcStream(live, b, a_key, "SubscribeToTask", {"id": task["id"]})
+    stream.result()
+    token = seed(live, b_key, "tasks/update", {"task_id": task["id"], "transition": "accept", "lease_seconds": 60})[
+        "lease_token"
+    ]
+    assert stream.result()["statusUpdate"]["metadata"]["transition"] == "accept"
+    if back == "release":
+        seed(live, b_key, "tasks/update", {"task_id": task["id"], "transition": "release", "lease_token": token})
+    else:
+        sql(
+            app,
+            "UPDATE threads SET lease_expires_at = now() - interval '1 second' WHERE id = :id",
+            id=parse_ulid(task["id"]),
+        )
+        with app.app_context():
+            assert threads.settle_due() == 1
+    update = stream.result()["statusUpdate"]
+    assert update["status"]["state"] == "TASK_STATE_SUBMITTED"
+    assert update["metadata"] == {"transition": back, "from": "accepted", "to": "pending"}
+    stream.close()

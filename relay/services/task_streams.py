@@ -35,7 +35,7 @@ from sqlalchemy import select
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, format_ulid, iso
-from relay.models import TERMINAL_STATES, Agent, Message, Thread
+from relay.models import TERMINAL_STATES, Agent, AuditEvent, Message, Thread
 from relay.services import a2a_view as view
 from relay.services import own_transaction, streams, threads, unit_of_work
 
@@ -197,9 +197,23 @@ class TaskStream(streams.Held):
             stamps = {state: getattr(row, column) for state, column in threads.STAMP_COLUMN.items()}
             # (terminal last, time, order): a transition's time is read before it waits for the
             # row lock an append holds, so it can be older than a message committed before it.
+            taken = path(self.state, row.state)
+            if any((src, dst) == ("accepted", "pending") for _name, src, dst in taken):
+                # Two ways back to pending: a release or a lapsed lease; the audit trail says which.
+                back = session.scalar(
+                    select(AuditEvent.action)
+                    .where(
+                        AuditEvent.thread_id == self.task_id,
+                        AuditEvent.from_state == "accepted",
+                        AuditEvent.to_state == "pending",
+                    )
+                    .order_by(AuditEvent.id.desc())
+                    .limit(1)
+                )
+                taken = [(back or n, s_, d) if (s_, d) == ("accepted", "pending") else (n, s_, d) for n, s_, d in taken]
             steps: list[tuple[tuple[bool, datetime, int], str, Any]] = [
                 ((dst in TERMINAL_STATES, stamps.get(dst) or row.updated_at, 1), "transition", (name, src, dst))
-                for name, src, dst in path(self.state, row.state)
+                for name, src, dst in taken
             ]
             steps += [((False, m.created_at, 0), "message", m) for m in new]
             steps.sort(key=lambda step: step[0])
