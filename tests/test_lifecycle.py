@@ -256,6 +256,7 @@ def test_a_lapsed_lease_is_pending_at_once_in_every_read_before_any_sweep(app, c
     for key in (alice[1], bob[1]):
         got = rpc(client, key, "tasks/get", {"task_id": task_id})
         assert got["status"] == {"state": "pending"} and got["lease_token"] is None and got["lease_expires_at"] is None
+        assert got["accepted_at"] is None  # as the sweep will record it
     inbox = rpc(client, bob[1], "tasks/list", {"filter": {"status": ["pending"]}})["items"]
     assert [i["task_id"] for i in inbox] == [task_id]
     assert rpc(client, bob[1], "tasks/list", {"filter": {"status": ["accepted"]}})["items"] == []
@@ -506,6 +507,21 @@ def test_read_receipts_on_both_sides_in_tasks_get_and_the_feed(client, alice, bo
     assert {r["sequence_no"]: r["read_at"] for r in feed} == {1: seen[0]["read_at"], 2: mine[1]["read_at"]}
     again = rpc(client, bob[1], "tasks/get", {"task_id": task_id})["messages"]
     assert again[0]["read_at"] == bob_read[0]["read_at"]  # the first read's time, kept
+
+
+def test_one_read_gives_every_message_it_reads_one_receipt_time(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    for text in ("two", "three"):
+        rpc(
+            client,
+            alice[1],
+            "message/send",
+            {"task_id": task_id, "message": {"parts": [{"type": "text", "text": text}]}},
+        )
+    shown = rpc(client, bob[1], "tasks/get", {"task_id": task_id, "messages_limit": 2})["messages"]
+    stored = rpc(client, alice[1], "tasks/get", {"task_id": task_id})["messages"]
+    assert [m["read_at"] for m in stored] == [shown[0]["read_at"]] * 2 + [None]
+    assert shown[0]["read_at"] == shown[1]["read_at"]
 
 
 def test_message_read_is_an_opt_in_webhook_event(app, client, alice, bob, celery_worker):

@@ -554,7 +554,8 @@ def get_thread(
         "messages": messages,
         "result_summary": t[8],
         "version": t[9],
-        "accepted_at": iso(t[10]),
+        # A lease lapsed but not yet recorded: pending shows no accept time, as after the sweep.
+        "accepted_at": None if (state, t[4]) == ("pending", "accepted") else iso(t[10]),
         "completed_at": iso(t[11]),
         "cancelled_at": iso(t[12]),
         "created_at": iso(t[13]),
@@ -644,8 +645,9 @@ pos AS (
     SET last_read_sequence_no = greatest(read_positions.last_read_sequence_no, EXCLUDED.last_read_sequence_no),
         updated_at = EXCLUDED.updated_at
 ),
+at AS (SELECT clock_timestamp() AS t),
 read AS (
-    UPDATE messages SET read_at = clock_timestamp()
+    UPDATE messages SET read_at = (SELECT t FROM at)
     WHERE thread_id = %(thread_id)s AND author_id = %(author)s AND read_at IS NULL
       AND sequence_no > coalesce((SELECT n FROM old), 0) AND sequence_no <= %(seq)s
     RETURNING id, sequence_no, read_at
