@@ -680,3 +680,36 @@ def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, consol
     b.go("/console/audit")
     assert "look@acme.example" in b.text("#audit") and "sign_in" in b.text("#audit")
     b.shot("audit")
+
+
+# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+
+
+def test_a_declined_urgent_handoff_with_its_reason_and_receipt(acme, b, console_url):
+    alice_key, bob_key = acme["alice"][1], acme["bob"][1]
+    task = send(console_url, alice_key, "bob@acme", "Migrate the invoices table", priority="urgent")
+    b.go(f"/console/threads/{task}")
+    assert b.text("#m1 .receipt") == "unread"
+    assert "no lease" in b.text("#lease")
+    b.mark()
+    rpc(console_url, bob_key, "tasks/get", {"task_id": task})  # bob reads it: alice's message has a receipt
+    rpc(console_url, bob_key, "tasks/update", {"task_id": task, "transition": "decline", "reason": "not my area"})
+    b.wait_text("declined", "#status")  # the open page polls it in, no reload
+    assert b.same_document(), "the page reloaded"
+    badge = b.one("#status .state-declined")
+    assert "TASK_STATE_REJECTED" in badge.get_attribute("title")
+    assert badge.value_of_css_property("border-top-style") == "double"  # its own look
+    assert "not my area" in b.text("#reason")
+    assert b.one("#status .priority-urgent").value_of_css_property("text-transform") == "uppercase"
+    b.go(f"/console/threads/{task}")
+    receipt = b.text("#m1 .receipt")
+    assert receipt.startswith("read ") and "UTC" not in receipt, receipt  # a local time, from time.js
+    assert "not my area" in b.text("#audit")
+    assert b.css("#live") == [], "a declined handoff is still polled"
+    b.shot("thread-declined")
+    b.go("/console/agents/bob@acme?state=declined&priority=urgent")
+    assert "Migrate the invoices table" in b.text("#threads tbody tr")
+    b.shot("inbox-declined-urgent")
+    if os.environ.get("RELAY_CONSOLE_README_SHOT"):
+        docs = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+        shutil.copy(SHOTS / "thread-declined.png", docs / "thread-declined.png")

@@ -1250,3 +1250,202 @@ def test_a_refused_cancel_leaves_only_its_refusal(app, world):
     admin.post(cancel, data={"csrf_token": token_of(admin)})
     admin.post(cancel, data={"csrf_token": token_of(admin)})  # already cancelled: refused
     assert [r[1] for r in _audit(app, action="cancel")] == ["ok", "invalid_transition"]
+
+
+# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+
+
+def _send(client, key, recipient, text, **more):
+    params = {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}, **more}
+    return rpc(client, key, "message/send", params)["task_id"]
+
+
+def _update(client, key, task_id, transition, **more):
+    return rpc(client, key, "tasks/update", {"task_id": task_id, "transition": transition, **more})
+
+
+def _row_of(page: str, text: str) -> str:
+    """The threads table's row that holds ``text``."""
+    rows = [r for r in re.findall(r"<tr>.*?</tr>", page, re.S) if text in r]
+    assert len(rows) == 1, f"{len(rows)} rows hold {text!r}"
+    return rows[0]
+
+
+def test_the_filters_offer_every_state_and_every_priority(app, world):
+    from relay.models import PRIORITIES, THREAD_STATES
+
+    page = _signed_in(app, world, ACME).get(f"/console/agents/{world['bob']}").get_data(as_text=True)
+    for s in THREAD_STATES:
+        assert f'name="state" value="{s}"' in page, s
+    for p in PRIORITIES:
+        assert f'name="priority" value="{p}"' in page, p
+
+
+def test_the_inbox_shows_each_priority_and_filters_by_one_or_several(app, world, client):
+    alice_key = _key_of(app, world["alice"])
+    for p in ("low", "high", "urgent"):
+        _send(client, alice_key, world["bob"], f"a {p} one", priority=p)
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/agents/{world['bob']}").get_data(as_text=True)
+    assert 'class="priority priority-urgent"' in _row_of(page, "a urgent one")
+    assert 'class="priority priority-high"' in _row_of(page, "a high one")
+    assert 'class="priority priority-normal"' in _row_of(page, "hello acme pagination")  # the default
+    only = admin.get(f"/console/agents/{world['bob']}?priority=urgent").get_data(as_text=True)
+    assert "a urgent one" in only and "a high one" not in only and "hello acme" not in only
+    assert 'value="urgent" id="priority-urgent" checked' in only
+    both = admin.get(
+        f"/console/agents/{world['bob']}/threads?priority=urgent&priority=low", headers={"HX-Request": "1"}
+    )
+    body = both.get_data(as_text=True)
+    assert "a urgent one" in body and "a low one" in body and "a high one" not in body
+    assert "priority=low&amp;priority=urgent" in body  # the poll keeps the filter
+    none = admin.get(f"/console/agents/{world['bob']}?priority=urgent&state=completed").get_data(as_text=True)
+    assert "No incoming handoffs in completed of priority urgent." in none
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["priority=bogus", "priority=urgent&priority=bogus", "priority=" + "x" * 5000, "state=declined&priority=URGENT"],
+)
+def test_a_bad_priority_filter_is_a_422_page_naming_it(app, world, query):
+    admin = _signed_in(app, world, ACME)
+    for path in (f"/console/agents/{world['bob']}", f"/console/agents/{world['bob']}/threads"):
+        resp = admin.get(f"{path}?{query}", headers={"HX-Request": "1"} if path.endswith("/threads") else {})
+        body = resp.get_data(as_text=True)
+        assert resp.status_code == 422 and "priority" in body and "must be one of low, normal, high, urgent" in body
+
+
+def test_a_declined_thread_shows_its_state_reason_receipts_and_no_poller(app, world, client):
+    bob_key = world["bob_key"]
+    _update(client, bob_key, world["task"], "decline", reason="not my area: ask the billing team")
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/threads/{world['task']}").get_data(as_text=True)
+    assert re.search(r'class="state state-declined" title="[^"]*A2A TASK_STATE_REJECTED[^"]*">declined<', page)
+    reason = re.search(r'<p id="reason">(.*?)</p>', page, re.S).group(1)
+    assert "Declined" in reason and "not my area: ask the billing team" in reason
+    # The audit row carries the reason too.
+    audit = page[page.index('id="audit"') :]
+    assert "decline" in audit and "not my area: ask the billing team" in audit
+    assert 'id="live"' not in page  # terminal: no more polling
+    # Nobody read alice's message yet (the operator's reading is not the agent's).
+    assert re.search(r'id="m1".*?<span class="receipt unread">unread</span>', page, re.S)
+    rpc(client, bob_key, "tasks/get", {"task_id": world["task"]})
+    page = admin.get(f"/console/threads/{world['task']}").get_data(as_text=True)
+    assert re.search(r'id="m1".*?<span class="receipt read">read <time datetime="[^"]+"', page, re.S)
+
+
+@pytest.mark.parametrize("end", ["completed", "cancelled", "declined", "failed", "expired"])
+def test_the_poller_stops_in_every_terminal_state(app, world, client, end):
+    bob_key, task = world["bob_key"], world["task"]
+    admin = _signed_in(app, world, ACME)
+    assert 'id="live"' in admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    if end == "completed":
+        _update(client, bob_key, task, "accept")
+        _update(client, bob_key, task, "complete", result_summary="done")
+    elif end == "cancelled":
+        _update(client, _key_of(app, world["alice"]), task, "cancel")
+    elif end == "declined":
+        _update(client, bob_key, task, "decline", reason="no")
+    elif end == "failed":
+        _update(client, bob_key, task, "accept")
+        _update(client, bob_key, task, "fail", reason="the build is broken")
+    else:
+        sql(app, "UPDATE threads SET expires_at = now() - interval '1 second' WHERE state = 'pending'")
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    assert f'class="state state-{end}"' in page and 'id="live"' not in page
+
+
+def test_the_lease_is_shown_with_its_end_and_never_its_token(app, world, client):
+    # From another org's sender: acme sees it as its recipient, bob, the lease's holder.
+    task = _send(client, _key_of(app, world["gus"]), world["bob"], "leased across orgs")
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    assert re.search(r'<p id="lease">.*no lease', page, re.S)
+    accepted = _update(client, world["bob_key"], task, "accept", lease_seconds=600)
+    token = accepted["lease_token"]
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    lease = re.search(r'<p id="lease">(.*?)</p>', page, re.S).group(1)
+    assert re.search(r"ends <span class=\"relative\">in (9|10) min</span> \(<time datetime=", lease), lease
+    assert accepted["lease_expires_at"] in lease
+    live = admin.get(f"/console/threads/{task}/live?seen=0&version=0", headers={"HX-Request": "1"})
+    for body in (page, live.get_data(as_text=True)):
+        assert token not in body and "lease_token" not in body
+    with app.app_context():
+        from relay.ids import parse_ulid
+        from relay.services import org
+
+        assert "lease_token" not in org.thread_view("acme", parse_ulid(task))
+
+
+def test_the_console_shows_the_effective_state_a_lapsed_lease_is_pending(app, world, client):
+    from relay.services import threads
+
+    _update(client, world["bob_key"], world["task"], "accept", lease_seconds=600)
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/threads/{world['task']}").get_data(as_text=True)
+    marks = re.search(r'id="live" hx-get="[^"]*\?([^"]*)"', page).group(1).replace("&amp;", "&")
+    assert "state=accepted" in marks
+    sql(app, "UPDATE threads SET lease_expires_at = now() - interval '1 second' WHERE state = 'accepted'")
+    # Not recorded yet (the sweep has not run): every page shows it pending already.
+    assert sql(app, "SELECT count(*) FROM threads WHERE state = 'accepted'") == [(1,)]
+    page = admin.get(f"/console/threads/{world['task']}").get_data(as_text=True)
+    assert 'class="state state-pending"' in page and re.search(r'<p id="lease">.*no lease', page, re.S)
+    inbox = admin.get(f"/console/agents/{world['bob']}?state=pending").get_data(as_text=True)
+    assert 'class="state state-pending"' in _row_of(inbox, "hello acme pagination")
+    assert "hello acme" not in admin.get(f"/console/agents/{world['bob']}?state=accepted").get_data(as_text=True)
+    hits = admin.get("/console/search?q=pagination").get_data(as_text=True)
+    assert 'class="state state-pending"' in hits
+    # An open page's poll sees the change though nothing was written: it gets the new state.
+    live = admin.get(f"/console/threads/{world['task']}/live?{marks}", headers={"HX-Request": "1"})
+    assert live.status_code == 200 and 'class="state state-pending"' in live.get_data(as_text=True)
+    # Once the sweep records it, the audit trail shows the clock's row readably.
+    with app.app_context():
+        assert threads.settle_due() == 1
+    page = admin.get(f"/console/threads/{world['task']}").get_data(as_text=True)
+    row = re.search(r'<tr class="clock-made">(.*?)</tr>', page, re.S).group(1)
+    assert ">clock<" in row and "lease expired" in row and "accepted → pending" in row
+
+
+def test_a_passed_expiry_is_expired_everywhere_and_the_clocks_row_says_so(app, world, client):
+    from relay.services import threads
+
+    task = _send(client, _key_of(app, world["alice"]), world["bob"], "due soon", expires_in_seconds=3600)
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    assert re.search(r'<p id="expiry">.*in (59 min|1 h)', page, re.S)
+    sql(app, "UPDATE threads SET expires_at = now() - interval '1 second' WHERE summary = 'due soon'")
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    assert 'class="state state-expired"' in page and re.search(r'<p id="expiry">.*<strong>expired</strong>', page, re.S)
+    inbox = admin.get(f"/console/agents/{world['bob']}?state=expired").get_data(as_text=True)
+    assert "due soon" in inbox and "hello acme" not in inbox
+    with app.app_context():
+        threads.settle_due()
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    row = re.search(r'<tr class="clock-made">(.*?)</tr>', page, re.S).group(1)
+    assert ">clock<" in row and ">expired <code" in row and "pending → expired" in row
+
+
+def test_the_overview_counts_open_handoffs_by_their_effective_state(app, world, client):
+    from relay.services import org
+
+    _update(client, world["bob_key"], world["task"], "accept", lease_seconds=600)
+    with app.app_context():
+        bob = next(a for a in org.overview("acme") if a["handle"] == world["bob"])
+    assert (bob["pending_in"], bob["accepted_in"]) == (0, 1)
+    sql(app, "UPDATE threads SET lease_expires_at = now() - interval '1 second' WHERE state = 'accepted'")
+    with app.app_context():
+        bob = next(a for a in org.overview("acme") if a["handle"] == world["bob"])
+    assert (bob["pending_in"], bob["accepted_in"]) == (1, 0)
+    sql(app, "UPDATE threads SET expires_at = now() - interval '1 second'")
+    with app.app_context():
+        bob = next(a for a in org.overview("acme") if a["handle"] == world["bob"])
+        closed = sum(h["closed"] for h in org.activity("acme"))
+    assert (bob["pending_in"], bob["accepted_in"], closed) == (0, 0, 1)  # expired, not yet recorded
+    # The chart's "closed" counts every terminal state: a declined and a failed handoff too.
+    alice_key = _key_of(app, world["alice"])
+    _update(client, world["bob_key"], _send(client, alice_key, world["bob"], "no"), "decline", reason="no")
+    failing = _send(client, alice_key, world["bob"], "try")
+    _update(client, world["bob_key"], failing, "accept")
+    _update(client, world["bob_key"], failing, "fail", reason="broken")
+    with app.app_context():
+        assert sum(h["closed"] for h in org.activity("acme")) == 3

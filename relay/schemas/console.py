@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, post_load, pre_load, validate
 
-from relay.models import THREAD_STATES
+from relay.models import PRIORITIES, THREAD_STATES
 from relay.schemas.common import Cursor, to_utc
 from relay.services.operators import AUDIT_ACTIONS
 
@@ -24,7 +24,10 @@ class _Lenient(Schema):
 
 
 class InboxQuery(_Lenient):
-    """``/console/agents/<handle>``: ``box`` (inbox | sent), ``state`` (repeatable), ``cursor``."""
+    """``/console/agents/<handle>``: ``box`` (inbox | sent), ``state`` and ``priority`` (each
+    repeatable: any of them), ``cursor``."""
+
+    REPEATED = ("state", "priority")
 
     box = fields.String(load_default="inbox", validate=validate.OneOf(("inbox", "sent")))
     state = fields.List(
@@ -32,13 +35,19 @@ class InboxQuery(_Lenient):
         load_default=list,
         validate=validate.Length(max=len(THREAD_STATES)),
     )
+    priority = fields.List(
+        fields.String(validate=validate.OneOf(PRIORITIES, error=f"must be one of {', '.join(PRIORITIES)}")),
+        load_default=list,
+        validate=validate.Length(max=len(PRIORITIES)),
+    )
     cursor = Cursor(load_default=None)
 
     @pre_load
     def _lists(self, data, **kwargs):
-        # From request.args.to_dict(flat=False): every value is a list; only state repeats.
-        out = {k: (v if k == "state" else v[-1]) for k, v in data.items() if v}
-        out["state"] = sorted({s for s in out.get("state", []) if s})
+        # From request.args.to_dict(flat=False): every value is a list; state and priority repeat.
+        out = {k: (v if k in self.REPEATED else v[-1]) for k, v in data.items() if v}
+        for name in self.REPEATED:
+            out[name] = sorted({s for s in out.get(name, []) if s})
         return out
 
 

@@ -16,13 +16,13 @@ from datetime import datetime
 from typing import Any
 
 from flask import current_app
-from sqlalchemy import or_, select, text, tuple_
+from sqlalchemy import String, literal_column, or_, select, text, tuple_
 from sqlalchemy.orm import aliased
 
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, encode_cursor, format_ulid, iso
-from relay.models import Agent, Message, Thread, WebhookEndpoint
+from relay.models import Agent, Message, Thread, WebhookEndpoint, effective_state_sql
 from relay.services import delivery, search, threads, unit_of_work
 from relay.services.agents import LEGACY_HANDLE_RE, MAX_HANDLE
 
@@ -45,25 +45,28 @@ def agent_in_org(org: str, handle: str) -> Agent:
     return agent
 
 
+# Open handoffs by their state as of now (relay.models.effective_state_sql): a lapsed lease
+# counts as pending, a passed expiry not at all, whether or not the sweep recorded it yet.
+_EFFECTIVE = effective_state_sql("threads")
 _OVERVIEW = text(
-    """
+    f"""
     SELECT a.id, a.handle, a.name, a.role, a.disabled_at,
            i.pending AS pending_in, i.accepted AS accepted_in, o.pending AS pending_out, o.accepted AS accepted_out,
            greatest(li.at, lo.at) AS last_activity
     FROM agents a
     LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'accepted') AS accepted
-        FROM threads WHERE recipient_id = a.id AND state IN ('pending', 'accepted')
+        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s = 'accepted') AS accepted
+        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE recipient_id = a.id AND state IN ('pending', 'accepted')) e
     ) i ON true
     LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'accepted') AS accepted
-        FROM threads WHERE sender_id = a.id AND state IN ('pending', 'accepted')
+        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s = 'accepted') AS accepted
+        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE sender_id = a.id AND state IN ('pending', 'accepted')) e
     ) o ON true
     LEFT JOIN LATERAL (SELECT max(updated_at) AS at FROM threads WHERE recipient_id = a.id) li ON true
     LEFT JOIN LATERAL (SELECT max(updated_at) AS at FROM threads WHERE sender_id = a.id) lo ON true
     WHERE a.org = :org
     ORDER BY a.handle
-    """
+    """  # noqa: S608  (effective_state_sql is a constant of relay.models, no input)
 )
 
 
@@ -119,7 +122,8 @@ def _thread_sides(org: str, task_id: uuid.UUID) -> tuple[Thread, Agent | None, A
 
 def thread_view(org: str, task_id: uuid.UUID) -> dict[str, Any]:
     """A thread of the org as ``tasks/get`` returns it, plus ``audit`` (threads.audit_trail)
-    and ``can_cancel`` (pending, and sent by an agent of the org).
+    and ``can_cancel`` (pending, and sent by an agent of the org), without ``lease_token``:
+    the lease's secret is its worker's, never an operator's page's (when the lease ends is).
 
     Read as one of the org's participants, without marking anything read: an operator
     reading a thread is not the agent reading it. Raises thread_not_found.
@@ -128,17 +132,23 @@ def thread_view(org: str, task_id: uuid.UUID) -> dict[str, Any]:
         thread, sender, recipient = _thread_sides(org, task_id)
     reader = sender or recipient
     view = threads.get_thread(reader, task_id, mark_read=False)
+    view.pop("lease_token", None)
     view["audit"] = threads.audit_trail(reader, task_id)
     view["can_cancel"] = sender is not None and view["status"]["state"] == "pending"
     return view
 
 
-def thread_marker(org: str, task_id: uuid.UUID) -> tuple[int, int]:
-    """``(last_sequence_no, version)`` of a thread of the org: what changes when a message or a
-    transition is written (a page polls it). Raises thread_not_found."""
-    with unit_of_work():
+def thread_marker(org: str, task_id: uuid.UUID) -> tuple[int, int, str]:
+    """``(last_sequence_no, version, state)`` of a thread of the org: what changes when a message
+    or a transition is written, or when the clock moves its state (a lease that lapsed, an
+    expiry that passed: ``state`` is the effective one, before the sweep records it). A page
+    polls it. Raises thread_not_found."""
+    with unit_of_work() as session:
         thread, _sender, _recipient = _thread_sides(org, task_id)
-        return thread.last_sequence_no, thread.version
+        state = session.scalar(
+            select(literal_column(_EFFECTIVE, String)).select_from(Thread).where(Thread.id == task_id)
+        )
+        return thread.last_sequence_no, thread.version, state
 
 
 def cancel(org: str, task_id: uuid.UUID) -> dict[str, Any]:
@@ -177,7 +187,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
             Message.role,
             Message.body,
             Message.thread_id,
-            Thread.state,
+            literal_column(_EFFECTIVE, String).label("state"),
             Thread.summary,
             author.handle.label("author"),
             caller.handle.label("caller"),
@@ -217,30 +227,37 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
 
 
 # Handoffs of the org opened and closed in each of the last 24 hours (the DB's clock); a
-# thread counts for the org when one of its sides is the org's.
+# thread counts for the org when one of its sides is the org's. Closed: any terminal
+# state's time; an expiry the sweep has not recorded yet counts at its moment (the
+# effective state, as every read shows it).
+_CLOSED_AT = (
+    "coalesce(t.completed_at, t.cancelled_at, t.declined_at, t.failed_at, t.expired_at,"
+    f" CASE WHEN {effective_state_sql('t')} = 'expired' THEN greatest(t.expires_at, t.lease_expires_at) END)"
+)
 _ACTIVITY = text(
-    """
+    f"""
     WITH hours AS (
         SELECT h FROM generate_series(date_trunc('hour', now()) - interval '23 hours', date_trunc('hour', now()),
                                       interval '1 hour') AS h
     ), mine AS (
-        SELECT t.created_at, coalesce(t.completed_at, t.cancelled_at) AS closed_at
+        SELECT t.created_at, {_CLOSED_AT} AS closed_at
         FROM threads t
         WHERE (t.sender_id IN (SELECT id FROM agents WHERE org = :org)
                OR t.recipient_id IN (SELECT id FROM agents WHERE org = :org))
           AND (t.created_at >= date_trunc('hour', now()) - interval '23 hours'
-               OR coalesce(t.completed_at, t.cancelled_at) >= date_trunc('hour', now()) - interval '23 hours')
+               OR {_CLOSED_AT} >= date_trunc('hour', now()) - interval '23 hours')
     )
     SELECT h.h,
            (SELECT count(*) FROM mine WHERE created_at >= h.h AND created_at < h.h + interval '1 hour') AS opened,
            (SELECT count(*) FROM mine WHERE closed_at >= h.h AND closed_at < h.h + interval '1 hour') AS closed
     FROM hours h ORDER BY h.h
-    """
+    """  # noqa: S608  (constant SQL of relay.models, no input)
 )
 
 
 def activity(org: str) -> list[dict[str, Any]]:
-    """The org's handoffs opened and closed (completed or cancelled) per hour, oldest hour first.
+    """The org's handoffs opened and closed (any terminal state: completed, cancelled, declined,
+    failed, expired) per hour, oldest hour first.
 
     24 rows ``{"hour": ISO start of the hour (UTC), "opened": n, "closed": n}``, the last
     one the current hour.

@@ -1156,6 +1156,7 @@ def audit_trail(caller: Agent, task_id: uuid.UUID) -> list[dict]:
                 "to_state": r.to_state,
                 "session_id": r.session_id,
                 "result_summary": r.result_summary,
+                "reason": r.reason,
                 "message_id": str(r.message_id) if r.message_id else None,
                 "created_at": iso(r.created_at),
             }

@@ -8,6 +8,7 @@ itself. Links are offered only for http(s) URLs.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +18,9 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, JsonLexer, YamlLexer
 
 from relay.ids import iso
+from relay.models import PRIORITIES, TERMINAL_STATES, THREAD_STATES
+from relay.services.a2a_view import STATES as A2A_STATES
+from relay.services.threads import EXPIRED, LEASE_EXPIRED
 
 # Highlighting is CPU on the web worker: a diff may be 512 KiB. Past these bounds the rest
 # is shown as plain (escaped) text, and the page says so.
@@ -95,6 +99,38 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def relative(when: Any, now: datetime | None = None) -> str:
+    """An ISO 8601 time as words from now: ``in 4 min``, ``2 h ago``, ``now`` ("" for none)."""
+    if not when:
+        return ""
+    at = datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+    seconds = int((at - (now or datetime.now(UTC))).total_seconds())
+    span = abs(seconds)
+    if span < 5:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if span >= size:
+            amount = f"{span // size} {unit}"
+            break
+    return f"in {amount}" if seconds > 0 else f"{amount} ago"
+
+
+# A state badge's title: what the state means, and the A2A TaskState an A2A client sees for it
+# (relay.services.a2a_view.STATES, the one mapping).
+_MEANING = {
+    "pending": "waiting for its recipient to accept it",
+    "accepted": "its recipient is working on it",
+    "completed": "done, with a result summary",
+    "cancelled": "its sender withdrew it",
+    "declined": "its recipient declined it, with a reason",
+    "failed": "its recipient could not do it, with a reason",
+    "expired": "its expiry passed before it was done",
+}
+STATE_MEANING = {state: f"{_MEANING[state]} (A2A {A2A_STATES[state]})" for state in THREAD_STATES}
+# The audit actions the relay's clock writes (threads.settle), as an operator reads them.
+CLOCK_ACTIONS = {LEASE_EXPIRED: "lease expired", EXPIRED: "expired"}
+
+
 # An hourly bar chart's geometry, in SVG user units (the SVG scales to its box).
 CHART_W, CHART_H, CHART_PAD = 720, 160, 24
 
@@ -163,4 +199,10 @@ HELPERS = {
     "file_ref_text": file_ref_text,
     "pretty_json": pretty_json,
     "iso": iso,
+    "relative": relative,
+    "THREAD_STATES": THREAD_STATES,
+    "TERMINAL_STATES": TERMINAL_STATES,
+    "PRIORITIES": PRIORITIES,
+    "STATE_MEANING": STATE_MEANING,
+    "CLOCK_ACTIONS": CLOCK_ACTIONS,
 }

@@ -440,6 +440,7 @@ def _threads_page(agent, q: dict) -> dict:
         agent,
         role="recipient" if q["box"] == "inbox" else "sender",
         status=q["state"] or None,
+        priority=q["priority"] or None,
         limit=PAGE,
         cursor=q["cursor"],
     )
@@ -447,7 +448,7 @@ def _threads_page(agent, q: dict) -> dict:
 
 @bp.get("/agents/<handle>")
 def agent(handle: str):
-    """An agent's inbox or sent handoffs (``box``), filtered by ``state``, paged by ``cursor``; its blocks."""
+    """An agent's inbox or sent handoffs (``box``), filtered by ``state`` and ``priority``, paged by ``cursor``; its blocks."""
     subject = _agent(handle)
     q = _query(InboxQuery())
     return render_template(
@@ -475,7 +476,9 @@ def thread(task_id: str):
 
 @bp.get("/threads/<task_id>/live")
 def thread_live(task_id: str):
-    """What changed on a thread since the page's ``seen`` (sequence) and ``version``: 204 when nothing did.
+    """What changed on a thread since the page's ``seen`` (sequence), ``version`` and ``state``
+    (the effective one: a lease that lapsed or an expiry that passed changes it with no write):
+    204 when nothing did.
 
     Otherwise the new messages (appended by htmx), the thread's state and audit trail
     (swapped out of band) and the poller with the new marks.
@@ -483,7 +486,7 @@ def thread_live(task_id: str):
     tid = _task_id(task_id)
     seen = request.args.get("seen", default=0, type=int)
     version = request.args.get("version", default=0, type=int)
-    if org.thread_marker(g.operator.org, tid) == (seen, version):
+    if org.thread_marker(g.operator.org, tid) == (seen, version, request.args.get("state")):
         return "", 204
     view = org.thread_view(g.operator.org, tid)
     new = [m for m in view["messages"] if m["sequence_no"] > seen]
