@@ -177,6 +177,9 @@ def test_the_lifecycle_ends_through_the_stock_client(relay_url, make_agent, app)
             states = {
                 t.id: (await client.get_task(GetTaskRequest(id=t.id))).status.state for t in (declined, failed, expired)
             }
+            for task, reason in ((declined, "no"), (failed, "stuck")):  # why, as the agent's status message
+                status = (await client.get_task(GetTaskRequest(id=task.id))).status
+                assert (status.message.role, status.message.parts[0].text) == (Role.ROLE_AGENT, reason)
             assert states == {
                 declined.id: TaskState.TASK_STATE_REJECTED,
                 failed.id: TaskState.TASK_STATE_FAILED,

@@ -60,23 +60,34 @@ def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
     }
 
 
-def _result_message(task: dict) -> dict:
+def _closing_message(task: dict, state: str) -> dict | None:
+    """The ROLE_AGENT status message of a task that ended: the result summary on completion,
+    the reason of a decline or fail (issue 29); None otherwise."""
+    if state == "completed" and task.get("result_summary"):
+        text, kind = task["result_summary"], "resultSummary"
+    elif state in ("declined", "failed") and task.get("reason"):
+        text, kind = task["reason"], "reason"
+    else:
+        return None
     return {
-        "messageId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay:result:{task['task_id']}")),
+        "messageId": str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"relay:{'result' if kind == 'resultSummary' else state}:{task['task_id']}")
+        ),
         "contextId": _uuid_text(task["context_id"]),
         "taskId": task["task_id"],
         "role": "ROLE_AGENT",
-        "parts": [{"text": task["result_summary"]}],
-        "metadata": {"resultSummary": True},
+        "parts": [{"text": text}],
+        "metadata": {kind: True},
     }
 
 
 def status_out(task: dict) -> dict:
-    """A2A ``TaskStatus``: the state, when it last changed (last activity), and on completion
-    a ROLE_AGENT message holding the result summary."""
+    """A2A ``TaskStatus``: the state, when it last changed (last activity), and when it ended
+    a ROLE_AGENT message holding the result summary, or why it was declined or failed."""
     status: dict[str, Any] = {"state": STATES[task["status"]["state"]], "timestamp": task["updated_at"]}
-    if task["status"]["state"] == "completed" and task.get("result_summary"):
-        status["message"] = _result_message(task)
+    closing = _closing_message(task, task["status"]["state"])
+    if closing is not None:
+        status["message"] = closing
     return status
 
 
@@ -136,14 +147,14 @@ def status_event(
     """A2A ``StreamResponse`` of a task stream: ``{"statusUpdate": TaskStatusUpdateEvent}``.
 
     ``state`` is the relay state the task is in at ``timestamp``; ``message`` (an A2A
-    Message) is the status message: a reply of the agent, or on completion the result
-    summary (added here when none is given).
+    Message) is the status message: a reply of the agent, or at the end the result summary
+    or the reason of a decline or fail (added here when none is given).
     """
     status: dict[str, Any] = {"state": STATES[state], "timestamp": timestamp}
+    if message is None:
+        message = _closing_message(task, state)
     if message is not None:
         status["message"] = message
-    elif state == "completed" and task.get("result_summary"):
-        status["message"] = _result_message(task)
     event: dict[str, Any] = {
         "taskId": task["task_id"],
         "contextId": _uuid_text(task["context_id"]),

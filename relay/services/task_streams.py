@@ -54,6 +54,7 @@ _ROW = (
     Thread.declined_at,
     Thread.failed_at,
     Thread.expired_at,
+    Thread.reason,
 )
 
 
@@ -192,6 +193,7 @@ class TaskStream(streams.Held):
                 "context_id": format_ulid(row.context_id),
                 "status": {"state": row.state},
                 "result_summary": row.result_summary,
+                "reason": row.reason,
                 "updated_at": iso(row.updated_at),
             }
             stamps = {state: getattr(row, column) for state, column in threads.STAMP_COLUMN.items()}
