@@ -622,8 +622,22 @@ class Message:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class _LifecycleFields:
+    """The work lifecycle's fields of a thread (issue 29), in ``tasks/get`` and every transition's answer."""
+
+    priority: str | None = None
+    expires_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    lease_token: str | None = None
+    declined_at: datetime | None = None
+    failed_at: datetime | None = None
+    expired_at: datetime | None = None
+    reason: str | None = None
+
+
 @dataclass(frozen=True)
-class Handoff:
+class Handoff(_LifecycleFields):
     """A whole thread, from ``tasks/get`` (seed 000): its state, participants and messages.
 
     ``task_id`` and ``thread_id`` are the same 26-character ULID; ``state`` is
@@ -654,14 +668,6 @@ class Handoff:
     cancelled_at: datetime | None
     created_at: datetime | None
     updated_at: datetime | None
-    priority: str | None = None
-    expires_at: datetime | None = None
-    lease_expires_at: datetime | None = None
-    lease_token: str | None = None
-    declined_at: datetime | None = None
-    failed_at: datetime | None = None
-    expired_at: datetime | None = None
-    reason: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -772,7 +778,7 @@ class SendResult:
 
 
 @dataclass(frozen=True)
-class TransitionResult:
+class TransitionResult(_LifecycleFields):
     """What ``tasks/update`` / ``tasks/cancel`` answered: the thread's new state and times.
 
     The lifecycle's fields are :class:`Handoff`'s: after an accept with a lease (or a
@@ -790,14 +796,6 @@ class TransitionResult:
     completed_at: datetime | None
     cancelled_at: datetime | None
     updated_at: datetime | None
-    priority: str | None = None
-    expires_at: datetime | None = None
-    lease_expires_at: datetime | None = None
-    lease_token: str | None = None
-    declined_at: datetime | None = None
-    failed_at: datetime | None = None
-    expired_at: datetime | None = None
-    reason: str | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
