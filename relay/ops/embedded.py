@@ -60,12 +60,43 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _ensure_system_user() -> None:
+    """As root, create pgserver's ``pgserver`` system user once, under a lock, before pgserver does.
+
+    pgserver runs PostgreSQL as that user when started by root, and creates it with
+    ``useradd`` when missing. Two processes doing so at once on a fresh machine (the
+    tests' two xdist workers) both ran useradd: the user ended with another uid than the
+    one the first had chowned its data directory to, and initdb failed ("could not change
+    permissions of directory").
+    """
+    if os.geteuid() != 0:
+        return
+    import fcntl
+    import pwd
+    import subprocess
+    import tempfile
+
+    try:
+        pwd.getpwnam("pgserver")
+        return
+    except KeyError:
+        pass
+    with open(Path(tempfile.gettempdir()) / "relay-pgserver-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam("pgserver")
+        except KeyError:
+            subprocess.run(["useradd", "-s", "/bin/bash", "pgserver"], check=True, capture_output=True)
+
+
 def start_postgres(home: Path):
     """Start (or reuse) the embedded PostgreSQL under ``home/pg``; return (server, url)."""
     import subprocess
     import sys
 
     import pgserver
+
+    _ensure_system_user()
 
     # Started by a child in a session of its own, which leaves it running: Ctrl-C signals
     # the terminal's whole process group, and a postmaster in it takes that SIGINT as a
