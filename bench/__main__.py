@@ -42,6 +42,9 @@ def main() -> None:
     run_p.add_argument("--users", type=int, help="closed-loop clients (default 8; 4 with --quick)")
     run_p.add_argument("--only", help="comma-separated path kinds, e.g. send_create,tasks_list (no webhook phase)")
     run_p.add_argument("--repeats", type=int, help="runs of each path and of its ceiling, alternating (default 3)")
+    run_p.add_argument(
+        "--pooled", action="store_true", help="relay and ceiling through a private PgBouncer in transaction mode"
+    )
     modes_p = sub.add_parser(
         "modes",
         parents=[common],
@@ -181,10 +184,12 @@ def main() -> None:
             args.users,
             folder if args.profile else None,
             repeats=args.repeats,
+            pooled=args.pooled,
         )
         print_table(results)
         only = f"-{args.only.replace(',', '+')}" if args.only else ""
-        name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}{only}.json"
+        mode = "-pooled" if args.pooled else ""
+        name = f"{results['date'][:10]}-{results['commit']}{'-quick' if args.quick else ''}{mode}{only}.json"
     elif args.command == "modes":
         from bench.run import VARIANT_SETS, VARIANTS, compare, print_compare
 

@@ -294,8 +294,14 @@ def run(
     users: int | None = None,
     profile_dir: Path | None = None,
     repeats: int | None = None,
+    pooled: bool = False,
 ) -> dict:
     """Measure everything (or the ``only`` paths, by kind); return the results document.
+
+    With ``pooled``, the relay's processes and both ceilings reach PostgreSQL through a
+    private PgBouncer 1.18 in transaction mode (``DATABASE_CONNECTION_POOL_URL``; the
+    relay's PREPARE then turns off, as in a deploy behind it); seeding and analyzing stay
+    direct.
 
     The paths are measured as the hot-paths issue's independent run was: closed-loop
     clients, gunicorn, and no Celery worker (its CPU would be taken from the web tier on
@@ -318,10 +324,18 @@ def run(
         "repeats": repeats,
         "load_generator": "bench.closed_loop: threads on raw keep-alive sockets, closed loop (not locust)",
         "paths": {},
+        "mode": "pooled" if pooled else "direct",
     }
+    pooler = None
     with harness.fresh_database() as database_url:
         env = harness.base_env(database_url)
         keys = harness.create_agents(env, handles)
+        if pooled:
+            from relay.ops.pooler import Pooler
+
+            pooler = Pooler(harness.server_urls()[0], pool_size=20)
+            results["pooler"] = "PgBouncer 1.18, pool_mode=transaction, default_pool_size=20"
+            env = {**env, "DATABASE_CONNECTION_POOL_URL": pooler.url(database_url)}
         relay, relay_url = harness.gunicorn("app:app", env, workers)
         ceiling, ceiling_url = harness.gunicorn("bench.ceiling:app", env, workers)
         worker = None
@@ -338,6 +352,18 @@ def run(
                         ]
                     )
                 results["ceilings"] = ceilings
+                # Once, to show what the ceiling before issue 33 paid (SQLAlchemy, a ping per
+                # checkout); every ratio below is against the bare one.
+                sqla, sqla_url = harness.gunicorn("bench.ceiling_sqla:app", env, workers)
+                try:
+                    results["ceilings_sqlalchemy_once"] = {
+                        kind: load({"host": sqla_url, "kind": kind, "users": users, "duration": duration}, sqla)
+                        for kind in ("ceiling_insert", "ceiling_select")
+                    }
+                finally:
+                    sqla.stop()
+                for kind, fig in results["ceilings_sqlalchemy_once"].items():
+                    fig["of_bare"] = fig["rps"] / ceilings[kind]["rps"] if ceilings[kind]["rps"] else None
 
                 def measure(kind: str, ceiling_kind: str) -> dict:
                     scenario = {"host": relay_url, "kind": kind, "users": users, "duration": duration, "data": data}
@@ -361,7 +387,10 @@ def run(
                     if ceiling_cpu and fig.get("web_cpu_ms_per_req"):
                         fig["ratio_cpu"] = ceiling_cpu / fig["web_cpu_ms_per_req"]
                     if profile_dir is not None:
-                        out = profile_dir / f"{results['date'][:10]}-{results['commit']}-profile-{kind}.txt"
+                        out = (
+                            profile_dir
+                            / f"{results['date'][:10]}-{results['commit']}-profile-{results['mode']}-{kind}.txt"
+                        )
                         fig["profile"] = {"file": out.name, "top": profile_path(relay, scenario, out)}
                     return fig
 
@@ -390,6 +419,8 @@ def run(
             for proc in (relay, ceiling, worker):
                 if proc is not None:
                     proc.stop()
+            if pooler is not None:
+                pooler.stop()
     return results
 
 
@@ -407,6 +438,10 @@ def print_table(results: dict) -> None:
         print(
             f"{name:<26}{fig['rps']:>9.1f}{ratio:>8}{fig['p50_ms']:>9.1f}{fig['p95_ms']:>9.1f}{fig['p99_ms']:>9.1f}"
             f"{fig['failures']:>6}{fig.get('web_cpu_ms_per_req', 0):>11.2f}{fig.get('generator_cpu_s', 0):>10.1f}"
+        )
+    for kind, fig in results.get("ceilings_sqlalchemy_once", {}).items():
+        print(
+            f"{kind} through SQLAlchemy with pool_pre_ping, once: {fig['rps']:.1f} req/s = {fig['of_bare']:.2f}x the bare one"
         )
     if "webhook_latency" in results:
         print(f"webhook latency: {results['webhook_latency']}")
