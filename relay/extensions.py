@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import select
 
 import psycopg2
 import psycopg2.extras
 import redis
-from flask import current_app
+from flask import current_app, g, has_request_context
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import Engine, MetaData, event, exc
 from sqlalchemy.orm import DeclarativeBase
@@ -67,40 +68,110 @@ def redis_client() -> redis.Redis:
     return client
 
 
-# The pool's liveness ping, and the key generation read in the same round trip
-# (migration 0006): the pessimistic disconnect handling SQLAlchemy documents for a
-# custom ping, a "checkout" listener that raises DisconnectionError so the pool
-# discards the connection and retries with a new one.
-_GENERATION_SQL = "SELECT value FROM relay_generations WHERE name = 'api_keys'"
-KEY_GENERATION = "relay_key_generation"
+# The pool's liveness check, with no round trip: an idle PostgreSQL connection has nothing
+# to read, so a socket that polls readable has been closed by the server (a restart, a
+# terminated backend, a pooler that went away) or holds its FATAL goodbye. That is the
+# pessimistic disconnect handling SQLAlchemy documents for a custom ping: a "checkout"
+# listener that raises DisconnectionError, so the pool discards the connection and
+# retries with a new one. It replaced ``SELECT value FROM relay_generations`` on every
+# checkout, a round trip a request (issue 33): the key generation is now checked in the
+# request's first statement (GuardedCursor below).
+try:
+    from gevent.monkey import get_original
+
+    _select = get_original("select", "select")  # a zero timeout never yields: the unpatched call
+except ImportError:  # pragma: no cover - gevent is a dependency
+    _select = select.select
 
 
-def _ping_and_read_generation(dbapi_connection, record, proxy) -> None:
+def _check_alive(dbapi_connection, record, proxy) -> None:
     try:
-        # In autocommit: one round trip, and no transaction left open (psycopg2 would
-        # send BEGIN first, and the request's own statements may not want one).
-        dbapi_connection.autocommit = True
-        try:
-            with dbapi_connection.cursor() as cur:
-                cur.execute(_GENERATION_SQL)
-                row = cur.fetchone()
-        finally:
-            dbapi_connection.autocommit = False
-        record.info[KEY_GENERATION] = row[0] if row else None
-    except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+        closed = dbapi_connection.closed or bool(_select([dbapi_connection.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg2.InterfaceError) as e:
         raise exc.DisconnectionError() from e
-    except psycopg2.Error:
-        # No such table yet (a database before migration 0006): no generation, so no
-        # key is served from a cache.
-        record.info[KEY_GENERATION] = None
+    if closed:
+        raise exc.DisconnectionError("the server closed the connection while it was idle in the pool")
+
+
+def _use_guarded_cursors(dbapi_connection, record) -> None:
+    dbapi_connection.cursor_factory = GuardedCursor
 
 
 def install_checkout_ping(engine: Engine) -> None:
-    """Ping every connection on checkout and note the key generation on it (once per engine)."""
-    if not event.contains(engine, "checkout", _ping_and_read_generation):
-        event.listen(engine, "checkout", _ping_and_read_generation)
+    """Check every connection's socket on checkout, and give every cursor the key guard (once per engine)."""
+    if not event.contains(engine, "checkout", _check_alive):
+        event.listen(engine, "checkout", _check_alive)
+        event.listen(engine, "connect", _use_guarded_cursors)
 
 
-def key_generation() -> int | None:
-    """The key generation read when the current session's connection was checked out, or None."""
-    return db.session.connection().connection.info.get(KEY_GENERATION)
+# --- the key generation guard (migration 0018) ---------------------------------------
+
+_GUARD = "_relay_key_guard"
+KEY_GENERATION_MOVED = "RL001"  # relay_check_key_generation's SQLSTATE
+
+
+class KeyGenerationMoved(BaseException):
+    """The key generation a cached key was trusted under moved before the request's first statement.
+
+    Raised in place of the statement's result (the statement did not run). A
+    BaseException, like GreenletExit, so that no ``except Exception`` between the
+    statement and the view turns it into an answer: the view wrapper
+    (relay.transport.auth) forgets the cached key and runs the view once more.
+    """
+
+
+def expect_key_generation(generation: int) -> None:
+    """Have this request's first statement check that the 'api_keys' generation is still ``generation``."""
+    setattr(g, _GUARD, int(generation))
+
+
+def take_key_guard() -> str | None:
+    """The guard statement this request still owes (and forget it), or None.
+
+    Shape: ``"SELECT relay_check_key_generation(42); "``, sent ahead of a statement in the
+    same query message. None outside a request or once a statement carried it.
+    """
+    if not has_request_context():
+        return None
+    generation = g.pop(_GUARD, None)
+    return None if generation is None else f"SELECT relay_check_key_generation({generation}); "
+
+
+def key_guard_pending() -> bool:
+    """True while this request was served from the key cache and has run no statement yet."""
+    return has_request_context() and _GUARD in g
+
+
+class GuardedCursor(psycopg2.extensions.cursor):
+    """A psycopg2 cursor that prefixes the request's owed key guard to its first statement.
+
+    psycopg2 sends a query with its parameters merged in, as one simple-protocol message;
+    two statements in one message run in one implicit transaction, so when the guard
+    raises (SQLSTATE RL001) the statement after it never runs, and
+    :class:`KeyGenerationMoved` is raised instead.
+    """
+
+    def execute(self, query, vars=None):
+        guard = take_key_guard()
+        if guard is None:
+            return super().execute(query, vars)
+        if isinstance(query, bytes):
+            query = guard.encode() + query
+        else:
+            query = guard + (query if isinstance(query, str) else query.as_string(self))
+        return _moved_is_raised(super().execute, query, vars)
+
+    def executemany(self, query, vars_list):
+        guard = take_key_guard()
+        if guard is not None:
+            _moved_is_raised(super().execute, guard)
+        return super().executemany(query, vars_list)
+
+
+def _moved_is_raised(execute, *args):
+    try:
+        return execute(*args)
+    except psycopg2.Error as e:
+        if e.pgcode == KEY_GENERATION_MOVED:
+            raise KeyGenerationMoved() from None
+        raise

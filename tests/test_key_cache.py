@@ -143,3 +143,125 @@ def test_revocation_is_immediate_under_concurrent_requests(app, alice, database_
     # One that started just before may already see the revocation: only "after" is a rule.
     assert 200 in before, before[:10]
     assert after and set(after) == {401}, after[:10]
+
+
+# --- the guard in the first statement (migration 0018; issue 33) ----------------------
+
+
+def _sent(app, fn):
+    """Run ``fn()``; return every query text the process's cursors sent meanwhile (below SQLAlchemy).
+
+    What psycopg2 sent after merging parameters, so the key guard prefixed to a
+    statement shows, and so do statements no SQLAlchemy event sees (raw cursors).
+    """
+    from relay.extensions import GuardedCursor
+
+    sent: list[str] = []
+    execute = GuardedCursor.execute
+
+    def record(self, query, vars=None):
+        try:
+            return execute(self, query, vars)
+        finally:
+            sent.append(self.query.decode() if self.query else str(query))
+
+    GuardedCursor.execute = record
+    try:
+        fn()
+    finally:
+        GuardedCursor.execute = execute
+    return sent
+
+
+def _send(client, key, recipient, text="please review"):
+    return client.post(
+        "/a2a",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}},
+        },
+        headers=bearer(key),
+    )
+
+
+def test_a_cached_request_sends_one_query_that_carries_the_guard(app, client, alice):
+    """No checkout ping and no generation read apart: the page and its guard travel together."""
+    _handle, key = alice
+    for _ in range(6):  # every pooled connection has PREPAREd the page (the pool hands them out in turn)
+        assert _tasks_list(client, key).status_code == 200
+    sent = _sent(app, lambda: _tasks_list(client, key))
+    assert len(sent) == 1, sent
+    assert sent[0].startswith("SELECT relay_check_key_generation("), sent[0][:120]
+
+
+def test_a_cached_create_is_one_query_with_its_guard(app, client, alice, bob):
+    _handle, key = alice
+    for _ in range(6):
+        assert _send(client, key, bob[0]).status_code == 200
+    sent = _sent(app, lambda: _send(client, key, bob[0]))
+    assert len(sent) == 1, sent
+    assert sent[0].startswith("SELECT relay_check_key_generation("), sent[0][:120]
+
+
+def test_another_keys_revocation_reruns_the_request_once_and_loses_nothing(app, client, alice, bob, database_url):
+    """The generation moved for bob's key: alice's cached create is refused by its guard,
+    her key is looked up again, and the create runs once: one thread, answered 200."""
+    _handle, key = alice
+    assert _tasks_list(client, key).status_code == 200
+    before = sql(app, "SELECT count(*) FROM threads")[0][0]
+    _on_other_connection(database_url, f"UPDATE api_keys SET revoked_at = now() WHERE agent_id = "
+                         f"(SELECT id FROM agents WHERE handle = '{bob[0]}')")  # fmt: skip
+    resp = _send(client, key, bob[0])
+    assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_json()
+    assert sql(app, "SELECT count(*) FROM threads")[0][0] == before + 1
+    assert _tasks_list(client, key).status_code == 200
+
+
+def test_a_revoked_cached_key_creates_nothing(app, client, alice, bob, database_url):
+    _handle, key = alice
+    assert _send(client, key, bob[0]).status_code == 200
+    before = sql(app, "SELECT count(*) FROM threads")[0][0]
+    _on_other_connection(database_url, "UPDATE api_keys SET revoked_at = now() WHERE agent_id = "
+                         f"(SELECT id FROM agents WHERE handle = '{alice[0]}')")  # fmt: skip
+    resp = _send(client, key, bob[0])
+    assert resp.get_json()["error"]["code"] == -32001, resp.get_json()
+    assert sql(app, "SELECT count(*) FROM threads")[0][0] == before
+
+
+def test_a_revoked_cached_key_is_refused_where_no_statement_runs(client, alice, database_url):
+    """An unknown method and a malformed task_id are answered before any query: the guard is checked apart."""
+    _handle, key = alice
+    assert _tasks_list(client, key).status_code == 200
+    unknown = {"jsonrpc": "2.0", "id": 1, "method": "tasks/nope", "params": {}}
+    assert client.post("/a2a", json=unknown, headers=bearer(key)).get_json()["error"]["code"] == -32601
+    bad = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"task_id": "not-a-uuid"}}
+    assert client.post("/a2a", json=bad, headers=bearer(key)).get_json()["error"]["code"] == -32602
+    _on_other_connection(database_url, "UPDATE api_keys SET revoked_at = now()")
+    assert client.post("/a2a", json=unknown, headers=bearer(key)).get_json()["error"]["code"] == -32001
+    assert client.post("/a2a", json=bad, headers=bearer(key)).get_json()["error"]["code"] == -32001
+
+
+def test_a_connection_the_server_closed_is_replaced_at_checkout(app, client, alice, database_url):
+    """With no ping, the checkout polls the socket: a terminated backend is noticed before use, not a 503."""
+    _handle, key = alice
+    assert _tasks_list(client, key).status_code == 200
+    admin = connect(database_url)
+    try:
+        with admin.cursor() as cur:
+            from tests.conftest import _admin_conns
+
+            spared = [c.get_backend_pid() for c in _admin_conns.values() if not c.closed]  # the fixtures' own
+            cur.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND NOT pid = ANY(%s)",
+                (spared,),
+            )
+            assert cur.fetchone()[0] >= 1
+        admin.commit()
+    finally:
+        admin.close()
+    time.sleep(0.2)  # the FATAL message and the close reach the pooled connection's socket
+    for _ in range(3):
+        assert _tasks_list(client, key).status_code == 200

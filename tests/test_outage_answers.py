@@ -40,18 +40,28 @@ class CuttingProxy:
         self.after = False
         self.seen = 0
         self.fired = False
+        self.cut_done = threading.Event()
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, n: int, *, after: bool) -> None:
         with self.lock:
             self.arm_at, self.after, self.seen, self.fired = n, after, 0, False
+            self.cut_done = threading.Event()
 
     def disarm(self) -> bool:
-        """Stop cutting; return whether the armed cut fired."""
+        """Stop cutting; return whether the armed cut fired, once its sockets are closed.
+
+        A cut after forwarding closes 0.2 s after the query: a call started sooner would
+        find its connection alive at checkout and lose it under its first query, which
+        is the cut's own call losing it, not the next one.
+        """
         with self.lock:
             self.arm_at = None
-            return self.fired
+            fired = self.fired
+        if fired:
+            assert self.cut_done.wait(5), "the cut connection was never closed"
+        return fired
 
     def close(self) -> None:
         self.listener.close()
@@ -79,6 +89,7 @@ class CuttingProxy:
         _close(server)
 
     def _to_server(self, client: socket.socket, server: socket.socket) -> None:
+        cut = False
         try:
             while True:  # untyped: SSL/GSS requests, then the startup message
                 (length,) = struct.unpack("!i", _read(client, 4))
@@ -106,6 +117,8 @@ class CuttingProxy:
             pass
         _close(client)
         _close(server)
+        if cut:
+            self.cut_done.set()
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
@@ -248,8 +261,12 @@ def test_an_append_a_batch_a_feed_read_and_readyz_cut_anywhere_are_503(cut_app, 
         ),
     }
     for what, call in calls.items():
-        for after in (False, True):
-            assert _cut_every_statement(proxy, call, after, what), f"{what}: no cut answered 503"
+        assert _cut_every_statement(proxy, call, False, what), f"{what}: no cut answered 503"
+        # A cut after forwarding loses an answer only to a query that has another after it on
+        # its connection: a feed page is one query (its key guard rides in it), answered before
+        # the close, so none of its cuts is an outage (each is still checked to be 200 or 503).
+        outages = _cut_every_statement(proxy, call, True, what)
+        assert outages or what == "feed", f"{what}: no cut after forwarding answered 503"
 
     # /readyz's cut also lands in teardown's rollback: it must not escape as gunicorn's 500.
     statuses = []

@@ -16,9 +16,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import make_transient_to_detached
 
 from relay.errors import RelayError, invalid
-from relay.extensions import db, key_generation
-from relay.models import Agent, ApiKey
-from relay.services import unit_of_work
+from relay.extensions import KeyGenerationMoved, db, expect_key_generation, key_guard_pending
+from relay.models import Agent, ApiKey, Generation
+from relay.services import statement_cursor, unit_of_work
 
 # A handle is ``local@org`` (docs/decisions.md, "Handles"): new agents and recipients follow
 # the grammar of handle_problem; LEGACY_HANDLE_RE (also the database's handle_format check)
@@ -230,12 +230,14 @@ class _Cached:
     expires: float  # time.monotonic()
 
 
-# Authenticated keys by digest, per app: a hit costs no query. An entry is used only
-# while the key generation read on this request's connection checkout (the pool's ping,
-# relay/extensions.py) is the one it was cached under; migration 0006's triggers change
-# that generation in the same transaction as any revocation, disable or deletion, so a
-# revoked key is refused by every process as soon as the revocation commits. The age
-# bound only limits memory and how long an agent's name or role can look stale.
+# Authenticated keys by digest, per app: a hit costs no query of its own. An entry is
+# trusted only as far as the request's first statement, which carries a check that the
+# key generation is still the one it was cached under (relay.extensions.GuardedCursor,
+# migration 0018); a request that runs none checks it apart (verify_key_generation).
+# Migration 0006's triggers change that generation in the same transaction as any
+# revocation, disable or deletion, so a revoked key is refused by every process as soon
+# as the revocation commits. The age bound only limits memory and how long an agent's
+# name or role can look stale.
 KEY_CACHE_SECONDS = 300
 KEY_CACHE_SIZE = 10_000
 
@@ -263,22 +265,27 @@ def authenticate(raw_key: str | None) -> Agent:
     if not KEY_RE.match(raw_key):
         raise RelayError("unauthenticated", "malformed API key")
     digest = key_digest(raw_key)
-    generation = key_generation()  # read before the key, so a later revocation misses the entry
     cache = _key_cache()
     now_mono = time.monotonic()
     hit = cache.get(digest)
     now = datetime.now(UTC)
-    if hit is not None and generation is not None and hit.generation == generation and hit.expires > now_mono:
+    if hit is not None and hit.expires > now_mono:
         if hit.last_used_at is not None and now - hit.last_used_at <= LAST_USED_RESOLUTION:
+            # Trusted only if the request's first statement finds the generation unmoved
+            # (relay.extensions.GuardedCursor); else the view runs again after forget_key.
+            expect_key_generation(hit.generation)
             return hit.agent
     cache.pop(digest, None)  # stale or absent: a key that now fails must not count as known valid
     session = db.session
+    # The generation in the key's own statement: one snapshot, so a revocation that
+    # commits after it moves the generation this entry is cached under.
+    generation_now = select(Generation.value).where(Generation.name == "api_keys").scalar_subquery()
     row = session.execute(
-        select(ApiKey, Agent).join(Agent, ApiKey.agent_id == Agent.id).where(ApiKey.digest == digest)
+        select(ApiKey, Agent, generation_now).join(Agent, ApiKey.agent_id == Agent.id).where(ApiKey.digest == digest)
     ).first()
     if row is None:
         raise RelayError("unauthenticated", "unknown API key")
-    key, agent = row
+    key, agent, generation = row
     if key.revoked_at is not None:
         raise RelayError("unauthenticated", "API key revoked")
     if agent.disabled_at is not None:
@@ -292,6 +299,44 @@ def authenticate(raw_key: str | None) -> Agent:
         if len(cache) >= KEY_CACHE_SIZE:
             cache.clear()
         cache[digest] = _Cached(_detached_copy(agent), key.id, last_used, generation, now_mono + KEY_CACHE_SECONDS)
+    return agent
+
+
+def forget_key(raw_key: str | None) -> None:
+    """Drop ``raw_key`` from this process's key cache: its next authentication reads the key."""
+    if raw_key:
+        _key_cache().pop(key_digest(raw_key), None)
+
+
+def verify_key_generation() -> None:
+    """Check the key guard a request still owes when it ran no statement; raise KeyGenerationMoved.
+
+    One round trip, only for a request served from the key cache that touched no table
+    (an error before any query, a stream whose queries come later): no cached key
+    answers a request unchecked.
+    """
+    if key_guard_pending():
+        with statement_cursor(db.session, alone=True) as cur:
+            cur.execute("SELECT 1")
+
+
+def reauthenticate(raw_key: str | None) -> Agent:
+    """Authenticate ``raw_key`` again in a request that outlives its authentication (a wait, a stream).
+
+    Like :func:`authenticate`, but a cache hit is checked against the key generation at
+    once (one round trip) rather than in the next statement: a stream's next statement
+    runs outside the view, where no one would answer KeyGenerationMoved. When the
+    generation moved, the key is read again, so a revoked key raises unauthenticated.
+    """
+    agent = authenticate(raw_key)
+    if not key_guard_pending():
+        return agent
+    try:
+        verify_key_generation()
+    except KeyGenerationMoved:
+        db.session.rollback()
+        forget_key(raw_key)
+        agent = authenticate(raw_key)
     return agent
 
 

@@ -32,6 +32,9 @@ def init_app(app: Flask) -> None:
     from relay.transport import console  # after ratelimit: its sign-in limits live on that Limiter
 
     console.init_app(app)
+    from relay.transport.auth import guard_views
+
+    guard_views(app)  # after every blueprint: it wraps each view
 
     @app.after_request
     def _retry_after_on_503(resp):

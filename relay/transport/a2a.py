@@ -198,7 +198,7 @@ def _still_allowed() -> Callable[[], None]:
 
     def check() -> None:
         try:
-            agents.authenticate(token)
+            agents.reauthenticate(token)
         except RelayError as exc:
             if exc.symbol == "unauthenticated":  # every bad key gets the same answer (transport/auth.py)
                 raise RelayError("unauthenticated", INVALID_KEY) from None

@@ -9,17 +9,18 @@ strategy); past it a request is refused with ``rate_limited`` before any databas
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
 import time
 
 import redis
-from flask import current_app, g, request
+from flask import Flask, current_app, g, request
 from limits import parse
 
 from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
-from relay.extensions import redis_client
+from relay.extensions import KeyGenerationMoved, redis_client
 from relay.models import Agent
 from relay.services import agents as agent_service
 
@@ -67,22 +68,83 @@ def try_current_agent() -> Agent | None:
             raise
         # PostgreSQL is unreachable (down, restarting): neither the caller's fault (401)
         # nor an internal error (500). Transports answer service_unavailable (503/-32603).
-        from relay.extensions import db
-
-        try:
-            db.session.rollback()
-        except Exception:
-            pass
-        log.warning("database unavailable during authentication", extra={"request_id": g.get("request_id")})
+        _rollback()
         agent = None
-        g._relay_auth_error = RelayError(
-            "service_unavailable", "the database is unavailable; retry shortly", {"request_id": g.get("request_id")}
-        )
+        g._relay_auth_error = _unavailable()
     g._relay_agent = agent
     # Kept apart from the row: a rollback later in the request expires the Agent, and reading
     # it then would query PostgreSQL again (the request log line must not, it may be down).
     g._relay_agent_handle = agent.handle if agent is not None else None
     return agent
+
+
+def guard_views(app: Flask) -> None:
+    """Run each of ``app``'s views once more when the key it was served under from the cache moved.
+
+    A request whose key came from the key cache is trusted only if its first statement
+    finds the key generation unmoved (relay.extensions.GuardedCursor). When it moved (a
+    key, any key, was revoked, or an agent disabled), that statement did not run and
+    KeyGenerationMoved is raised: the request's session is rolled back, the key is
+    looked up again (401 if it was the one revoked), and the view runs again. A view
+    that returns having run no statement has the generation checked apart first.
+    Register after every blueprint.
+    """
+    for endpoint, view in list(app.view_functions.items()):
+        app.view_functions[endpoint] = _guarded(view)
+
+
+class _Unverifiable(Exception):
+    """The owed key guard could not be checked: PostgreSQL is unreachable."""
+
+
+def _verify_owed() -> None:
+    try:
+        agent_service.verify_key_generation()
+    except DATABASE_ERRORS as exc:
+        if not is_connection_error(exc):
+            raise
+        raise _Unverifiable() from exc
+
+
+def _guarded(view):
+    @functools.wraps(view)
+    def run(*args, **kwargs):
+        try:
+            try:
+                rv = view(*args, **kwargs)
+            except Exception:  # a 4xx raised before any query is an answer too
+                _verify_owed()
+                raise
+            _verify_owed()
+            return rv
+        except KeyGenerationMoved:
+            _rollback()
+            agent_service.forget_key(bearer_token())
+            for name in ("_relay_agent", "_relay_agent_handle", "_relay_auth_error"):
+                g.pop(name, None)
+        except _Unverifiable:
+            # As when the key itself cannot be read: each transport answers its own 503.
+            _rollback()
+            g._relay_agent, g._relay_agent_handle, g._relay_auth_error = None, None, _unavailable()
+        return view(*args, **kwargs)
+
+    return run
+
+
+def _rollback() -> None:
+    from relay.extensions import db
+
+    try:
+        db.session.rollback()
+    except Exception:  # the connection itself is gone; the pool replaces it
+        pass
+
+
+def _unavailable() -> RelayError:
+    log.warning("database unavailable during authentication", extra={"request_id": g.get("request_id")})
+    return RelayError(
+        "service_unavailable", "the database is unavailable; retry shortly", {"request_id": g.get("request_id")}
+    )
 
 
 def current_agent() -> Agent:

@@ -82,7 +82,7 @@ def still_allowed(handle: str):
     token = bearer_token()
 
     def check() -> None:
-        resolve_identity(agents.authenticate(token), handle)
+        resolve_identity(agents.reauthenticate(token), handle)
 
     return check
 
