@@ -219,6 +219,22 @@ def test_another_keys_revocation_reruns_the_request_once_and_loses_nothing(app, 
     assert _tasks_list(client, key).status_code == 200
 
 
+def test_the_run_again_reads_the_key_even_when_it_was_cached_anew(app, client, alice, bob, database_url, monkeypatch):
+    """Another request may cache the key between the guard's failure and the run again (the
+    hostile review's 500 under load): forget_key doing nothing stands in for it. The run
+    again reads the key itself, so no second guard can fail where nothing answers it."""
+    from relay.services import agents as agent_service
+
+    _handle, key = alice
+    assert _tasks_list(client, key).status_code == 200
+    before = sql(app, "SELECT count(*) FROM threads")[0][0]
+    monkeypatch.setattr(agent_service, "forget_key", lambda raw_key: None)
+    _on_other_connection(database_url, f"UPDATE agents SET name = 'Bob B' WHERE handle = '{bob[0]}'")
+    resp = _send(client, key, bob[0])
+    assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_json()
+    assert sql(app, "SELECT count(*) FROM threads")[0][0] == before + 1
+
+
 def test_a_revoked_cached_key_creates_nothing(app, client, alice, bob, database_url):
     _handle, key = alice
     assert _send(client, key, bob[0]).status_code == 200

@@ -252,13 +252,15 @@ def _detached_copy(agent: Agent) -> Agent:
     return copy
 
 
-def authenticate(raw_key: str | None) -> Agent:
+def authenticate(raw_key: str | None, *, cached: bool = True) -> Agent:
     """Return the agent owning an active key; raise unauthenticated saying why not.
 
     Missing, malformed, unknown or revoked keys and disabled agents are all refused
     (DESIGN.md, "Identities and keys"). A key that authenticated lately is answered from
     an in-process cache checked against the key generation (see ``_Cached``): the
-    revocation rule is the same as without it.
+    revocation rule is the same as without it. ``cached=False`` reads the key whatever
+    the cache holds, and owes no guard: a view run again after KeyGenerationMoved must
+    not be served from an entry another request cached meanwhile.
     """
     if not raw_key:
         raise RelayError("unauthenticated", "missing bearer API key")
@@ -269,7 +271,7 @@ def authenticate(raw_key: str | None) -> Agent:
     now_mono = time.monotonic()
     hit = cache.get(digest)
     now = datetime.now(UTC)
-    if hit is not None and hit.expires > now_mono:
+    if cached and hit is not None and hit.expires > now_mono:
         if hit.last_used_at is not None and now - hit.last_used_at <= LAST_USED_RESOLUTION:
             # Trusted only if the request's first statement finds the generation unmoved
             # (relay.extensions.GuardedCursor); else the view runs again after forget_key.

@@ -25,6 +25,7 @@ from relay.models import Agent
 from relay.services import agents as agent_service
 
 _UNSET = object()
+_REREAD = "_relay_key_reread"  # set on g for a view's run after KeyGenerationMoved
 log = logging.getLogger("relay.transport.auth")
 
 
@@ -50,7 +51,7 @@ def try_current_agent() -> Agent | None:
         g._relay_agent, g._relay_agent_handle, g._relay_auth_error = None, None, over
         return None
     try:
-        agent = agent_service.authenticate(token)
+        agent = agent_service.authenticate(token, cached=not g.get(_REREAD, False))
         g._relay_auth_error = None
         _remember_valid(token)
     except RelayError as exc:
@@ -122,6 +123,9 @@ def _guarded(view):
             agent_service.forget_key(bearer_token())
             for name in ("_relay_agent", "_relay_agent_handle", "_relay_auth_error"):
                 g.pop(name, None)
+            # The run again reads the key itself: a concurrent request may have cached it
+            # anew, and a second guard failing here would have no one left to answer it.
+            setattr(g, _REREAD, True)
         except _Unverifiable:
             # As when the key itself cannot be read: each transport answers its own 503.
             _rollback()
