@@ -1,7 +1,9 @@
 """Fixtures on the real servers: a fresh PostgreSQL database per session, real Redis.
 
 ``DATABASE_URL``/``REDIS_URL`` name the servers (the database in the URL is only used
-to connect and create the test database); when unset, embedded ones are started.
+to connect and create the test database); when unset, embedded ones are started under a
+temporary folder of this session, both on free 127.0.0.1 ports, so no test reaches a
+server it was not given.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def _server_urls() -> tuple[str, str]:
         from relay.ops import embedded
 
         if not db:
-            pg, db = embedded.start_postgres(_TMP)
+            # Over TCP: the pooled pass's PgBouncer and the outage tests' proxy need a host and port.
+            pg, db = embedded.start_postgres(_TMP, tcp=True)
             _TMP_PG.append(pg)
         if not rd:
             _TMP_REDIS.append(embedded.start_redis(_TMP)[0])
@@ -135,6 +138,15 @@ def migrated_database(server_url: str, prefix: str):
     with fresh_database(server_url, prefix) as url:
         upgrade(url)
         yield url
+
+
+def tcp_address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of the PostgreSQL server ``url`` names (libpq's 5432 when it names a host
+    and no port); skip the test, in one line, when ``url`` names a Unix socket instead."""
+    parsed = make_url(normalize_database_url(url))
+    if not parsed.host:
+        pytest.skip("needs PostgreSQL over TCP (host and port); DATABASE_URL names a Unix socket")
+    return parsed.host, parsed.port or 5432
 
 
 def connect(url: str):
@@ -256,10 +268,18 @@ def connections_named(app, pooler, name: str) -> int:
 @pytest.fixture(scope="session")
 def base_env(database_url, redis_url, pooler):
     """Environment for create_app and for subprocesses (CLI, gunicorn, celery)."""
-    env = dict(os.environ)
+    return session_environment(os.environ, database_url, redis_url, pooler.url(database_url) if pooler else None)
+
+
+def session_environment(environ, database_url: str, redis_url: str, pool_url: str | None) -> dict:
+    """``environ`` with the session's servers and the tests' settings (``base_env``)."""
+    env = dict(environ)
     env.pop("DATABASE_CONNECTION_POOL_URL", None)
-    if pooler is not None:
-        env["DATABASE_CONNECTION_POOL_URL"] = pooler.url(database_url)
+    # A RELAY_HOME exported for the runner's own relay up is that relay's: a test that needs a
+    # home makes its own (tests/live.py a temporary one), so no beat of the tests shares its files.
+    env.pop("RELAY_HOME", None)
+    if pool_url is not None:
+        env["DATABASE_CONNECTION_POOL_URL"] = pool_url
     env.update(
         {
             "DATABASE_URL": database_url,

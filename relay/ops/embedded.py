@@ -89,8 +89,16 @@ def _ensure_system_user() -> None:
             subprocess.run(["useradd", "-s", "/bin/bash", "pgserver"], check=True, capture_output=True)
 
 
-def start_postgres(home: Path):
-    """Start (or reuse) the embedded PostgreSQL under ``home/pg``; return (server, url)."""
+def start_postgres(home: Path, *, tcp: bool = False):
+    """Start (or reuse) the embedded PostgreSQL under ``home/pg``; return (server, url).
+
+    It listens on a Unix socket in its data directory, and the URL is a socket one
+    (``postgresql://postgres:@/relay?host=...``). With ``tcp`` it listens on a free
+    127.0.0.1 port as well, chosen at start, and the URL is that TCP one
+    (``postgresql://postgres@127.0.0.1:PORT/relay``): what a pooler or a proxy in front of
+    it needs. Trust authentication either way. The database ``relay`` is created when
+    missing. Raises subprocess.CalledProcessError when the server does not start.
+    """
     import subprocess
     import sys
 
@@ -105,8 +113,9 @@ def start_postgres(home: Path):
         [
             sys.executable,
             "-c",
-            "import sys, pgserver; pgserver.get_server(sys.argv[1], cleanup_mode=None)",
+            "import sys; from relay.ops.embedded import _run_postgres; _run_postgres(sys.argv[1], sys.argv[2] == '1')",
             home / "pg",
+            "1" if tcp else "0",
         ],
         env={**os.environ, "PYTHONWARNINGS": "ignore:XDG_RUNTIME_DIR is not set"},
         start_new_session=True,
@@ -114,10 +123,65 @@ def start_postgres(home: Path):
         timeout=120,
     )
     server = pgserver.get_server(home / "pg", cleanup_mode="stop")  # the running one; stopped at cleanup
-    exists = server.psql("SELECT 1 FROM pg_database WHERE datname = 'relay';")
-    if "(1 row)" not in exists:
-        server.psql("CREATE DATABASE relay;")
-    return server, server.get_uri("relay")
+    info = server.get_postmaster_info()
+    if tcp:
+        host, url = TCP_HOST, f"postgresql://postgres@{TCP_HOST}:{info.port}/relay"
+    else:
+        host, url = str(info.socket_dir), server.get_uri("relay")
+    _ensure_database(host, info.port, "relay")
+    return server, url
+
+
+TCP_HOST = "127.0.0.1"
+
+
+def _run_postgres(pgdata: str, tcp: bool) -> None:
+    """The child ``start_postgres`` runs: pgserver starts the cluster (socket only); with
+    ``tcp`` and no loopback listener yet, it is restarted listening on a free 127.0.0.1
+    port too (pgserver's own start passes ``-h ""``, which no configuration file overrides).
+
+    The port is free when chosen, but another process may bind it before PostgreSQL
+    does; the restart is then tried again on another port, three times in all.
+    """
+    import subprocess
+
+    import pgserver
+
+    server = pgserver.get_server(pgdata, cleanup_mode=None)
+    info = server.get_postmaster_info()
+    if not tcp or info.hostname == TCP_HOST:
+        return
+    pg_ctl = pgserver.pg_ctl  # pgserver exports each PostgreSQL binary as a function
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    for attempt in range(3):
+        options = f"-h {TCP_HOST} -p {free_port()} -k {info.socket_dir}"
+        try:
+            pg_ctl(
+                ["-w", "-o", options, "-l", str(server.log), "start"],
+                pgdata=server.pgdata,
+                user=server.system_user,
+                timeout=60,
+            )
+            return
+        except subprocess.CalledProcessError:
+            if attempt == 2:
+                raise
+
+
+def _ensure_database(host: str, port: int, name: str) -> None:
+    """Create database ``name`` on the embedded server at ``host`` (a socket folder or an
+    address) and ``port`` when it does not exist yet."""
+    import psycopg2
+
+    conn = psycopg2.connect(host=host, port=port, user="postgres", dbname="postgres", connect_timeout=10)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
 
 
 def start_redis(home: Path):
