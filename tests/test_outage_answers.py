@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
-from tests.conftest import bearer, connect, extra_app
+from tests.conftest import bearer, connect, extra_app, tcp_address
 
 _UNTYPED_REQUESTS = (80877103, 80877104)  # SSLRequest, GSSENCRequest: answered with one byte, then startup
 
@@ -144,7 +144,7 @@ def cut_app(base_env, celery_app, redis_url):
     """An app whose every database connection runs through a CuttingProxy."""
     name = "DATABASE_CONNECTION_POOL_URL" if base_env.get("DATABASE_CONNECTION_POOL_URL") else "DATABASE_URL"
     url = make_url(normalize_database_url(base_env[name]))
-    proxy = CuttingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = CuttingProxy(tcp_address(base_env[name]))
     proxied = url.set(host="127.0.0.1", port=proxy.port).update_query_dict({"sslmode": "disable"})
     with extra_app(base_env, celery_app, redis_url, **{name: proxied.render_as_string(hide_password=False)}) as other:
         yield other, proxy

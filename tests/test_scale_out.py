@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from relay.config import ConfigError, load_settings
 from relay.extensions import db
-from tests.conftest import bearer, connect, extra_app
+from tests.conftest import bearer, connect, extra_app, tcp_address
 
 
 def feed(handle: str) -> str:
@@ -285,6 +285,7 @@ def test_the_pooler_keeps_answering_after_thousands_of_logins(server_urls):
 
     from relay.ops.pooler import Pooler
 
+    tcp_address(server_urls[0])  # PgBouncer reaches its server over TCP
     pooler = Pooler(server_urls[0])
     try:
         for _ in range(2000):
@@ -351,6 +352,7 @@ def test_a_pooler_that_reaches_no_server_is_a_503_and_the_repoint_is_taken_up(
     from relay.ops.pooler import Pooler
 
     direct = make_url(database_url)
+    host, port = tcp_address(database_url)  # PgBouncer reaches its server over TCP
     pooler = Pooler(database_url, query_wait_timeout=1)  # each ping waits 1 s for a server, then fails
     try:
         with extra_app(base_env, celery_app, redis_url, DATABASE_CONNECTION_POOL_URL=pooler.url(database_url)) as other:
@@ -362,7 +364,7 @@ def test_a_pooler_that_reaches_no_server_is_a_503_and_the_repoint_is_taken_up(
             rpc = client.post(
                 "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}}, headers=bearer(alice[1])
             )
-            pooler.repoint(direct.port or 5432, [direct.database])
+            pooler.repoint(port, [direct.database], host=host)
             back = client.get(feed(alice[0]), headers=bearer(alice[1]))
     finally:
         pooler.stop()
