@@ -21,8 +21,7 @@ from flask import Blueprint, Response, current_app, g, stream_with_context
 from marshmallow import Schema
 
 from relay.encoding import dumps_bytes
-from relay.errors import RelayError, is_connection_error
-from relay.extensions import db
+from relay.errors import RelayError
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import (
@@ -34,6 +33,7 @@ from relay.schemas.handoffs import (
     transition_args,
 )
 from relay.services import threads
+from relay.transport import errors
 from relay.transport.auth import current_agent, retry_after_seconds
 from relay.transport.observability import RPC_CALLS
 from relay.transport.requests import BodyTooLarge, read_body
@@ -137,7 +137,8 @@ SEED_DIALECT = Dialect(
 )
 
 
-def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
+def error_object(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
+    """A JSON-RPC error response: ``dialect``'s code for ``data["symbol"]`` (else ``code``) and its ``data`` shape."""
     code = dialect.code_for(data["symbol"], code)
     return {
         "jsonrpc": "2.0",
@@ -156,7 +157,7 @@ def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Resp
 
 
 def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
-    return _error(dialect, id_, exc.code, exc.message, error_data(exc))
+    return error_object(dialect, id_, exc.code, exc.message, error_data(exc))
 
 
 def _response(payload: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -214,7 +215,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     """Answer one request object; None for a notification. ``alone``: not in a batch (a
     streaming method may then answer with a :class:`Streamed` result)."""
     if not isinstance(obj, dict):
-        return _error(
+        return error_object(
             dialect,
             None,
             -32600,
@@ -224,7 +225,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     has_id = "id" in obj
     id_ = obj.get("id")
     if has_id and not (id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool))):
-        return _error(
+        return error_object(
             dialect,
             None,
             -32600,
@@ -232,7 +233,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
             {"symbol": "invalid_request", "reason": "id must be a string, a number or null"},
         )
     if obj.get("jsonrpc") != "2.0":
-        return _error(
+        return error_object(
             dialect,
             id_,
             -32600,
@@ -241,12 +242,12 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         )
     name = obj.get("method")
     if not isinstance(name, str):
-        return _error(
+        return error_object(
             dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"}
         )
     params = obj.get("params", {})
     if params is not None and not isinstance(params, (dict, list)):
-        return _error(
+        return error_object(
             dialect,
             id_,
             -32600,
@@ -255,10 +256,12 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         )
     method = dialect.methods.get(name)
     if method is None:
-        answer = _error(dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
+        answer = error_object(
+            dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]}
+        )
         return answer if has_id else None
     if method.streaming and not alone:
-        answer = _error(
+        answer = error_object(
             dialect,
             id_,
             -32600,
@@ -281,24 +284,8 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     except RelayError as exc:
         answer = _relay_error(dialect, id_, exc)
     except Exception as exc:
-        try:
-            db.session.rollback()
-        except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
-            pass
-        if is_connection_error(exc):  # PostgreSQL unreachable: retryable, not a bug
-            log.warning("database unavailable", extra={"request_id": g.get("request_id")})
-            answer = _error(
-                dialect,
-                id_,
-                -32603,
-                MESSAGES[-32603],
-                {"symbol": "service_unavailable", "request_id": g.get("request_id")},
-            )
-            return _count(name, answer, has_id)
-        log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
-        answer = _error(
-            dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")}
-        )
+        failure = errors.unexpected(exc)
+        answer = error_object(dialect, id_, -32603, MESSAGES[-32603], {"symbol": failure.symbol, **failure.details})
     return _count(name, answer, has_id)
 
 
@@ -330,7 +317,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     except BodyTooLarge:
         limit = current_app.config["RELAY"].max_body_bytes
         return _response(
-            _error(
+            error_object(
                 dialect,
                 None,
                 -32600,
@@ -344,7 +331,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     except RelayError as exc:
         if exc.symbol == "service_unavailable":  # PostgreSQL unreachable while authenticating
             return _response(
-                _error(
+                error_object(
                     dialect,
                     _readable_id(doc),
                     -32603,
@@ -354,18 +341,12 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
                 status=exc.http_status,
             )
         if exc.symbol == "rate_limited":  # this address spent its failed-authentication budget
-            retry = exc.details["retry_after"]
-            return _response(
-                _relay_error(dialect, _readable_id(doc), exc), status=429, headers={"Retry-After": str(retry)}
-            )
-        return _response(
-            _relay_error(dialect, _readable_id(doc), exc),
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="relay"'},
-        )
+            errors.retry_later(exc.details["retry_after"])
+            return _response(_relay_error(dialect, _readable_id(doc), exc), status=429)
+        return _response(_relay_error(dialect, _readable_id(doc), exc), status=401)
     if doc is _MISSING:
         return _response(
-            _error(
+            error_object(
                 dialect,
                 None,
                 -32700,
@@ -381,11 +362,13 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     if isinstance(doc, list):
         if not doc:
             return _response(
-                _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"})
+                error_object(
+                    dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}
+                )
             )
         if len(doc) > max_batch():
             return _response(
-                _error(
+                error_object(
                     dialect,
                     None,
                     -32600,
@@ -447,17 +430,9 @@ def sse_response(streamed: Streamed, result: Callable[[Any], Any], error: Callab
                     # One line: orjson escapes newlines inside strings, so no data line breaks.
                     yield b"data: " + dumps_bytes(result(item)) + b"\n\n"
         except Exception as exc:
-            try:
-                db.session.rollback()
-            except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
-                pass
-            if is_connection_error(exc):  # an outage: retryable (the 200 was already sent)
-                log.warning("database unavailable in a stream", extra={"request_id": g.get("request_id")})
-                symbol = "service_unavailable"
-            else:
-                log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
-                symbol = "internal_error"
-            failure = RelayError(symbol, MESSAGES[-32603], {"request_id": g.get("request_id")})
+            # The 200 is already sent: the client hears an error event, not a cut connection.
+            unexpected = errors.unexpected(exc)
+            failure = RelayError(unexpected.symbol, MESSAGES[-32603], unexpected.details)
             yield b"event: error\ndata: " + dumps_bytes(error(failure)) + b"\n\n"
         finally:
             streamed.close()
@@ -480,13 +455,13 @@ def _no_content() -> Response:
 
 def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
     """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
-    retry = retry_after_seconds(limit)
+    retry = errors.retry_later(retry_after_seconds(limit))
     try:
         doc = parse_body()
     except BodyTooLarge:
         doc = None
     return _response(
-        _error(
+        error_object(
             dialect,
             _readable_id(doc),
             -32003,
@@ -494,7 +469,6 @@ def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
             {"symbol": "rate_limited", "retry_after": retry},
         ),
         status=429,
-        headers={"Retry-After": str(retry)},
     )
 
 

@@ -1,0 +1,243 @@
+"""One unexpected-error path for every surface, JSON for every refusal, nothing private in the logs.
+
+Against a live stack (gunicorn and a Celery worker, tests/live.py):
+
+- a database error carrying a message body (a trigger in the test database refuses any
+  row holding a marker, quoting the row in its error) through every surface answers the
+  surface's 500 envelope, and the marker is in no log line of the web process or the
+  worker (relay/transport/errors.py, relay.errors.log_unexpected, workers.FlaskTask);
+- requests gunicorn refuses before the app sees them (a 10 KB header, a negative
+  Content-Length, Content-Length with Transfer-Encoding, a request line too long) are
+  answered over a raw socket in the JSON envelope of their path's surface, naming the
+  problem (relay/transport/server.py).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+
+import orjson
+import pytest
+import requests
+from celery import Celery
+
+from relay.ids import parse_ulid
+from tests.conftest import bearer, rpc, sql, wait_until
+from tests.console import csrf_from, make_operator
+
+pytestmark = pytest.mark.timeout(180)
+
+TOKEN = secrets.token_hex(6)
+WEB_MARKER = f"zqweb{TOKEN}"  # refused when written
+WORK_MARKER = f"zqwork{TOKEN}"  # written, then refused when the worker indexes it
+
+_INSTALL = f"""
+CREATE OR REPLACE FUNCTION relay_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (TG_OP = 'INSERT' AND row_to_json(NEW)::text LIKE '%{WEB_MARKER}%')
+       OR (TG_OP = 'UPDATE' AND row_to_json(NEW)::text LIKE '%{WORK_MARKER}%') THEN
+        RAISE EXCEPTION 'refused row %', row_to_json(NEW)::text;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER relay_test_refuse BEFORE INSERT OR UPDATE ON messages
+    FOR EACH ROW EXECUTE FUNCTION relay_test_refuse();
+CREATE TRIGGER relay_test_refuse BEFORE INSERT OR UPDATE ON api_keys
+    FOR EACH ROW EXECUTE FUNCTION relay_test_refuse();
+"""
+_REMOVE = """
+DROP TRIGGER IF EXISTS relay_test_refuse ON messages;
+DROP TRIGGER IF EXISTS relay_test_refuse ON api_keys;
+DROP FUNCTION IF EXISTS relay_test_refuse();
+"""
+
+
+@pytest.fixture(scope="module")
+def refusing(app, relay_url):
+    """The live relay, its database refusing rows that hold the markers (removed after the module)."""
+    sql(app, _INSTALL)
+    try:
+        yield relay_url
+    finally:
+        sql(app, _REMOVE)
+
+
+@pytest.fixture
+def pair(make_agent):
+    alice = make_agent("alice@acme", role="frontend")
+    bob = make_agent("bob@acme")
+    return alice, bob
+
+
+def _text(text: str) -> dict:
+    return {"parts": [{"type": "text", "text": text}]}
+
+
+def _a2a_message(text: str) -> dict:
+    return {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": text}]}
+
+
+def _no_marker_logged(stack) -> None:
+    for name in ("web", "worker"):
+        lines = [line for line in stack.log(name).splitlines() if WEB_MARKER in line or WORK_MARKER in line]
+        assert lines == [], f"the {name} log holds a message body: {lines[:3]}"
+
+
+def _logged_failure(stack, request_id: str) -> dict:
+    """The web log's error line for ``request_id``: class and SQLSTATE P0001 (the trigger's)."""
+
+    def find():
+        for line in stack.log("web").splitlines():
+            if request_id in line and '"P0001"' in line:
+                return orjson.loads(line)
+        return None
+
+    record = wait_until(find, timeout=10, what=f"the error line of request {request_id}")
+    assert record["pgcode"] == "P0001" and "RaiseException" in record["error_class"], record
+    return record
+
+
+# --------------------------------------------------------------------------- one unexpected-error path
+
+
+def test_seed_jsonrpc_answers_internal_error_and_logs_no_body(refusing, pair):
+    (_alice, alice_key), (bob, _) = pair
+    resp = requests.post(
+        f"{refusing}/a2a",
+        json={
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "message/send",
+            "params": {"recipient": bob, "message": _text(WEB_MARKER)},
+        },
+        headers=bearer(alice_key),
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["id"] == 7 and body["error"]["code"] == -32603, body
+    assert body["error"]["data"] == {"symbol": "internal_error", "request_id": resp.headers["X-Request-Id"]}, body
+    assert WEB_MARKER not in resp.text
+    _logged_failure(refusing.stack, resp.headers["X-Request-Id"])
+    _no_marker_logged(refusing.stack)
+
+
+def test_a2a_jsonrpc_answers_internal_error_and_logs_no_body(refusing, pair):
+    (_alice, alice_key), (bob, _) = pair
+    resp = requests.post(
+        f"{refusing}/a2a/agents/{bob}",
+        json={"jsonrpc": "2.0", "id": "s", "method": "SendMessage", "params": {"message": _a2a_message(WEB_MARKER)}},
+        headers={**bearer(alice_key), "A2A-Version": "1.0"},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == -32603, error
+    [info] = error["data"]
+    assert info["reason"] == "INTERNAL_ERROR" and info["metadata"]["symbol"] == "internal_error", info
+    assert info["metadata"]["request_id"] == resp.headers["X-Request-Id"], info
+    assert WEB_MARKER not in resp.text
+    _logged_failure(refusing.stack, resp.headers["X-Request-Id"])
+    _no_marker_logged(refusing.stack)
+
+
+def test_a2a_http_answers_500_internal_and_logs_no_body(refusing, pair):
+    (_alice, alice_key), (bob, _) = pair
+    resp = requests.post(
+        f"{refusing}/a2a/agents/{bob}/http/message:send",
+        json={"message": _a2a_message(WEB_MARKER)},
+        headers={**bearer(alice_key), "A2A-Version": "1.0"},
+        timeout=30,
+    )
+    assert resp.status_code == 500, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == 500 and error["status"] == "INTERNAL", error
+    assert error["details"][0]["metadata"]["request_id"] == resp.headers["X-Request-Id"], error
+    assert WEB_MARKER not in resp.text
+    _logged_failure(refusing.stack, resp.headers["X-Request-Id"])
+    _no_marker_logged(refusing.stack)
+
+
+def test_rest_answers_500_internal_error_and_logs_no_body(refusing, pair, client):
+    (alice, alice_key), (bob, _) = pair
+    task = rpc(client, alice_key, "message/send", {"recipient": bob, "message": _text("a first message")})["task_id"]
+    resp = requests.post(
+        f"{refusing}/api/v1/identities/{alice}/a2a/tasks/{task}/messages",
+        json={"message": _text(WEB_MARKER)},
+        headers=bearer(alice_key),
+        timeout=30,
+    )
+    assert resp.status_code == 500, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "internal_error", error
+    assert error["details"] == {"request_id": resp.headers["X-Request-Id"]}, error
+    assert WEB_MARKER not in resp.text
+    _logged_failure(refusing.stack, resp.headers["X-Request-Id"])
+    _no_marker_logged(refusing.stack)
+
+
+def test_console_answers_a_500_page_and_logs_no_body(refusing, pair, app):
+    _alice, (bob, _) = pair
+    email = f"ops-{TOKEN}@acme.test"
+    password = make_operator(app, email, "acme")
+    session = requests.Session()
+    token = csrf_from(session.get(f"{refusing}/console/login", timeout=30).text)
+    signed_in = session.post(
+        f"{refusing}/console/login",
+        data={"email": email, "password": password, "csrf_token": token},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert signed_in.status_code == 303, signed_in.text
+    token = csrf_from(session.get(f"{refusing}/console/agents/{bob}/keys", timeout=30).text)
+    resp = session.post(
+        f"{refusing}/console/agents/{bob}/keys", data={"label": WEB_MARKER, "csrf_token": token}, timeout=30
+    )
+    assert resp.status_code == 500, resp.text
+    assert resp.headers["Content-Type"].startswith("text/html"), resp.headers
+    assert resp.headers["X-Request-Id"] in resp.text
+    assert WEB_MARKER not in resp.text
+    _logged_failure(refusing.stack, resp.headers["X-Request-Id"])
+    _no_marker_logged(refusing.stack)
+
+
+def test_a_worker_task_and_the_pump_log_no_body(refusing, pair, app):
+    (_alice, alice_key), (bob, _) = pair
+    # Sent through the live relay: its worker's webhook pump indexes the message, and fails.
+    resp = requests.post(
+        f"{refusing}/a2a",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": bob, "message": _text(WORK_MARKER)},
+        },
+        headers=bearer(alice_key),
+        timeout=30,
+    )
+    task = resp.json()["result"]["task_id"]
+    [(message_id,)] = sql(app, "SELECT id::text FROM messages WHERE thread_id = :t", t=str(parse_ulid(task)))
+    # The live worker's own broker: the task runs there, its search update refused.
+    broker = Celery(broker=refusing.stack.env["REDIS_URL"])
+    try:
+        broker.send_task("workers.tasks.index_message", [message_id])
+    finally:
+        broker.close()
+    stack = refusing.stack
+
+    def failed() -> bool:
+        log = stack.log("worker")
+        return "webhook pump cycle failed" in log and re.search(r"raised unexpected: TaskFailed\(.*P0001", log)
+
+    wait_until(failed, timeout=30, what="the index task's failure in the worker log")
+    record = next(
+        orjson.loads(line)
+        for line in stack.log("worker").splitlines()
+        if '"task workers.tasks.index_message failed' in line
+    )
+    assert record["pgcode"] == "P0001" and record["task_id"], record
+    pump = next(orjson.loads(line) for line in stack.log("worker").splitlines() if "webhook pump cycle failed" in line)
+    assert pump["pgcode"] == "P0001", pump
+    _no_marker_logged(stack)
