@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import re
 import secrets
+import socket
 import uuid
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -82,7 +84,7 @@ def _a2a_message(text: str) -> dict:
 def _no_marker_logged(stack) -> None:
     for name in ("web", "worker"):
         lines = [line for line in stack.log(name).splitlines() if WEB_MARKER in line or WORK_MARKER in line]
-        assert lines == [], f"the {name} log holds a message body: {lines[:3]}"
+        assert lines == [], f"{len(lines)} lines of the {name} log hold a message body, as: {lines[0][:600]}"
 
 
 def _logged_failure(stack, request_id: str) -> dict:
@@ -229,9 +231,10 @@ def test_a_worker_task_and_the_pump_log_no_body(refusing, pair, app):
 
     def failed() -> bool:
         log = stack.log("worker")
-        return "webhook pump cycle failed" in log and re.search(r"raised unexpected: TaskFailed\(.*P0001", log)
+        return "webhook pump cycle failed" in log and re.search(r"index_message\[.*raised unexpected", log)
 
     wait_until(failed, timeout=30, what="the index task's failure in the worker log")
+    _no_marker_logged(stack)
     record = next(
         orjson.loads(line)
         for line in stack.log("worker").splitlines()
@@ -240,4 +243,94 @@ def test_a_worker_task_and_the_pump_log_no_body(refusing, pair, app):
     assert record["pgcode"] == "P0001" and record["task_id"], record
     pump = next(orjson.loads(line) for line in stack.log("worker").splitlines() if "webhook pump cycle failed" in line)
     assert pump["pgcode"] == "P0001", pump
-    _no_marker_logged(stack)
+    assert re.search(r"raised unexpected: TaskFailed\('\S+RaiseException P0001'\)", stack.log("worker"))
+
+
+# --------------------------------------------------------------------------- server-level refusals
+
+# One path per surface, and how to read its envelope: (symbol, message) of the error.
+SURFACES = {
+    "seed": "/a2a",
+    "a2a": "/a2a/agents/bob@acme",
+    "a2a_http": "/a2a/agents/bob@acme/http/message:send",
+    "rest": "/api/v1/identities/alice@acme/a2a/tasks",
+    "console": "/console/login",
+}
+
+
+def _raw(relay_url: str, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``head`` (a whole request) on a new connection; return the status, headers and body."""
+    parts = urlsplit(relay_url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=15) as sock:
+        sock.sendall(head)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    top, _, body = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def _error_of(surface: str, status: int, headers: dict, body: bytes) -> tuple[str, str]:
+    """The envelope's (symbol, message), after checking it is ``surface``'s shape for ``status``."""
+    if surface == "console":
+        assert headers["content-type"].startswith("text/html"), headers
+        text = body.decode()
+        assert f"<h1>{status}</h1>" in text, text
+        return "", re.sub(r"<[^>]+>", " ", text)
+    doc = orjson.loads(body)
+    if surface in ("seed", "a2a"):
+        assert headers["content-type"] == "application/json", headers
+        assert doc["jsonrpc"] == "2.0" and doc["id"] is None and doc["error"]["code"] == -32600, doc
+        data = doc["error"]["data"]
+        symbol = data["symbol"] if surface == "seed" else data[0]["metadata"]["symbol"]
+        return symbol, doc["error"]["message"]
+    if surface == "a2a_http":
+        assert headers["content-type"] == "application/a2a+json", headers
+        error = doc["error"]
+        assert error["code"] == status and error["status"] == "INVALID_ARGUMENT", error
+        return error["details"][0]["metadata"]["symbol"], error["message"]
+    assert headers["content-type"] == "application/json", headers
+    return doc["error"]["code"], doc["error"]["message"]
+
+
+def _head(path: str, *lines: str) -> bytes:
+    return "\r\n".join([f"POST {path} HTTP/1.1", "Host: relay.test", *lines, "", ""]).encode()
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_10kb_header_is_431_in_the_surfaces_json(relay_url, surface):
+    status, headers, body = _raw(relay_url, _head(SURFACES[surface], f"Authorization: Bearer {'k' * 10_240}"))
+    assert status == 431, body
+    symbol, message = _error_of(surface, status, headers, body)
+    assert symbol in ("headers_too_large", ""), symbol
+    assert "header fields are too large" in message, message
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_negative_content_length_is_400_in_the_surfaces_json(relay_url, surface):
+    status, headers, body = _raw(relay_url, _head(SURFACES[surface], "Content-Length: -1"))
+    assert status == 400, body
+    symbol, message = _error_of(surface, status, headers, body)
+    assert symbol in ("invalid_request", ""), symbol
+    assert "Content-Length header must be a non-negative" in message, message
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_content_length_with_transfer_encoding_is_400_in_the_surfaces_json(relay_url, surface):
+    head = _head(SURFACES[surface], "Content-Length: 5", "Transfer-Encoding: chunked") + b"0\r\n\r\n"
+    status, headers, body = _raw(relay_url, head)
+    assert status == 400, body
+    symbol, message = _error_of(surface, status, headers, body)
+    assert symbol in ("invalid_request", ""), symbol
+    assert "Content-Length and Transfer-Encoding together are refused" in message, message
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_request_line_too_long_is_414_in_the_surfaces_json(relay_url, surface):
+    status, headers, body = _raw(relay_url, _head(f"{SURFACES[surface]}?q={'x' * 9000}"))
+    assert status == 414, body
+    symbol, message = _error_of(surface, status, headers, body)
+    assert symbol in ("request_line_too_long", ""), symbol
+    assert "request line is longer than 8190 bytes" in message, message
