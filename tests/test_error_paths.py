@@ -334,3 +334,30 @@ def test_a_request_line_too_long_is_414_in_the_surfaces_json(relay_url, surface)
     symbol, message = _error_of(surface, status, headers, body)
     assert symbol in ("request_line_too_long", ""), symbol
     assert "request line is longer than 8190 bytes" in message, message
+
+
+# --------------------------------------------------------------------------- the root page
+
+
+def test_the_root_page_links_the_console_the_api_document_and_health(client):
+    resp = client.get("/")
+    assert resp.status_code == 200 and resp.mimetype == "text/html", resp.get_data(as_text=True)
+    links = re.findall(r'href="([^"]+)"', resp.get_data(as_text=True))
+    assert {"/console/", "/api/v1/openapi.json", "/healthz"} <= set(links), links
+    for link in links:  # each one answers, none is a 404
+        answer = client.get(link)
+        assert answer.status_code in (200, 302, 503), (link, answer.status_code)
+
+
+def test_a_rest_body_that_is_not_json_is_400_parse_error(client, pair):
+    (alice, alice_key), (bob, _) = pair
+    task = rpc(client, alice_key, "message/send", {"recipient": bob, "message": _text("hello")})["task_id"]
+    url = f"/api/v1/identities/{alice}/a2a/tasks/{task}/messages"
+    for body in (b'{"message":', b"NaN", b""):
+        resp = client.post(url, data=body, headers={**bearer(alice_key), "Content-Type": "application/json"})
+        assert resp.status_code == 400, (body, resp.get_data(as_text=True))
+        error = resp.get_json()["error"]
+        assert error["code"] == "parse_error" and error["details"]["reason"], error
+    # JSON that is not an object is still a bad params body: 422 naming it.
+    resp = client.post(url, json=[1], headers=bearer(alice_key))
+    assert resp.status_code == 422 and resp.get_json()["error"]["details"] == {"body": ["must be a JSON object"]}
