@@ -55,12 +55,13 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 import urllib3.exceptions  # requests' own transport
+
+from relay.agent.retry_after import parse_retry_after
 
 __all__ = [
     "RelayClient",
@@ -991,18 +992,8 @@ def _text_message(text: str) -> dict[str, Any]:
 
 
 def _retry_after(resp: requests.Response) -> float | None:
-    raw = resp.headers.get("Retry-After")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:  # the HTTP-date form
-        when = parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    seconds = parse_retry_after(resp.headers.get("Retry-After"))
+    return None if seconds is None else float(seconds)
 
 
 class _StreamPosition:
