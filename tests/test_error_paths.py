@@ -361,3 +361,48 @@ def test_a_rest_body_that_is_not_json_is_400_parse_error(client, pair):
     # JSON that is not an object is still a bad params body: 422 naming it.
     resp = client.post(url, json=[1], headers=bearer(alice_key))
     assert resp.status_code == 422 and resp.get_json()["error"]["details"] == {"body": ["must be a JSON object"]}
+
+
+# --------------------------------------------------------------------------- the app's own refusals and outages
+
+
+@pytest.mark.parametrize(
+    ("verb", "path", "surface"),
+    [
+        ("GET", "/a2a", "seed"),
+        ("GET", "/a2a/agents/bob@acme", "a2a"),
+        ("PUT", "/api/v1/identities/alice@acme/a2a/tasks", "rest"),
+    ],
+)
+def test_a_method_not_allowed_is_405_in_the_surfaces_json(client, verb, path, surface):
+    resp = client.open(path, method=verb)
+    assert resp.status_code == 405, resp.get_data(as_text=True)
+    assert "POST" in resp.headers["Allow"] or "GET" in resp.headers["Allow"], resp.headers
+    headers = {k.lower(): v for k, v in resp.headers.items()}
+    symbol, _message = _error_of(surface, 405, headers, resp.get_data())
+    assert symbol == "method_not_allowed", symbol
+
+
+def test_a_redis_outage_in_a_method_is_503_with_retry_after(client, pair, monkeypatch):
+    import redis
+
+    from relay.services import threads
+
+    (alice, alice_key), (bob, _) = pair
+    task = rpc(client, alice_key, "message/send", {"recipient": bob, "message": _text("hello")})["task_id"]
+
+    def unreachable(*args, **kwargs):
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    monkeypatch.setattr(threads, "get_thread", unreachable)
+    resp = client.post(
+        "/a2a",
+        json={"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"task_id": task}},
+        headers=bearer(alice_key),
+    )
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.get_data(as_text=True)
+    assert resp.get_json()["error"]["data"]["symbol"] == "service_unavailable"
+    resp = client.get(f"/api/v1/identities/{alice}/a2a/tasks/{task}", headers=bearer(alice_key))
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.get_data(as_text=True)
+    error = resp.get_json()["error"]
+    assert error["code"] == "service_unavailable" and "Redis" in error["message"], error
