@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from celery.signals import worker_process_shutdown, worker_shutdown
 from flask import Flask
 
-from relay.errors import log_unexpected
+from relay.errors import describe, is_outage, log_unexpected
 from relay.extensions import db
 from relay.services import delivery, outbound, search
 
@@ -191,7 +191,11 @@ class Pump:
                 try:
                     self._cycle(events, messages, results, poll, wanting, budget)
                 except Exception as exc:
-                    log_unexpected(log, exc, f"webhook pump cycle failed; retrying in {BACKOFF_SECONDS:g} s")
+                    what = f"webhook pump cycle failed; retrying in {BACKOFF_SECONDS:g} s"
+                    if is_outage(exc):  # PostgreSQL or Redis away: expected, not a bug
+                        log.warning("%s: %s", what, describe(exc)["error_class"], extra=describe(exc))
+                    else:
+                        log_unexpected(log, exc, what)
                     with self._cond:  # keep the work: results unrecorded would be sent again
                         self._events[:0], self._messages[:0], self._results[:0] = events, messages, results
                         self._waiters[:0] = waiters
