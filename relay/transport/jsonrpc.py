@@ -137,7 +137,7 @@ SEED_DIALECT = Dialect(
 )
 
 
-def error_object(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
+def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
     """A JSON-RPC error response: ``dialect``'s code for ``data["symbol"]`` (else ``code``) and its ``data`` shape."""
     code = dialect.code_for(data["symbol"], code)
     return {
@@ -156,8 +156,11 @@ def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Resp
     return _response(_relay_error(dialect, _readable_id(doc), exc), status=status)
 
 
+error_object = _error  # for the answers built outside a method (relay/transport/errors.py)
+
+
 def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
-    return error_object(dialect, id_, exc.code, exc.message, error_data(exc))
+    return _error(dialect, id_, exc.code, exc.message, error_data(exc))
 
 
 def _response(payload: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -215,7 +218,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     """Answer one request object; None for a notification. ``alone``: not in a batch (a
     streaming method may then answer with a :class:`Streamed` result)."""
     if not isinstance(obj, dict):
-        return error_object(
+        return _error(
             dialect,
             None,
             -32600,
@@ -225,7 +228,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     has_id = "id" in obj
     id_ = obj.get("id")
     if has_id and not (id_ is None or (isinstance(id_, (str, int, float)) and not isinstance(id_, bool))):
-        return error_object(
+        return _error(
             dialect,
             None,
             -32600,
@@ -233,7 +236,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
             {"symbol": "invalid_request", "reason": "id must be a string, a number or null"},
         )
     if obj.get("jsonrpc") != "2.0":
-        return error_object(
+        return _error(
             dialect,
             id_,
             -32600,
@@ -242,12 +245,12 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         )
     name = obj.get("method")
     if not isinstance(name, str):
-        return error_object(
+        return _error(
             dialect, id_, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "method must be a string"}
         )
     params = obj.get("params", {})
     if params is not None and not isinstance(params, (dict, list)):
-        return error_object(
+        return _error(
             dialect,
             id_,
             -32600,
@@ -256,12 +259,10 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         )
     method = dialect.methods.get(name)
     if method is None:
-        answer = error_object(
-            dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]}
-        )
+        answer = _error(dialect, id_, -32601, MESSAGES[-32601], {"symbol": "method_not_found", "method": name[:200]})
         return answer if has_id else None
     if method.streaming and not alone:
-        answer = error_object(
+        answer = _error(
             dialect,
             id_,
             -32600,
@@ -285,7 +286,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         answer = _relay_error(dialect, id_, exc)
     except Exception as exc:
         failure = errors.unexpected(exc)
-        answer = error_object(dialect, id_, -32603, MESSAGES[-32603], {"symbol": failure.symbol, **failure.details})
+        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": failure.symbol, **failure.details})
     return _count(name, answer, has_id)
 
 
@@ -317,7 +318,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     except BodyTooLarge:
         limit = current_app.config["RELAY"].max_body_bytes
         return _response(
-            error_object(
+            _error(
                 dialect,
                 None,
                 -32600,
@@ -331,7 +332,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     except RelayError as exc:
         if exc.symbol == "service_unavailable":  # PostgreSQL unreachable while authenticating
             return _response(
-                error_object(
+                _error(
                     dialect,
                     _readable_id(doc),
                     -32603,
@@ -346,7 +347,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
         return _response(_relay_error(dialect, _readable_id(doc), exc), status=401)
     if doc is _MISSING:
         return _response(
-            error_object(
+            _error(
                 dialect,
                 None,
                 -32700,
@@ -362,13 +363,11 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
     if isinstance(doc, list):
         if not doc:
             return _response(
-                error_object(
-                    dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"}
-                )
+                _error(dialect, None, -32600, MESSAGES[-32600], {"symbol": "invalid_request", "reason": "empty batch"})
             )
         if len(doc) > max_batch():
             return _response(
-                error_object(
+                _error(
                     dialect,
                     None,
                     -32600,
@@ -461,7 +460,7 @@ def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
     except BodyTooLarge:
         doc = None
     return _response(
-        error_object(
+        _error(
             dialect,
             _readable_id(doc),
             -32003,
