@@ -115,6 +115,10 @@ __all__ = [
     "ServiceUnavailable",
     "UnsupportedOperation",
     "VersionNotSupported",
+    "MethodNotAllowed",
+    "RequestTimeout",
+    "RequestLineTooLong",
+    "HeadersTooLarge",
 ]
 
 T = TypeVar("T")
@@ -363,6 +367,11 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     "not_found": (-32017, 404),
     "service_unavailable": (-32603, 503),
     "recipient_disabled": (-32020, 409),
+    # Refusals of the HTTP request itself, before any method.
+    "method_not_allowed": (-32600, 405),
+    "request_timeout": (-32600, 408),
+    "request_line_too_long": (-32600, 414),
+    "headers_too_large": (-32600, 431),
     # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
@@ -485,15 +494,32 @@ VersionNotSupported = _error(
     "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).",
 )
 
+MethodNotAllowed = _error(
+    "MethodNotAllowed", "method_not_allowed", "HTTP 405: the path does not take that HTTP method (see ``Allow``)."
+)
+RequestTimeout = _error(
+    "RequestTimeout", "request_timeout", "HTTP 408: the request body did not arrive within the relay's body timeout."
+)
+RequestLineTooLong = _error(
+    "RequestLineTooLong", "request_line_too_long", "HTTP 414: the request line (path and query) is over 8190 bytes."
+)
+HeadersTooLarge = _error(
+    "HeadersTooLarge", "headers_too_large", "HTTP 431: a request header field is over 8190 bytes, or too many fields."
+)
+
 # An answer without a symbol (a proxy's HTML 502, ...) is classified by its HTTP status.
 _STATUS_SYMBOL = {
     400: "invalid_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
+    414: "request_line_too_long",
     422: "invalid_params",
     429: "rate_limited",
+    431: "headers_too_large",
     500: "internal_error",
     502: "service_unavailable",
     503: "service_unavailable",
