@@ -406,3 +406,23 @@ def test_a_redis_outage_in_a_method_is_503_with_retry_after(client, pair, monkey
     assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.get_data(as_text=True)
     error = resp.get_json()["error"]
     assert error["code"] == "service_unavailable" and "Redis" in error["message"], error
+
+
+def test_a_feed_stream_that_fails_ends_with_an_error_event_and_logs_no_body(client, pair, monkeypatch, caplog):
+    from relay.services import streams
+
+    (alice, alice_key), _bob = pair
+
+    def failing(self):
+        raise RuntimeError(f"a failure quoting {WEB_MARKER}")
+
+    monkeypatch.setattr(streams.Stream, "_read", failing)
+    resp = client.get(f"/api/v1/identities/{alice}/a2a/messages/stream", headers=bearer(alice_key), buffered=False)
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    text = b"".join(resp.response).decode()  # the stream ends after its error event
+    resp.close()
+    event = text.split("event: error\ndata: ", 1)[1].split("\n", 1)[0]
+    assert orjson.loads(event) == {"code": "internal_error", "message": "internal error"}, text
+    assert WEB_MARKER not in text
+    assert [r for r in caplog.records if r.name == "relay.errors"], caplog.text
+    assert WEB_MARKER not in caplog.text
