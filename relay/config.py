@@ -266,6 +266,9 @@ class Settings:
                 # request thread blocked for good. libpq counts whole seconds, at least 2.
                 # A connect_timeout in the URL's query wins.
                 "connect_args": self._connect_args(),
+                # An error's text never carries the statement's parameters (message bodies),
+                # wherever it is logged or shown.
+                "hide_parameters": True,
             },
             "SQLALCHEMY_TRACK_MODIFICATIONS": False,
             "RATELIMIT_STORAGE_URI": self.redis_url,

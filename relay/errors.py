@@ -47,6 +47,11 @@ ERRORS: dict[str, tuple[int, int]] = {
     "not_found": (-32017, 404),
     "service_unavailable": (-32603, 503),
     "recipient_disabled": (-32020, 409),
+    # Refusals of the HTTP request itself, before any method (relay/transport/errors.py).
+    "method_not_allowed": (-32600, 405),
+    "request_timeout": (-32600, 408),
+    "request_line_too_long": (-32600, 414),
+    "headers_too_large": (-32600, 431),
     # A2A v1.0 binding only (relay/transport/a2a.py answers them with A2A's own codes).
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
@@ -205,3 +210,61 @@ def error_cause(exc: BaseException) -> tuple[str | None, str]:
     message = getattr(getattr(orig, "diag", None), "message_primary", None) or str(orig)
     lines = message.strip().splitlines()
     return getattr(orig, "pgcode", None), lines[0][:500] if lines else type(orig).__name__
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True if ``exc`` means a server the relay depends on is unreachable: PostgreSQL (see
+    :func:`is_connection_error`) or Redis (a refused, reset or timed-out connection).
+
+    An outage is answered 503 with ``Retry-After``, never logged as a bug.
+    """
+    import redis
+
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return True
+    return is_connection_error(exc)
+
+
+def describe(exc: BaseException) -> dict[str, str]:
+    """What may be logged of an unexpected error: ``{"error_class", "pgcode"?, "constraint"?, "table"?}``.
+
+    Only names the schema or the code fixes: the class (``IntegrityError``, or the
+    driver's ``CheckViolation`` inside it), the SQLSTATE and the constraint and table
+    names. Never the exception's text, which for a database error holds the statement,
+    its parameters and the failing row (``DETAIL: Failing row contains (...)``), and so
+    message bodies.
+    """
+    orig = getattr(exc, "orig", None) or exc
+    facts = {"error_class": type(exc).__name__}
+    if orig is not exc:
+        facts["error_class"] += f"/{type(orig).__name__}"
+    code = getattr(orig, "pgcode", None)
+    if code:
+        facts["pgcode"] = code
+    diag = getattr(orig, "diag", None)
+    for name, attr in (("constraint", "constraint_name"), ("table", "table_name")):
+        value = getattr(diag, attr, None) if diag is not None else None
+        if value:
+            facts[name] = value
+    return facts
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """The frames of ``exc`` (file, line, function, source line), without any exception's text."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "".join(traceback.format_list(frames[-10:]))
+
+
+def log_unexpected(logger, exc: BaseException, what: str, **extra: Any) -> dict[str, str]:
+    """Log an unexpected error at ERROR as ``what: <class> [SQLSTATE]`` with :func:`describe`'s
+    fields, ``extra`` (say ``request_id``) and the frames (``stack``); return the fields.
+
+    The one way the relay logs an error it did not expect: the record has no exc_info, so
+    no handler prints the exception's text (statement parameters, a failing row).
+    """
+    facts = describe(exc)
+    code = f" {facts['pgcode']}" if "pgcode" in facts else ""
+    logger.error("%s: %s%s", what, facts["error_class"], code, extra={**facts, **extra, "stack": safe_traceback(exc)})
+    return facts

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, MetaData, event, exc
 from sqlalchemy.orm import DeclarativeBase
 
 from relay.encoding import loads
+from relay.errors import describe
 
 # json and jsonb columns (message parts, artifacts, metadata) parsed with orjson where it
 # reads the same value: parsing them with json was a tenth of a feed page's CPU. Global:
@@ -47,8 +48,11 @@ class RelaySQLAlchemy(SQLAlchemy):
     def _teardown_session(self, exc: BaseException | None) -> None:
         try:
             super()._teardown_session(exc)
-        except Exception:
-            logging.getLogger("relay.db").warning("session teardown failed; connection discarded", exc_info=True)
+        except Exception as exc:
+            facts = describe(exc)  # the class only: a failed statement's text may quote a row
+            logging.getLogger("relay.db").warning(
+                "session teardown failed; connection discarded: %s", facts["error_class"], extra=facts
+            )
             try:
                 self.session.registry.clear()  # drop the broken session so the next request gets a new one
             except Exception:

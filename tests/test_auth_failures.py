@@ -53,11 +53,29 @@ def test_every_bad_key_gets_the_same_401_and_the_reason_goes_to_the_log(client, 
         rest = client.get("/api/v1/identities/me", headers=_headers(key))
         assert rpc.status_code == 401 and rest.status_code == 401, reason
         answers[reason] = (rpc.get_json()["error"]["message"], rest.get_json()["error"]["message"])
+    missing = answers.pop("missing")
     assert set(answers.values()) == {("invalid API key", "invalid API key")}, answers
+    assert missing == (MISSING, MISSING), missing
     logged = " ".join(r.getMessage() for r in caplog.records if r.name == "relay.transport.auth")
     for reason in ("missing", "malformed", "unknown", "revoked", "disabled"):
         assert reason in logged, (reason, logged)
     assert all(getattr(r, "request_id", None) for r in caplog.records if r.name == "relay.transport.auth")
+
+
+MISSING = "missing Authorization header: send 'Authorization: Bearer <API key>'"
+
+
+def test_only_a_request_without_an_authorization_header_is_told_so(client):
+    no_header = client.post("/a2a", json=RPC)
+    assert no_header.status_code == 401, no_header.get_data(as_text=True)
+    assert no_header.get_json()["error"]["message"] == MISSING
+    assert no_header.headers["WWW-Authenticate"] == 'Bearer realm="relay"'
+    # A header that is there but names no usable key, whatever is wrong with it: one message.
+    for header in ("Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "ah_live_" + "a" * 32):
+        resp = client.get("/api/v1/identities/me", headers={"Authorization": header})
+        assert resp.status_code == 401, header
+        assert resp.get_json()["error"]["message"] == "invalid API key", header
+        assert resp.headers["WWW-Authenticate"] == 'Bearer realm="relay"'
 
 
 @pytest.fixture

@@ -605,7 +605,7 @@ def test_an_unreadable_retry_after_on_a_2xx_is_still_delivered_once(client, agen
 def test_parse_retry_after_reads_seconds_and_dates():
     from email.utils import format_datetime
 
-    from relay.services.outbound import parse_retry_after
+    from relay.agent.retry_after import parse_retry_after
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     assert parse_retry_after("120", now) == 120

@@ -12,7 +12,15 @@ from celery.beat import PersistentScheduler
 from celery.signals import worker_ready
 from flask import Flask
 
+from relay.errors import DATABASE_ERRORS, log_unexpected
+
 log = logging.getLogger("relay.beat")
+task_log = logging.getLogger("relay.tasks")
+
+
+class TaskFailed(Exception):
+    """A task's database error, as Celery logs it: the class and SQLSTATE, never the error's text."""
+
 
 #: The periodic sweeps (task names); each logs its own line, and only when it did something.
 SWEEP_TASKS = frozenset(
@@ -41,7 +49,14 @@ def celery_init_app(app: Flask) -> Celery:
     class FlaskTask(Task):
         def __call__(self, *args, **kwargs):
             with app.app_context():
-                return self.run(*args, **kwargs)
+                try:
+                    return self.run(*args, **kwargs)
+                except DATABASE_ERRORS as exc:
+                    # Celery logs a failed task with its exception's text, which for a
+                    # database error holds the statement's failing row (message bodies):
+                    # it sees only the class and SQLSTATE, logged here with the frames.
+                    facts = log_unexpected(task_log, exc, f"task {self.name} failed", task_id=self.request.id)
+                    raise TaskFailed(" ".join(filter(None, (facts["error_class"], facts.get("pgcode"))))) from None
 
     settings = app.config["RELAY"]
     celery_app = Celery(app.name, task_cls=FlaskTask)

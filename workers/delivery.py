@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from celery.signals import worker_process_shutdown, worker_shutdown
 from flask import Flask
 
+from relay.errors import describe, is_outage, log_unexpected
 from relay.extensions import db
 from relay.services import delivery, outbound, search
 
@@ -189,8 +190,12 @@ class Pump:
                     break
                 try:
                     self._cycle(events, messages, results, poll, wanting, budget)
-                except Exception:
-                    log.exception("webhook pump cycle failed; retrying in %g s", BACKOFF_SECONDS)
+                except Exception as exc:
+                    what = f"webhook pump cycle failed; retrying in {BACKOFF_SECONDS:g} s"
+                    if is_outage(exc):  # PostgreSQL or Redis away: expected, not a bug
+                        log.warning("%s: %s", what, describe(exc)["error_class"], extra=describe(exc))
+                    else:
+                        log_unexpected(log, exc, what)
                     with self._cond:  # keep the work: results unrecorded would be sent again
                         self._events[:0], self._messages[:0], self._results[:0] = events, messages, results
                         self._waiters[:0] = waiters
@@ -225,8 +230,8 @@ class Pump:
         try:
             result = delivery.attempt(prepared, self.sender, self.targets, self.settings)
         except Exception as exc:  # a bug, not the receiver: record it rather than hold the lease
-            log.exception("webhook attempt crashed")
-            outcome = outbound.Outcome(None, repr(exc), None, 0)
+            facts = log_unexpected(log, exc, "webhook attempt crashed")
+            outcome = outbound.Outcome(None, facts["error_class"], None, 0)
             result = delivery.Result(prepared.claimed, datetime.now(UTC), outcome, prepared.attempt)
         with self._cond:
             self._in_flight -= 1

@@ -55,12 +55,13 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 import urllib3.exceptions  # requests' own transport
+
+from relay.agent.retry_after import parse_retry_after
 
 __all__ = [
     "RelayClient",
@@ -114,6 +115,10 @@ __all__ = [
     "ServiceUnavailable",
     "UnsupportedOperation",
     "VersionNotSupported",
+    "MethodNotAllowed",
+    "RequestTimeout",
+    "RequestLineTooLong",
+    "HeadersTooLarge",
 ]
 
 T = TypeVar("T")
@@ -362,6 +367,11 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     "not_found": (-32017, 404),
     "service_unavailable": (-32603, 503),
     "recipient_disabled": (-32020, 409),
+    # Refusals of the HTTP request itself, before any method.
+    "method_not_allowed": (-32600, 405),
+    "request_timeout": (-32600, 408),
+    "request_line_too_long": (-32600, 414),
+    "headers_too_large": (-32600, 431),
     # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
@@ -484,15 +494,32 @@ VersionNotSupported = _error(
     "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).",
 )
 
+MethodNotAllowed = _error(
+    "MethodNotAllowed", "method_not_allowed", "HTTP 405: the path does not take that HTTP method (see ``Allow``)."
+)
+RequestTimeout = _error(
+    "RequestTimeout", "request_timeout", "HTTP 408: the request body did not arrive within the relay's body timeout."
+)
+RequestLineTooLong = _error(
+    "RequestLineTooLong", "request_line_too_long", "HTTP 414: the request line (path and query) is over 8190 bytes."
+)
+HeadersTooLarge = _error(
+    "HeadersTooLarge", "headers_too_large", "HTTP 431: a request header field is over 8190 bytes, or too many fields."
+)
+
 # An answer without a symbol (a proxy's HTML 502, ...) is classified by its HTTP status.
 _STATUS_SYMBOL = {
     400: "invalid_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
+    414: "request_line_too_long",
     422: "invalid_params",
     429: "rate_limited",
+    431: "headers_too_large",
     500: "internal_error",
     502: "service_unavailable",
     503: "service_unavailable",
@@ -991,18 +1018,8 @@ def _text_message(text: str) -> dict[str, Any]:
 
 
 def _retry_after(resp: requests.Response) -> float | None:
-    raw = resp.headers.get("Retry-After")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:  # the HTTP-date form
-        when = parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    seconds = parse_retry_after(resp.headers.get("Retry-After"))
+    return None if seconds is None else float(seconds)
 
 
 class _StreamPosition:

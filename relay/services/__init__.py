@@ -14,6 +14,7 @@ from flask import current_app
 from sqlalchemy import func, literal_column
 from sqlalchemy.orm import Session
 
+from relay.errors import log_unexpected
 from relay.extensions import db
 from relay.ids import ISO_SQL_FORMAT
 
@@ -44,8 +45,8 @@ def unit_of_work() -> Iterator[Session]:
     for callback in session.info.pop(_AFTER_COMMIT, []):
         try:
             callback()
-        except Exception:
-            log.exception("after-commit callback failed")
+        except Exception as exc:
+            log_unexpected(log, exc, "after-commit callback failed")
 
 
 @contextmanager

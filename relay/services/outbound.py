@@ -10,20 +10,18 @@ from __future__ import annotations
 import base64
 import http.client
 import ipaddress
-import math
 import secrets
 import socket
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import urllib3
 from flask import current_app
 
+from relay.agent.retry_after import parse_retry_after
 from relay.errors import invalid
 
 EVENT_TYPES = ("message.created", "task.updated", "message.read")
@@ -190,26 +188,6 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
     if parts.query:
         path += "?" + parts.query
     return Target(scheme, host, port, path, addresses[0])
-
-
-def parse_retry_after(raw: str | None, now: datetime | None = None) -> int | None:
-    """The seconds a ``Retry-After`` value asks for: delay-seconds or an HTTP-date (RFC 9110, 10.2.3).
-
-    A date is counted from ``now`` (default: this clock) and rounded up; one in the past
-    is 0. None when the header is absent or neither form (the schedule alone then decides).
-    """
-    value = (raw or "").strip()
-    if not value:
-        return None
-    if value.isascii() and value.isdigit():  # str.isdigit() is also true of "²", which int() refuses
-        return int(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except Exception:  # noqa: BLE001 (a receiver's header must never fail the attempt it came with)
-        return None
-    if when.tzinfo is None:  # RFC 9110 dates are GMT; the obsolete forms may carry no zone
-        when = when.replace(tzinfo=UTC)
-    return max(0, math.ceil((when - (now or datetime.now(UTC))).total_seconds()))
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from relay.errors import error_cause, is_connection_error
+from relay.errors import describe, error_cause, is_connection_error
 from relay.models import SEARCH_VERSION, Message
 from relay.services import unit_of_work
 
@@ -284,11 +284,13 @@ def _index_row(session: Session, message_id: uuid.UUID) -> bool:
             .values(index_error=cause)
             .execution_options(synchronize_session=False)
         )
+        facts = describe(exc)
         log.error(
-            "message %s not indexed, marked failed: %s",
+            "message %s not indexed, marked failed: %s %s",
             message_id,
-            cause,
-            extra={"message_id": str(message_id), "pgcode": code},
+            facts["error_class"],
+            code,
+            extra={**facts, "message_id": str(message_id)},
         )
         return False
 
@@ -381,7 +383,12 @@ def _index_batch(session: Session, ids: list[uuid.UUID]) -> int:
 
 
 def _log_batch_failure(exc: DBAPIError, size: int) -> None:
-    code, first_line = error_cause(exc)
+    # The class and SQLSTATE only: the server's text may quote the row (a message's body).
+    facts = describe(exc)
     log.warning(
-        "index batch of %d failed (%s: %s); indexing row by row", size, code, first_line, extra={"pgcode": code}
+        "index batch of %d failed (%s %s); indexing row by row",
+        size,
+        facts["error_class"],
+        facts.get("pgcode"),
+        extra=facts,
     )

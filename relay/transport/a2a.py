@@ -30,7 +30,6 @@ from flask import Blueprint, Response, current_app, request
 from packaging.version import InvalidVersion, Version
 
 from relay.errors import DATABASE_ERRORS, RelayError, is_connection_error
-from relay.extensions import db
 from relay.models import Agent
 from relay.schemas import a2a as shapes
 from relay.schemas.a2a import (
@@ -47,7 +46,7 @@ from relay.schemas.a2a import (
 from relay.services import a2a_view as view
 from relay.services import agents, push, signing, task_streams, threads
 from relay.services.agents import get_agent, normalize_handle
-from relay.transport import disconnect, jsonrpc
+from relay.transport import disconnect, errors, jsonrpc
 from relay.transport.auth import INVALID_KEY, bearer_token
 from relay.transport.jsonrpc import Dialect, Method, Streamed
 
@@ -442,11 +441,7 @@ def lookup_peer(handle: str) -> Agent | None:
     except DATABASE_ERRORS as exc:
         if not is_connection_error(exc):
             raise
-        try:
-            db.session.rollback()
-        except Exception:  # the connection itself is gone; the pool replaces it
-            pass
-        raise RelayError("service_unavailable", "the database is unavailable; retry shortly") from None
+        raise errors.unexpected(exc) from None
 
 
 @bp.post("/a2a/agents/<handle>")

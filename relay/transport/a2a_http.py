@@ -45,11 +45,10 @@ from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException
 
 from relay.encoding import dumps_bytes
-from relay.errors import RelayError, is_connection_error
-from relay.extensions import db
+from relay.errors import RelayError
 from relay.models import Agent
 from relay.schemas.common import BoundedList, NotJson, StrictBool, load_or_invalid, strict_json
-from relay.transport import a2a, jsonrpc
+from relay.transport import a2a, errors, jsonrpc
 from relay.transport.auth import current_agent, retry_after_seconds
 from relay.transport.jsonrpc import Streamed
 from relay.transport.observability import RPC_CALLS
@@ -80,10 +79,13 @@ _GRPC_STATUS: dict[int, str] = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",
     409: "ABORTED",
     413: "INVALID_ARGUMENT",
+    414: "INVALID_ARGUMENT",
     422: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
+    431: "INVALID_ARGUMENT",
     500: "INTERNAL",
     503: "UNAVAILABLE",
 }
@@ -129,14 +131,11 @@ def error_response(exc: RelayError, status: int | None = None, headers: dict | N
     """A relay error as this binding's HTTP answer: its status, a google.rpc.Status body.
 
     401 carries ``WWW-Authenticate: Bearer``; a ``rate_limited`` error with
-    ``details.retry_after`` (seconds) carries ``Retry-After``.
+    ``details.retry_after`` (seconds) carries ``Retry-After`` (relay/transport/errors.py adds both).
     """
     status = status or status_for(exc)
-    headers = dict(headers or {})
-    if status == 401:
-        headers.setdefault("WWW-Authenticate", 'Bearer realm="relay"')
     if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
-        headers.setdefault("Retry-After", str(exc.details["retry_after"]))
+        errors.retry_later(exc.details["retry_after"])
     return _json(status_body(exc, status), status, headers)
 
 
@@ -281,17 +280,8 @@ def _call(name: str, run: Callable[[], Any]) -> Any:
 
 
 def _internal(exc: Exception, name: str) -> Response:
-    try:
-        db.session.rollback()
-    except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
-        pass
-    if is_connection_error(exc):  # PostgreSQL unreachable: retryable, not a bug
-        log.warning("database unavailable", extra={"request_id": g.get("request_id")})
-        symbol = "service_unavailable"
-    else:
-        log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
-        symbol = "internal_error"
-    return error_response(RelayError(symbol, "Internal error", {"request_id": g.get("request_id")}))
+    failure = errors.unexpected(exc)
+    return error_response(RelayError(failure.symbol, "Internal error", failure.details))
 
 
 def _stream(streamed: Streamed) -> Response:

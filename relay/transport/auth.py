@@ -1,7 +1,8 @@
 """Bearer authentication shared by every route: ``Authorization: Bearer <key>``.
 
-Every bad key gets the same answer, "invalid API key"; the reason (missing, malformed,
-unknown, revoked, agent disabled) goes to the server log with the request id. Failed
+A request without an ``Authorization`` header is answered "missing Authorization header";
+every key that is there but bad gets the same answer, "invalid API key", and the reason
+(malformed, unknown, revoked, agent disabled) goes to the server log with the request id. Failed
 authentications on authenticated routes spend a budget per client address
 (``RELAY_AUTH_FAILURE_LIMIT``, default 60/minute, counted in Redis by flask-limiter's
 strategy); past it a request is refused with ``rate_limited`` before any database lookup.
@@ -62,7 +63,10 @@ def try_current_agent() -> Agent | None:
                 exc.message,
                 extra={"request_id": g.get("request_id"), "client": client_address()},
             )
-            exc = RelayError("unauthenticated", INVALID_KEY)
+            # No header at all is a client that forgot it; every key that is there but
+            # wrong gets one message, saying nothing of which part was wrong.
+            absent = "Authorization" not in request.headers
+            exc = RelayError("unauthenticated", MISSING_KEY if absent else INVALID_KEY)
         g._relay_auth_error = exc
     except DATABASE_ERRORS as exc:
         if not is_connection_error(exc):
@@ -154,7 +158,8 @@ def _unavailable() -> RelayError:
 def current_agent() -> Agent:
     """Return the authenticated agent or raise RelayError.
 
-    Raises ``unauthenticated`` ("invalid API key") for any bad key, counting one failure
+    Raises ``unauthenticated`` (MISSING_KEY without an Authorization header, INVALID_KEY
+    for any bad key), counting one failure
     against the client address; ``rate_limited`` (details ``retry_after``, seconds) when
     the address is over RELAY_AUTH_FAILURE_LIMIT; ``service_unavailable`` when PostgreSQL
     is unreachable. Only routes that need a caller call this, so public routes never count.
@@ -170,6 +175,7 @@ def current_agent() -> Agent:
 
 
 INVALID_KEY = "invalid API key"
+MISSING_KEY = "missing Authorization header: send 'Authorization: Bearer <API key>'"
 
 
 def client_address() -> str:

@@ -12,6 +12,27 @@ from relay.services import maintenance
 bp = Blueprint("health", __name__)
 
 
+_INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Handoff relay</title></head>
+<body>
+<h1>Handoff relay</h1>
+<p>A relay where AI agents hand work to each other (JSON-RPC 2.0 at <code>POST /a2a</code>, A2A v1.0, REST).</p>
+<ul>
+<li><a href="/console/">The operator console</a></li>
+<li><a href="/api/v1/openapi.json">The REST API's OpenAPI document</a></li>
+<li><a href="/.well-known/agent-card.json">The relay's A2A agent card</a></li>
+<li><a href="/healthz">Health</a> and <a href="/readyz">readiness</a></li>
+</ul>
+</body></html>
+"""
+
+
+@bp.get("/")
+def index():
+    """A small HTML page linking the console, the OpenAPI document, the agent card and the health checks."""
+    return _INDEX, 200, {"Content-Type": "text/html; charset=utf-8"}
+
+
 @bp.get("/healthz")
 def healthz():
     """Answer 200 while the process serves requests."""

@@ -21,8 +21,7 @@ from flask import Blueprint, Response, current_app, g, stream_with_context
 from marshmallow import Schema
 
 from relay.encoding import dumps_bytes
-from relay.errors import RelayError, is_connection_error
-from relay.extensions import db
+from relay.errors import RelayError
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
 from relay.schemas.handoffs import (
@@ -34,6 +33,7 @@ from relay.schemas.handoffs import (
     transition_args,
 )
 from relay.services import threads
+from relay.transport import errors
 from relay.transport.auth import current_agent, retry_after_seconds
 from relay.transport.observability import RPC_CALLS
 from relay.transport.requests import BodyTooLarge, read_body
@@ -138,6 +138,7 @@ SEED_DIALECT = Dialect(
 
 
 def _error(dialect: Dialect, id_: Any, code: int, message: str, data: dict) -> dict:
+    """A JSON-RPC error response: ``dialect``'s code for ``data["symbol"]`` (else ``code``) and its ``data`` shape."""
     code = dialect.code_for(data["symbol"], code)
     return {
         "jsonrpc": "2.0",
@@ -153,6 +154,9 @@ def relay_error_response(dialect: Dialect, exc: RelayError, status: int) -> Resp
     except BodyTooLarge:
         doc = None
     return _response(_relay_error(dialect, _readable_id(doc), exc), status=status)
+
+
+error_object = _error  # for the answers built outside a method (relay/transport/errors.py)
 
 
 def _relay_error(dialect: Dialect, id_: Any, exc: RelayError) -> dict:
@@ -281,24 +285,8 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
     except RelayError as exc:
         answer = _relay_error(dialect, id_, exc)
     except Exception as exc:
-        try:
-            db.session.rollback()
-        except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
-            pass
-        if is_connection_error(exc):  # PostgreSQL unreachable: retryable, not a bug
-            log.warning("database unavailable", extra={"request_id": g.get("request_id")})
-            answer = _error(
-                dialect,
-                id_,
-                -32603,
-                MESSAGES[-32603],
-                {"symbol": "service_unavailable", "request_id": g.get("request_id")},
-            )
-            return _count(name, answer, has_id)
-        log.exception("internal error in %s", name, extra={"request_id": g.get("request_id")})
-        answer = _error(
-            dialect, id_, -32603, MESSAGES[-32603], {"symbol": "internal_error", "request_id": g.get("request_id")}
-        )
+        failure = errors.unexpected(exc)
+        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": failure.symbol, **failure.details})
     return _count(name, answer, has_id)
 
 
@@ -354,15 +342,9 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
                 status=exc.http_status,
             )
         if exc.symbol == "rate_limited":  # this address spent its failed-authentication budget
-            retry = exc.details["retry_after"]
-            return _response(
-                _relay_error(dialect, _readable_id(doc), exc), status=429, headers={"Retry-After": str(retry)}
-            )
-        return _response(
-            _relay_error(dialect, _readable_id(doc), exc),
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="relay"'},
-        )
+            errors.retry_later(exc.details["retry_after"])
+            return _response(_relay_error(dialect, _readable_id(doc), exc), status=429)
+        return _response(_relay_error(dialect, _readable_id(doc), exc), status=401)
     if doc is _MISSING:
         return _response(
             _error(
@@ -447,17 +429,9 @@ def sse_response(streamed: Streamed, result: Callable[[Any], Any], error: Callab
                     # One line: orjson escapes newlines inside strings, so no data line breaks.
                     yield b"data: " + dumps_bytes(result(item)) + b"\n\n"
         except Exception as exc:
-            try:
-                db.session.rollback()
-            except Exception:  # the connection itself is gone; the pool replaces it (pre-ping)
-                pass
-            if is_connection_error(exc):  # an outage: retryable (the 200 was already sent)
-                log.warning("database unavailable in a stream", extra={"request_id": g.get("request_id")})
-                symbol = "service_unavailable"
-            else:
-                log.exception("internal error in a stream", extra={"request_id": g.get("request_id")})
-                symbol = "internal_error"
-            failure = RelayError(symbol, MESSAGES[-32603], {"request_id": g.get("request_id")})
+            # The 200 is already sent: the client hears an error event, not a cut connection.
+            unexpected = errors.unexpected(exc)
+            failure = RelayError(unexpected.symbol, MESSAGES[-32603], unexpected.details)
             yield b"event: error\ndata: " + dumps_bytes(error(failure)) + b"\n\n"
         finally:
             streamed.close()
@@ -480,7 +454,7 @@ def _no_content() -> Response:
 
 def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
     """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
-    retry = retry_after_seconds(limit)
+    retry = errors.retry_later(retry_after_seconds(limit))
     try:
         doc = parse_body()
     except BodyTooLarge:
@@ -494,7 +468,6 @@ def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
             {"symbol": "rate_limited", "retry_after": retry},
         ),
         status=429,
-        headers={"Retry-After": str(retry)},
     )
 
 

@@ -143,7 +143,7 @@ def metrics():
     if token:
         supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(supplied.encode(), token.encode()):
-            return Response("unauthorized\n", status=401, headers={"WWW-Authenticate": "Bearer"})
+            return Response("unauthorized\n", status=401)  # WWW-Authenticate: relay/transport/errors.py
     registry = current_app.extensions["relay_metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 

@@ -17,6 +17,12 @@ PostgreSQL calls yield to other greenlets (psycogreen), and a connection is cut 
 - it sends nothing at all for ``RELAY_CLIENT_IDLE_TIMEOUT`` seconds (default 30) while
   a read or write waits on it.
 
+A request gunicorn itself refuses before the app sees it (a header over
+``limit_request_field_size``, a request line over ``limit_request_line``, a negative or
+non-numeric Content-Length, Content-Length with Transfer-Encoding) is answered in the
+JSON error envelope of its path's surface (relay/transport/errors.py), not gunicorn's
+HTML page: the request line's first bytes say which path it was.
+
 Settings are read from the environment when the worker starts, like the rest of
 ``gunicorn.conf.py``.
 """
@@ -29,6 +35,7 @@ import sys
 import time
 
 import gevent
+from gunicorn.http import errors as http_errors
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -54,7 +61,16 @@ class _DeadlineSocket:
     Everything else is the socket's own; gunicorn's parser and body reader call ``recv``.
     """
 
-    __slots__ = ("_sock", "deadline", "body_timeout", "head_deadline", "head_timeout", "keepalive", "idle_timeout")
+    __slots__ = (
+        "_sock",
+        "deadline",
+        "body_timeout",
+        "head_deadline",
+        "head_timeout",
+        "keepalive",
+        "idle_timeout",
+        "head_start",
+    )
 
     def __init__(self, sock: socket.socket, body_timeout: float, head_timeout: float, keepalive: float, idle: float):
         self._sock = sock
@@ -62,6 +78,8 @@ class _DeadlineSocket:
         self.body_timeout = body_timeout
         self.head_timeout, self.keepalive, self.idle_timeout = head_timeout, keepalive, idle
         self.head_deadline: float | None = time.monotonic() + head_timeout  # the first head: from the connect
+        # The head's first bytes (its request line's start): the path of a head gunicorn refuses.
+        self.head_start = b""
 
     def recv(self, *args):
         if self.deadline is None:
@@ -86,10 +104,71 @@ class _DeadlineSocket:
             self._sock.settimeout(self.idle_timeout)
         if data and self.head_deadline is None:
             self.head_deadline = time.monotonic() + self.head_timeout
+        if len(self.head_start) < _HEAD_START:
+            self.head_start += data[: _HEAD_START - len(self.head_start)]
         return data
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
+
+
+_HEAD_START = 512  # bytes of a head kept to find its path: enough for every surface's prefix
+
+# gunicorn's refusals of a request it could not parse -> (status, reason, symbol); the rest are 400 invalid_request.
+_REFUSALS: tuple[tuple[type[Exception], int, str, str], ...] = (
+    (http_errors.LimitRequestLine, 414, "URI Too Long", "request_line_too_long"),
+    (http_errors.LimitRequestHeaders, 431, "Request Header Fields Too Large", "headers_too_large"),
+    (http_errors.UnsupportedTransferCoding, 501, "Not Implemented", "invalid_request"),
+    (http_errors.ExpectationFailed, 417, "Expectation Failed", "invalid_request"),
+    (http_errors.ForbiddenProxyRequest, 403, "Forbidden", "forbidden"),
+)
+# What is the server's fault, not the request's: gunicorn's own 500.
+_NOT_REFUSALS = (
+    http_errors.InvalidResponseHeader,
+    http_errors.InvalidResponseHeaderName,
+    http_errors.ConfigurationProblem,
+)
+
+
+def refusal(exc: BaseException, cfg) -> tuple[int, str, str, str] | None:
+    """``(status, reason phrase, symbol, message)`` of a request gunicorn refused with ``exc``, or
+    None when ``exc`` is not the request's fault. The message names the problem."""
+    if not isinstance(exc, http_errors.ParseException) or isinstance(exc, _NOT_REFUSALS):
+        return None
+    status, reason, symbol = 400, "Bad Request", "invalid_request"
+    for cls, *answer in _REFUSALS:
+        if isinstance(exc, cls):
+            status, reason, symbol = answer
+            break
+    if isinstance(exc, http_errors.LimitRequestLine):
+        message = f"the request line is longer than {cfg.limit_request_line} bytes"
+    elif isinstance(exc, http_errors.LimitRequestHeaders):
+        message = (
+            f"the request's header fields are too large (at most {cfg.limit_request_fields} fields of "
+            f"{cfg.limit_request_field_size} bytes each): {exc}"
+        )
+    elif isinstance(exc, http_errors.InvalidHeader) and exc.hdr in ("CONTENT-LENGTH", "TRANSFER-ENCODING"):
+        headers = {name for name, _value in getattr(exc.req, "headers", None) or ()}
+        if {"CONTENT-LENGTH", "TRANSFER-ENCODING"} <= headers:
+            message = "Content-Length and Transfer-Encoding together are refused: send one of them"
+        elif exc.hdr == "CONTENT-LENGTH":
+            message = "the Content-Length header must be a non-negative decimal number of bytes"
+        else:
+            message = "the Transfer-Encoding header must end with chunked (HTTP/1.1 only)"
+    else:
+        message = f"the request is malformed: {exc}"
+    return status, reason, symbol, message
+
+
+def _path(req, sock) -> str:
+    """The path of the refused request: parsed, or read from its head's first bytes."""
+    path = getattr(req, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    line = bytes(getattr(sock, "head_start", b"")).split(b"\r\n", 1)[0]
+    parts = line.split(b" ")
+    target = parts[1] if len(parts) > 1 else b""
+    return target.split(b"?", 1)[0].decode("latin-1")
 
 
 class RelayWorker(GeventWorker):
@@ -120,8 +199,25 @@ class RelayWorker(GeventWorker):
 
     def handle_request(self, listener_name, req, sock, addr):
         sock.head_deadline = None  # the head is in
+        sock.head_start = b""
         sock.deadline = time.monotonic() + self.body_timeout
         try:
             return super().handle_request(listener_name, req, sock, addr)
         finally:
             sock.deadline = None
+
+    def handle_error(self, req, client, addr, exc):
+        """Answer a request gunicorn refused in its path's surface's envelope (relay/transport/errors.py);
+        anything else as gunicorn does."""
+        answer = refusal(exc, self.cfg)
+        if answer is None:
+            return super().handle_error(req, client, addr, exc)
+        from relay.transport.errors import raw_response
+
+        status, reason, symbol, message = answer
+        self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
+        path = _path(req or getattr(exc, "req", None), client)
+        try:
+            client.sendall(raw_response(path, status, reason, symbol, message))
+        except OSError:
+            self.log.debug("Failed to send error message.")

@@ -33,8 +33,7 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
 from relay.config import DEV_SECRET_KEY
-from relay.errors import RelayError, is_connection_error
-from relay.extensions import db
+from relay.errors import RelayError
 from relay.ids import iso, parse_ulid
 from relay.schemas.common import load_or_invalid
 from relay.schemas.console import (
@@ -49,6 +48,7 @@ from relay.schemas.console import (
     SearchQuery,
 )
 from relay.services import agents, blocks, operators, org, threads, webhooks
+from relay.transport import errors
 from relay.transport.auth import client_address, retry_after_seconds
 from relay.transport.console import SECURITY_HEADERS, bp, csrf
 from relay.transport.console.forms import LoginForm
@@ -234,14 +234,9 @@ def _http_error(exc: HTTPException):
 
 @bp.errorhandler(Exception)
 def _unhandled(exc: Exception):
-    try:
-        db.session.rollback()
-    except Exception:  # the connection is gone; the pool replaces it
-        pass
-    if is_connection_error(exc):
-        log.warning("database unavailable", extra={"request_id": g.get("request_id")})
-        return _error_page(503, "The database is unavailable", "Retry in a moment.")
-    log.exception("unhandled error", extra={"request_id": g.get("request_id")})
+    failure = errors.unexpected(exc)
+    if failure.symbol == "service_unavailable":
+        return _error_page(503, "The relay is unavailable", f"{failure.message[:1].upper()}{failure.message[1:]}.")
     return _error_page(500, "Something went wrong", f"Request id {g.get('request_id')}: the server log has the cause.")
 
 
@@ -386,8 +381,7 @@ def _too_many(limit):
         _login_page(
             LoginForm(),
             429,
-            f"Too many sign-in attempts; try again in {retry} s.",
-            {"Retry-After": str(retry)},
+            f"Too many sign-in attempts; try again in {errors.retry_later(retry)} s.",
         )
     )
 

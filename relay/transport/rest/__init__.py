@@ -10,6 +10,7 @@ from marshmallow import Schema, fields
 from relay.errors import RelayError, invalid
 from relay.models import Agent
 from relay.schemas.common import NotJson, load_or_invalid, strict_json
+from relay.transport import errors
 from relay.transport.auth import bearer_token, current_agent, retry_after_seconds
 from relay.transport.requests import BodyTooLarge, read_body
 
@@ -29,8 +30,6 @@ def error_response(
         error["details_omitted"] = details_omitted
     resp = jsonify({"error": error})
     resp.status_code = status
-    if status == 401:
-        resp.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
@@ -38,28 +37,18 @@ def error_response(
 
 @bp.errorhandler(RelayError)
 def _relay_error(exc: RelayError):
-    headers = None
     if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
-        headers = {"Retry-After": str(exc.details["retry_after"])}
+        errors.retry_later(exc.details["retry_after"])
     return error_response(
-        exc.http_status,
-        exc.symbol,
-        exc.message,
-        exc.details,
-        headers=headers,
-        details_omitted=getattr(exc, "omitted", 0),
+        exc.http_status, exc.symbol, exc.message, exc.details, details_omitted=getattr(exc, "omitted", 0)
     )
 
 
 def rest_rate_limited(limit):
     """429 in the REST error shape with a whole-second Retry-After."""
-    retry = retry_after_seconds(limit)
+    retry = errors.retry_later(retry_after_seconds(limit))
     return error_response(
-        429,
-        "rate_limited",
-        f"rate limit exceeded: {limit.limit}; retry in {retry} s",
-        {"retry_after": retry},
-        headers={"Retry-After": str(retry)},
+        429, "rate_limited", f"rate limit exceeded: {limit.limit}; retry in {retry} s", {"retry_after": retry}
     )
 
 
@@ -102,11 +91,12 @@ def load_query(schema: Schema) -> dict:
 
 
 def json_body() -> Any:
-    """The body as JSON, or None when it is not a JSON document PostgreSQL could store.
+    """The body as a JSON document PostgreSQL could store.
 
-    Unlike ``request.get_json(silent=True)`` this refuses NaN, Infinity and numbers that
-    overflow to infinity (jsonb rejects them: a 500 before), and treats nesting too deep
-    for the parser as not JSON rather than letting RecursionError escape (a 500 too).
+    Raises ``payload_too_large`` (413) past RELAY_MAX_BODY_BYTES and ``parse_error`` (400,
+    details ``{"reason"}``) for a body that is not such a document: not JSON, NaN,
+    Infinity, a number that overflows to infinity (jsonb refuses them), or nesting too
+    deep for the parser.
     """
     try:
         raw = read_body()
@@ -118,12 +108,13 @@ def json_body() -> Any:
     # Any Content-Type: curl -d sends form-urlencoded, and /a2a does not insist either.
     try:
         return strict_json(raw)
-    except NotJson:
-        return None
+    except NotJson as exc:
+        reason = str(exc) or "not a JSON document"
+        raise RelayError("parse_error", f"the body is not JSON: {reason}", {"reason": reason}) from None
 
 
 def load_json(schema: Schema) -> dict:
-    """Load the JSON body with ``schema``; 422 naming each bad field."""
+    """Load the JSON body with ``schema``: 400 parse_error when it is not JSON, 422 naming each bad field."""
     body = json_body()
     if not isinstance(body, dict):
         raise RelayError("invalid_params", "the body must be a JSON object", {"body": ["must be a JSON object"]})

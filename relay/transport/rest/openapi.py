@@ -179,13 +179,13 @@ def build_spec() -> dict:
             if not doc.get("public"):
                 op["security"] = [{"bearer": []}]
                 # A malformed handle or id in the path is 422 on every route that takes one;
-                # a body past RELAY_MAX_BODY_BYTES is 413.
+                # a body past RELAY_MAX_BODY_BYTES is 413, and one that is not JSON 400 parse_error.
                 errors = {
                     401,
                     429,
                     *doc.get("errors", ()),
                     *((422,) if rule.arguments else ()),
-                    *((413,) if "body" in doc else ()),
+                    *((400, 413) if "body" in doc else ()),
                 }
                 for code in sorted(errors):
                     op["responses"][str(code)] = {

@@ -10,7 +10,8 @@ A comment (``: heartbeat``) goes out every ``RELAY_STREAM_HEARTBEAT`` seconds. A
 that reconnects with ``Last-Event-ID`` (or ``after``) resumes after that message, with
 nothing skipped and nothing repeated (seed 004's catch-up rule); without either, and
 without ``since``, it starts at the newest message. When the key is revoked or the agent
-disabled, a last ``event: error`` carries the problem and the stream ends.
+disabled, or the stream fails (``internal_error`` or ``service_unavailable``, with the
+request id in the log), a last ``event: error`` carries the problem and the stream ends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from relay.encoding import dumps_bytes
 from relay.errors import RelayError, invalid
 from relay.schemas.rest import StreamQuery
 from relay.services import streams
-from relay.transport import disconnect
+from relay.transport import disconnect, errors
 from relay.transport.rest import bp, identity, load_query, still_allowed
 
 # How long an EventSource waits before reconnecting, in milliseconds (the SSE "retry" field).
@@ -73,8 +74,11 @@ def stream_messages(handle: str):
     def body():
         # Sent once the starting position is taken: from here on nothing is missed.
         yield f"retry: {RECONNECT_MS}\n: ready\n\n".encode()
-        for item in opened.events():
-            yield _event(item)
+        try:
+            for item in opened.events():
+                yield _event(item)
+        except Exception as exc:  # the 200 is sent: a last error event, not a cut connection
+            yield _event(errors.unexpected(exc))
 
     response = Response(
         stream_with_context(body()),
