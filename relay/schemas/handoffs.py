@@ -7,7 +7,7 @@ import json
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from relay.models import INTENTS, PRIORITIES, RESERVED_KEY_PREFIX, THREAD_STATES
-from relay.schemas.common import AwareDateTime, BoundedList, BoundedUrl, Cursor, StrictSchema, Ulid
+from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictSchema, Ulid, WebUrl
 
 # Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
 MAX_PARTS = 20
@@ -126,7 +126,7 @@ class Link(Schema):
         unknown = INCLUDE
 
     type = fields.String(required=True)
-    url = BoundedUrl(required=True, schemes={"http", "https"}, require_tld=False, max_length=MAX_URL)
+    url = WebUrl(required=True, max_length=MAX_URL)
     title = _text(MAX_SHORT, required=False)
 
 
