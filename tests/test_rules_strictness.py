@@ -150,3 +150,28 @@ def test_open_objects_stay_open(client, alice, bob):
     [message] = thread["messages"]
     assert message["payload"] == {k: v for k, v in metadata.items() if k != "client_idempotency_key"}
     assert message["artifacts"] == [contract]
+
+
+def test_an_a2a_data_part_is_a_closed_artifact_too(app, client, alice, bob):
+    """A2A carries an artifact as a data part: its unknown member is refused under the A2A path."""
+    _a, key = alice
+    message = {
+        "messageId": "m-strict-1",
+        "role": "ROLE_USER",
+        "parts": [{"text": "see the diff"}, {"data": dict(ARTIFACTS["file_diff"], colour="blue")}],
+    }
+    resp = client.post(
+        f"/a2a/agents/{bob[0]}",
+        json={"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {"message": message}},
+        headers={**bearer(key), "A2A-Version": "1.0"},
+    )
+    error = resp.get_json()["error"]
+    assert error["code"] == -32602, error
+    violations = {
+        v["field"]: v["description"]
+        for d in error.get("data") or []
+        if d.get("@type", "").endswith("google.rpc.BadRequest")
+        for v in d["fieldViolations"]
+    }
+    assert violations == {"message.parts.1.data.colour": "Unknown field."}, error
+    assert _counts(app) == (0, 0)
