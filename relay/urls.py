@@ -51,7 +51,7 @@ class BadUrl(ValueError):
 
 
 @dataclass(frozen=True)
-class WebUrl:
+class ParsedUrl:
     """An http(s) URL, parsed.
 
     ``scheme``: ``http`` or ``https``. ``host``: what to resolve and name in ``Host`` and
@@ -118,7 +118,7 @@ def _name(host: str) -> str:
     return name + ("." if host.endswith(".") else "")
 
 
-def parse_web_url(url: str) -> WebUrl:
+def parse_web_url(url: str) -> ParsedUrl:
     """Parse ``url`` as an http(s) URL; raise BadUrl naming the rule it breaks.
 
     Rules, in order: a string with no space or control character; a scheme of http or
@@ -135,11 +135,13 @@ def parse_web_url(url: str) -> WebUrl:
     except ValueError as exc:
         raise _malformed(str(exc)) from None
     scheme = parts.scheme.lower()
-    if not scheme or not url[len(scheme) :].startswith(":"):
+    if not scheme:
         raise _malformed("it has no scheme (start it with https://)")
     if scheme not in SCHEMES:
         raise BadUrl("scheme", f"scheme {scheme!r} is not allowed (only http and https)")
-    if not parts.netloc.rpartition("@")[2] or not url[len(scheme) + 1 :].startswith("//"):
+    hostport = parts.netloc.rpartition("@")[2]
+    host = parts.hostname or ""
+    if not host:
         raise _malformed(f"it has no host (write {scheme}://host/...)")
     try:
         port = parts.port
@@ -147,12 +149,8 @@ def parse_web_url(url: str) -> WebUrl:
         raise _malformed("the port must be a number 1-65535") from None
     if port == 0:
         raise _malformed("the port must be a number 1-65535")
-    hostport = parts.netloc.rpartition("@")[2]
-    host = parts.hostname or ""
     if hostport.startswith("["):
         host = _ipv6(host)
-    elif not host:
-        raise _malformed(f"it has no host (write {scheme}://host/...)")
     elif _NUMBER.fullmatch(host.removesuffix(".").rpartition(".")[2]):
         host = _ipv4(host)
     else:
@@ -160,7 +158,7 @@ def parse_web_url(url: str) -> WebUrl:
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
-    return WebUrl(
+    return ParsedUrl(
         scheme=scheme,
         host=host,
         port=port or (443 if scheme == "https" else 80),
