@@ -29,8 +29,10 @@ import requests
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from relay.agent.client import InvalidParams, RelayClient
+from relay.agent.client import RelayClient
+from relay.ids import parse_ulid
 from relay.ops.embedded import free_port
+from tests.conftest import sql
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -717,7 +719,9 @@ def test_fifty_file_refs_with_long_descriptions(relay_url, keys):
     _thread_case(relay_url, keys, lambda alice: _send(alice, text="look at these", artifacts=refs), check)
 
 
-def test_an_artifact_member_the_relay_does_not_know(relay_url, keys):
+def test_an_artifact_member_the_relay_does_not_know(app, relay_url, keys):
+    """A member the relay refuses today (docs/api.md, "Unknown members") may be in a row stored
+    before members were checked: get_thread still shows it, cut, and reads it whole."""
     mystery = "unknown " * 50_000  # 400,000 characters
 
     async def open_thread(alice):
@@ -725,12 +729,17 @@ def test_an_artifact_member_the_relay_does_not_know(relay_url, keys):
             "recipient": "bob@acme",
             "intent": "inform",
             "message": {"role": "user", "parts": [{"type": "text", "text": "see the artifact"}]},
-            "artifacts": [{"type": "link", "url": "https://example.com/x", "mystery": mystery}],
+            "artifacts": [{"type": "link", "url": "https://example.com/x"}],
         }
-        try:
-            return await anyio.to_thread.run_sync(_send_raw, relay_url, keys["alice"], params)
-        except InvalidParams:
-            pytest.skip("this relay refuses unknown artifact members")
+        task_id = await anyio.to_thread.run_sync(_send_raw, relay_url, keys["alice"], params)
+        sql(
+            app,
+            "UPDATE messages SET artifacts = jsonb_set(artifacts, '{0,mystery}', to_jsonb(CAST(:m AS text)))"
+            " WHERE thread_id = :t",
+            m=mystery,
+            t=str(parse_ulid(task_id)),
+        )
+        return task_id
 
     async def check(bob, task_id, answer):
         assert await _read_whole(bob, task_id, _field_note(answer, "artifacts[0].mystery", 1)) == mystery

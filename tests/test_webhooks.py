@@ -775,7 +775,7 @@ REFUSED_URLS = [  # (url, what the refusal must say)
     ("http://127.0.0.1:5432/", "loopback"),
     ("http://[::1]/", "loopback"),
     ("http://[::ffff:169.254.169.254]/", "IPv4-mapped a link-local"),
-    ("file:///etc/passwd", "must use https"),
+    ("file:///etc/passwd", "scheme 'file' is not allowed"),
     ("http://user:pw@example.com/", "credentials"),
 ]
 

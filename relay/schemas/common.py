@@ -18,6 +18,7 @@ from marshmallow.validate import Length
 
 from relay.errors import MAX_FIELD_ERRORS, RelayError, invalid_fields
 from relay.ids import encode_cursor, format_ulid, iso, parse_ulid  # noqa: F401  (re-exported for schemas)
+from relay.urls import BadUrl, parse_web_url
 
 
 class Ulid(fields.Field):
@@ -70,18 +71,29 @@ class BoundedList(fields.List):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
-class BoundedUrl(fields.Url):
-    """A URL of at most ``max_length`` characters, measured before the (slower) URL pattern runs."""
+class WebUrl(fields.String):
+    """An http(s) URL of at most ``max_length`` characters, by the relay's one URL rule; loads the string as sent.
+
+    The length is measured first; then ``relay.urls.parse_web_url`` judges it (any
+    http(s) URL a browser opens: IDNs, underscores, one-label hosts, ports, IP
+    literals), and a refusal says which rule: ``scheme 'ftp' is not allowed ...`` or
+    ``is not a valid URL: <what>``. Who may be called is not judged here (webhooks do
+    that in the outbound service).
+    """
 
     def __init__(self, *, max_length: int, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(validate=Length(max=max_length, error=f"must be at most {max_length} characters"), **kwargs)
         self.max_length = max_length
-        self.validators.append(Length(max=max_length, error=f"must be at most {max_length} characters"))
 
     def _deserialize(self, value, attr, data, **kwargs):
-        if isinstance(value, str) and len(value) > self.max_length:
+        value = super()._deserialize(value, attr, data, **kwargs)
+        if len(value) > self.max_length:
             raise ValidationError(f"must be at most {self.max_length} characters")
-        return super()._deserialize(value, attr, data, **kwargs)
+        try:
+            parse_web_url(value)
+        except BadUrl as exc:
+            raise ValidationError(str(exc)) from None
+        return value
 
 
 class StrictBool(fields.Field):

@@ -1,13 +1,20 @@
-"""Load schemas for handoff requests (seed 000) and dump helpers for their responses."""
+"""Load schemas for handoff requests (seed 000) and dump helpers for their responses.
+
+Every object of a request is closed: ``message``, each of its ``parts``, each artifact
+(by its ``type``), ``proposed_action``, a list's ``filter`` and ``page``; a member none
+of them names is invalid_params naming its path (``message.parts.0.colour``). Two
+values are open, as the contract defines them: ``metadata`` (freeform) and an
+``api_contract`` artifact's ``spec`` (an API description of any shape).
+"""
 
 from __future__ import annotations
 
 import json
 
-from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from relay.models import INTENTS, PRIORITIES, RESERVED_KEY_PREFIX, THREAD_STATES
-from relay.schemas.common import AwareDateTime, BoundedList, BoundedUrl, Cursor, StrictSchema, Ulid
+from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictSchema, Ulid, WebUrl
 
 # Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
 MAX_PARTS = 20
@@ -40,21 +47,15 @@ def _text(max_len: int, required: bool = True, **kw) -> fields.String:
     )
 
 
-class TextPart(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class TextPart(StrictSchema):
     type = fields.String(required=True, validate=validate.Equal("text", error="only text parts are supported"))
     text = fields.String(
         required=True, validate=validate.Length(max=MAX_TEXT, error=f"must be at most {MAX_TEXT} characters")
     )
 
 
-class MessageIn(Schema):
-    """``params.message``: an A2A message with at least one text part."""
-
-    class Meta:
-        unknown = EXCLUDE
+class MessageIn(StrictSchema):
+    """``params.message``: ``{role?, parts}``, at least one text part; no other member (closed, like its parts)."""
 
     role = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
     parts = BoundedList(fields.Nested(TextPart), required=True, min_items=1, max_items=MAX_PARTS, noun="parts")
@@ -65,19 +66,13 @@ class MessageIn(Schema):
             raise ValidationError({"parts": ["at least one part must have non-empty text"]})
 
 
-class FileDiff(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class FileDiff(StrictSchema):
     type = fields.String(required=True)
     path = _text(MAX_PATH)
     diff = _text(MAX_DIFF)
 
 
-class FileRef(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class FileRef(StrictSchema):
     type = fields.String(required=True)
     path = _text(MAX_PATH)
     line_start = fields.Integer(
@@ -93,20 +88,14 @@ class FileRef(Schema):
             raise ValidationError({"line_end": ["must not be before line_start"]})
 
 
-class TestCommand(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class TestCommand(StrictSchema):
     type = fields.String(required=True)
     command = _text(MAX_SHORT)
     cwd = _text(MAX_PATH, required=False)
     description = _text(MAX_SHORT, required=False)
 
 
-class ApiContract(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class ApiContract(StrictSchema):
     type = fields.String(required=True)
     name = _text(MAX_PATH)
     spec = fields.Raw(required=True)
@@ -121,12 +110,9 @@ class ApiContract(Schema):
             raise ValidationError({"spec": [f"must be at most {MAX_DIFF} bytes"]})
 
 
-class Link(Schema):
-    class Meta:
-        unknown = INCLUDE
-
+class Link(StrictSchema):
     type = fields.String(required=True)
-    url = BoundedUrl(required=True, schemes={"http", "https"}, require_tld=False, max_length=MAX_URL)
+    url = WebUrl(required=True, max_length=MAX_URL)
     title = _text(MAX_SHORT, required=False)
 
 

@@ -19,6 +19,7 @@ from relay.schemas.handoffs import (
     Metadata,
     TransitionFields,
 )
+from relay.urls import URL_PATTERN
 
 # "2026-07-21T18:00:00 02:00": a '+' offset that arrived unencoded in a query string.
 _PLUS_AS_SPACE = re.compile(r"^\d{4}-\d{2}-\d{2}T[\d:.]+ \d{2}:?\d{2}$")
@@ -137,8 +138,8 @@ class KeyCreateBody(StrictSchema):
 
 WEBHOOK_EVENTS = ("message.created", "task.updated", "message.read")
 MAX_EVENTS = 20  # events in one webhook's list (there are 2; repeats are harmless)
-# For the OpenAPI document only: the service checks the scheme (and the target) itself.
-WEBHOOK_URL_DOC = {"format": "uri", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"}
+# For the OpenAPI document only: the service checks the URL (relay.urls) and the target itself.
+WEBHOOK_URL_DOC = {"format": "uri", "pattern": URL_PATTERN}
 
 
 class WebhookCreateBody(StrictSchema):

@@ -16,13 +16,13 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import urllib3
 from flask import current_app
 
 from relay.agent.retry_after import parse_retry_after
 from relay.errors import invalid
+from relay.urls import BadUrl, parse_web_url
 
 EVENT_TYPES = ("message.created", "task.updated", "message.read")
 # What an endpoint hears when it names no events: message.read (a read receipt, issue 29)
@@ -149,26 +149,23 @@ def _refused_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
 
 
 def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
-    """Parse, resolve and check a webhook URL; raise TargetRefused saying why it may not be called."""
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        # urlsplit drops tabs and newlines, so the URL checked would not be the URL stored.
-        raise TargetRefused("must not contain spaces or control characters")
+    """Parse, resolve and check a webhook URL; raise TargetRefused saying which rule refused it.
+
+    The URL rule first (``relay.urls.parse_web_url``: malformed, or a scheme other than
+    http and https), then what may be called: plain http only with ``allow_http``
+    (RELAY_WEBHOOK_ALLOW_HTTP), no credentials, and every address the host resolves to
+    public unless ``allow_private`` (RELAY_WEBHOOK_ALLOW_PRIVATE). A host that does not
+    resolve is ``kind="dns"``.
+    """
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise TargetRefused(f"is not a valid URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise TargetRefused("must use https (or http where allowed)")
-    if scheme == "http" and not allow_http:
-        raise TargetRefused("must use https (set RELAY_WEBHOOK_ALLOW_HTTP=1 to allow http)")
-    if parts.username is not None or parts.password is not None:
-        raise TargetRefused("must not carry credentials")
-    host = parts.hostname
-    if not host:
-        raise TargetRefused("has no host")
-    port = port or (443 if scheme == "https" else 80)
+        parsed = parse_web_url(url)
+    except BadUrl as exc:
+        raise TargetRefused(str(exc)) from None
+    if parsed.scheme == "http" and not allow_http:
+        raise TargetRefused("plain http is not allowed: must use https (set RELAY_WEBHOOK_ALLOW_HTTP=1 to allow http)")
+    if parsed.credentials:
+        raise TargetRefused("must not carry credentials (user:password@)")
+    host, port = parsed.host, parsed.port
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
@@ -179,15 +176,13 @@ def resolve(url: str, *, allow_private: bool, allow_http: bool) -> Target:
         reason = _refused_address(ip)
         if reason and not allow_private:
             raise TargetRefused(
-                f"host {host!r} resolves to {ip} ({reason}); set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets"
+                f"host {host!r} resolves to {ip} ({reason}): private, loopback and other non-public "
+                "addresses are not allowed; set RELAY_WEBHOOK_ALLOW_PRIVATE=1 to allow such targets"
             )
         addresses.append(str(ip))
     if not addresses:
         raise TargetRefused(f"host {host!r} does not resolve", "dns")
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return Target(scheme, host, port, path, addresses[0])
+    return Target(parsed.scheme, host, port, parsed.target, addresses[0])
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from markupsafe import Markup, escape
 from pygments import highlight
@@ -21,6 +20,7 @@ from relay.ids import iso
 from relay.models import PRIORITIES, TERMINAL_STATES, THREAD_STATES
 from relay.services.a2a_view import STATES as A2A_STATES
 from relay.services.threads import EXPIRED, LEASE_EXPIRED
+from relay.urls import BadUrl, parse_web_url
 
 # Highlighting is CPU on the web worker: a diff may be 512 KiB. Past these bounds the rest
 # is shown as plain (escaped) text, and the page says so.
@@ -30,14 +30,12 @@ _FORMATTER = HtmlFormatter(cssclass="hl", wrapcode=True)
 
 
 def web_url(url: Any) -> str | None:
-    """``url`` if it is an http(s) URL with a host (safe as a link's href), else None."""
+    """``url`` if it is an http(s) URL by the relay's URL rule (relay.urls; safe as a link's href), else None."""
     if not isinstance(url, str):
         return None
     try:
-        parts = urlsplit(url.strip())
-    except ValueError:
-        return None
-    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        parse_web_url(url.strip())
+    except BadUrl:
         return None
     return url.strip()
 

@@ -7,10 +7,9 @@ import re
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 from flask import current_app
-from marshmallow import fields, validate
 
 from relay.schemas.agents import AgentOut, KeyOut
-from relay.schemas.common import Cursor, Ulid
+from relay.schemas.common import Cursor, Ulid, WebUrl
 from relay.schemas.handoffs import ARTIFACT_SCHEMAS, ApiContract, Artifact, MessageIn
 from relay.schemas.rest import (
     DeliveriesQuery,
@@ -25,6 +24,7 @@ from relay.schemas.rest import (
     WebhookUpdateBody,
 )
 from relay.transport.rest import bp
+from relay.urls import URL_PATTERN
 
 # endpoint -> what the document says beyond the route itself
 ROUTE_DOCS: dict[str, dict] = {
@@ -102,14 +102,8 @@ def _custom_fields(self, field, **kwargs) -> dict:
                 variant["properties"]["spec"] = {"type": ["string", "object"], "minLength": 1, "minProperties": 1}
             variants.append(variant)
         return {"oneOf": variants}
-    if isinstance(field, fields.Url):
-        schemes = "|".join(
-            sorted(
-                {scheme for v in field.validators if isinstance(v, validate.URL) for scheme in (v.schemes or ())}
-                or {"http", "https"}
-            )
-        )
-        return {"type": "string", "format": "uri", "pattern": f"^({schemes})://"}
+    if isinstance(field, WebUrl):  # relay.urls: http or https, in any case
+        return {"type": "string", "format": "uri", "pattern": URL_PATTERN, "maxLength": field.max_length}
     if field.name == "parts" and isinstance(field.parent, MessageIn):
         # MessageIn._has_text: at least one part must have non-blank text.
         return {
