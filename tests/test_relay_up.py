@@ -351,3 +351,16 @@ def test_relay_up_dev_is_refused_in_production_before_anything_starts(tmp_path):
         "error: --dev allows webhooks to loopback and plain-http targets; it is refused with RELAY_ENV=production"
     ]
     assert not home.exists()
+
+
+def test_relay_up_with_an_unreachable_database_fails_with_one_line(tmp_path):
+    home = tmp_path / "h"
+    unused = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    proc = subprocess.run(
+        _relay_cmd("up", "--port", str(free_port())), env=_up_env(home) | unused, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the database: "), proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -764,7 +764,10 @@ def up(port: int | None, dev: bool) -> None:
         embedded.write_env_file(
             home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"], "RELAY_URL": url}
         )
-        upgrade(normalize_database_url(env["DATABASE_URL"]))
+        try:
+            upgrade(normalize_database_url(env["DATABASE_URL"]))
+        except OperationalError as exc:
+            _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
 
         env.update({"PORT": str(port), "RELAY_HOME": str(home)})
         # The Procfile names gunicorn and celery; find them beside this interpreter even
