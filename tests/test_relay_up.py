@@ -110,7 +110,10 @@ def _started_by(up: subprocess.Popen, home: Path) -> list[psutil.Process]:
     if redis_port is not None:
         client = redis.Redis(host="127.0.0.1", port=redis_port, socket_connect_timeout=1, socket_timeout=2)
         try:
-            found.append(psutil.Process(client.info("server")["process_id"]))
+            # Only the embedded one, whose data is under ``home``: a relay up given REDIS_URL
+            # records that server's URL, and it is not this test's to stop.
+            if Path(client.config_get("dir")["dir"]).resolve().is_relative_to(home.resolve()):
+                found.append(psutil.Process(client.info("server")["process_id"]))
         except (redis.RedisError, psutil.NoSuchProcess):
             pass
         finally:
