@@ -134,3 +134,55 @@ def test_a_lapsed_lease_recorded_by_the_sweep_is_read_back_as_pending_without_a_
     assert got["status"] == {"state": "pending"} and got["lease_token"] is None and got["accepted_at"] is None
     body = update(client, bob[1], task_id, "complete", lease_token=accepted["lease_token"])
     assert body["error"]["data"]["symbol"] == "invalid_transition", body
+
+
+def test_a_release_clears_the_accept_time_read_back_by_both_sides(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    assert "result" in update(client, bob[1], task_id, "accept")
+    assert "result" in update(client, bob[1], task_id, "release", reason="out of time")
+    for key in (alice[1], bob[1]):
+        got = rpc(client, key, "tasks/get", {"task_id": task_id})
+        assert (got["status"], got["accepted_at"]) == ({"state": "pending"}, None)
+
+
+def test_a_fails_reason_is_stored_and_read_back_by_both_sides(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    assert "result" in update(client, bob[1], task_id, "accept")
+    assert "result" in update(client, bob[1], task_id, "fail", reason="the tests will not pass")
+    for key in (alice[1], bob[1]):
+        got = rpc(client, key, "tasks/get", {"task_id": task_id})
+        assert (got["status"], got["reason"]) == ({"state": "failed"}, "the tests will not pass")
+        assert got["failed_at"] is not None
+
+
+def _clock_ran_out(app, client, alice, bob) -> dict[str, str]:
+    """An expired handoff and a lapsed lease, both recorded by the sweep: ``{action: task_id}``."""
+    expiring = create(client, alice[1], bob[0], expires_in_seconds=600)["task_id"]
+    sql(app, "UPDATE threads SET expires_at = now() - interval '1 second' WHERE id = :id", id=parse_ulid(expiring))
+    lapsing, _accepted = leased(client, alice, bob)
+    lapse(app, lapsing)
+    assert _settle_due(app) == 2
+    return {"expire": expiring, "lease_expired": lapsing}
+
+
+def test_the_clocks_audit_rows_name_whose_time_ran_out(app, client, alice, bob):
+    """An expiry names the sender (its handoff's time), a lapsed lease the recipient (its lease)."""
+    recorded = _clock_ran_out(app, client, alice, bob)
+    for action, actor in (("expire", alice[0]), ("lease_expired", bob[0])):
+        trail = client.get(
+            f"/api/v1/identities/{alice[0]}/a2a/tasks/{recorded[action]}/audit", headers=bearer(alice[1])
+        ).get_json()["items"]
+        assert [(r["action"], r["actor"]) for r in trail if r["action"] == action] == [(action, actor)]
+
+
+def test_the_clocks_changes_go_to_both_sides(app, client, alice, bob):
+    recorded = _clock_ran_out(app, client, alice, bob)
+    for action, task_id in recorded.items():
+        owners = sql(
+            app,
+            "SELECT g.handle FROM events e JOIN agents g ON g.id = e.agent_id"
+            " WHERE e.thread_id = :id AND e.type = 'task.updated' AND e.payload->>'transition' = :action",
+            id=parse_ulid(task_id),
+            action=action,
+        )
+        assert sorted(r[0] for r in owners) == sorted([alice[0], bob[0]]), action
