@@ -49,6 +49,23 @@ def effective_state_sql(t: str = "threads", now: str = "now()") -> str:
     )
 
 
+def expired_at_sql(t: str = "threads", now: str = "now()") -> str:
+    """The SQL of the moment thread ``t`` expired, as of ``now``: its ``expired_at`` once
+    recorded, else the moment :func:`effective_state_sql` makes it ``expired``, else NULL.
+
+    That moment is its ``expires_at``, or later when it was pending again only after that
+    (a lease that lapsed after ``expires_at``: its ``lease_expires_at``; a release after
+    it: the release's ``updated_at``). relay.services.threads.settle records the same
+    moment, whenever it runs.
+    """
+    return (
+        f"coalesce({t}.expired_at,"
+        f" CASE WHEN {t}.state = 'accepted' AND {t}.lease_expires_at <= {now} AND {t}.expires_at <= {now}"
+        f" THEN greatest({t}.expires_at, {t}.lease_expires_at)"
+        f" WHEN {t}.state = 'pending' AND {t}.expires_at <= {now} THEN greatest({t}.expires_at, {t}.updated_at) END)"
+    )
+
+
 INTENTS = ("inform", "ask_question", "propose_action")
 # Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
 # same agent; seed clients may not use the prefix, so neither can replay the other's call.

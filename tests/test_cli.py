@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from relay.extensions import db
-from tests.conftest import bearer
+from tests.conftest import bearer, sql
 
 ME = "/api/v1/identities/me"
 CREATE_KEYS = {"handle", "name", "role", "api_key", "key_id", "created_at"}
@@ -136,6 +136,23 @@ def test_keys_create_json_gives_working_second_key(relay, client):
     assert resp.status_code == 200
     assert resp.get_json()["handle"] == "frank@acme"
     assert client.get(ME, headers=bearer(first["api_key"])).status_code == 200
+
+
+def test_keys_create_json_names_the_label_it_stored(relay, app):
+    _create(relay)
+    proc = relay("keys", "create", "frank@acme", "--label", "ci runner", "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert set(printed) == {"handle", "label", "api_key", "key_id", "created_at"}
+    assert printed["label"] == "ci runner"
+    [(stored,)] = sql(app, "SELECT label FROM api_keys WHERE id = :id", id=printed["key_id"])
+    assert stored == "ci runner"
+
+
+def test_keys_create_with_a_label_over_200_characters_fails_with_one_line(relay):
+    _create(relay)
+    line = _assert_one_line_failure(relay("keys", "create", "frank@acme", "--label", "x" * 201, "--json"))
+    assert "label" in line
 
 
 def test_keys_revoke_makes_that_key_401(relay, client):

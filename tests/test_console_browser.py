@@ -634,25 +634,64 @@ def test_readable_at_a_phones_width(acme, b, console_url):
         b.shot(name)
 
 
-def test_screenshot_for_the_readme(acme, b, console_url):
-    """docs/console.png is this page: run with RELAY_CONSOLE_README_SHOT=1 to renew it (docs/console.md)."""
+def test_screenshot_for_the_readme(app, acme, b, console_url):
+    """docs/console.png is a leased handoff's page, docs/screenshots/inbox.png an inbox of handoffs in
+    every state: run with RELAY_CONSOLE_README_SHOT=1 to renew them (docs/console.md)."""
+    from relay.ids import parse_ulid
+    from relay.services import threads
+
+    alice, bob = acme["alice"][1], acme["bob"][1]
+
+    def move(task: str, key: str, transition: str, **params) -> None:
+        rpc(console_url, key, "tasks/update", {"task_id": task, "transition": transition, **params})
+
+    expired = send(console_url, alice, "bob@acme", "Rotate the staging certificates", expires_in_seconds=600)
+    sql(app, "UPDATE threads SET expires_at = now() - interval '1 minute' WHERE id = :id", id=parse_ulid(expired))
+    with app.app_context():
+        assert threads.settle_due() == 1  # recorded by the sweep's own function, as beat does
+    move(send(console_url, alice, "bob@acme", "Draft the Q3 roadmap", priority="low"), alice, "cancel")
+    failed = send(console_url, alice, "bob@acme", "Upgrade the ORM to 2.1", priority="high")
+    move(failed, bob, "accept")
+    move(failed, bob, "fail", reason="the migration tests fail on 2.1; see the CI log")
+    move(
+        send(console_url, alice, "bob@acme", "Port the billing cron", priority="low"), bob, "decline", reason="not mine"
+    )
+    done = send(console_url, alice, "bob@acme", "Fix the flaky login test")
+    move(done, bob, "accept")
+    move(done, bob, "complete", result_summary="retries removed; the test waits for the session")
     task = send(
         console_url,
-        acme["alice"][1],
+        alice,
         "bob@acme",
         "Refactored /users: it returns {items, next_cursor}; please update the client",
         artifacts=[
             {"type": "file_diff", "path": "src/api/users.py", "diff": DIFF},
             {"type": "test_command", "command": "pytest -q tests/test_users.py"},
         ],
+        priority="high",
+        expires_in_seconds=86_400,
     )
-    rpc(console_url, acme["bob"][1], "tasks/update", {"task_id": task, "transition": "accept", "session_id": "s-1"})
-    b.d.set_window_size(1000, 1080)
+    rpc(console_url, bob, "tasks/get", {"task_id": task})  # bob reads it: a receipt on alice's message
+    move(task, bob, "accept", session_id="s-1", lease_seconds=3600)
+    reply = {"task_id": task, "message": {"parts": [{"type": "text", "text": "On it: the client pages next"}]}}
+    rpc(console_url, bob, "message/send", reply)
+    send(console_url, alice, "bob@acme", "Review the incident timeline before 17:00", priority="urgent")
+    b.d.set_window_size(1000, 1200)
     b.go(f"/console/threads/{task}")
+    assert "ends" in b.text("#lease") and "HIGH" in b.text("#status").upper()
+    assert b.text("#m1 .receipt").startswith("read ")
     b.shot("readme")
+    b.d.set_window_size(1280, 1250)
+    b.go("/console/agents/bob@acme")
+    states = b.text("#threads")
+    for state in ("pending", "accepted", "completed", "declined", "failed", "cancelled", "expired"):
+        assert state in states, (state, states)
+    b.shot("inbox")
     assert (SHOTS / "readme.png").stat().st_size > 0
     if os.environ.get("RELAY_CONSOLE_README_SHOT"):
-        shutil.copy(SHOTS / "readme.png", Path(__file__).resolve().parent.parent / "docs" / "console.png")
+        docs = Path(__file__).resolve().parent.parent / "docs"
+        shutil.copy(SHOTS / "readme.png", docs / "console.png")
+        shutil.copy(SHOTS / "inbox.png", docs / "screenshots" / "inbox.png")
 
 
 def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, console_url):

@@ -220,6 +220,35 @@ def test_a_viewers_action_is_403_and_changes_nothing(app, world, action, form, s
     assert [sql(app, q) for q in _STATE] == before
 
 
+# Every header the console's htmx sends (its polled fragments' hx-get: HX-Request,
+# HX-Current-URL, HX-Target, HX-Trigger, HX-Trigger-Name) and the rest htmx can send: a
+# viewer may send any of them with a POST, and none may open a way past the role check.
+HTMX_HEADERS = {
+    "htmx": {"HX-Request": "true"},
+    "htmx-all": {
+        "HX-Request": "true",
+        "HX-Current-URL": "http://localhost/console/",
+        "HX-Target": "live",
+        "HX-Trigger": "live",
+        "HX-Trigger-Name": "live",
+        "HX-Boosted": "true",
+        "HX-Prompt": "yes",
+        "HX-History-Restore-Request": "true",
+    },
+}
+
+
+@pytest.mark.parametrize("headers", list(HTMX_HEADERS.values()), ids=list(HTMX_HEADERS))
+@pytest.mark.parametrize(("action", "form", "status"), ACTIONS, ids=ACTION_IDS)
+def test_a_viewers_action_with_htmx_headers_is_403_and_changes_nothing(app, world, action, form, status, headers):
+    viewer = _viewer(app, world)
+    before = [sql(app, q) for q in _STATE]
+    resp = viewer.post(action.format(**world), data={**form, "csrf_token": token_of(viewer)}, headers=headers)
+    assert resp.status_code == 403, resp.get_data(as_text=True)[:800]
+    assert "Viewers cannot change anything" in resp.get_data(as_text=True)
+    assert [sql(app, q) for q in _STATE] == before
+
+
 def test_the_role_matrix_covers_every_console_action(app, world):
     """Every POST route of the console but sign-in and sign-out is in ACTIONS (so is refused to viewers above)."""
     from relay.transport.console.views import ANY_ROLE

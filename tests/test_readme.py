@@ -213,3 +213,27 @@ def test_the_first_run_block_runs_verbatim_against_a_live_relay(relay_url, base_
         assert "users" in hit["body"].lower(), hit  # the block searches q=users
         assert {"id", "task_id", "from", "caller", "target", "task_state"} <= hit.keys(), hit
         assert hit["task_state"] == "completed", hit
+
+
+def test_a_search_miss_in_the_first_run_block_fails_without_closing_the_shell(relay_url, tmp_path, settled):
+    """Pasted into a terminal, the block must never ``exit`` it; a miss still ends in a failed status.
+
+    The block runs with its search term swapped for one no message holds, so it misses.
+    """
+    search = '--data-urlencode "q=users"'
+    block = first_run_block(README.read_text())
+    assert block.count(search) == 1, "the block's search call changed: update this test"
+    block = block.replace(search, '--data-urlencode "q=zzyzxnothing"')
+    env = {**relay_url.stack.env, "RELAY_URL": str(relay_url), "RELAY_HOME": str(tmp_path / "relay-home")}
+    proc = subprocess.run(
+        # No -e: a pasted block runs in an interactive shell, which goes on to the next line.
+        ["bash", "-c", block + 'echo "after the block: status $?"\n'],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT,
+    )
+    assert "no search hit for q=users" in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "after the block: status 1", proc.stdout[-2000:]
+    assert not any(line.startswith("search hit: ") for line in proc.stdout.splitlines()), proc.stdout

@@ -110,7 +110,10 @@ def _started_by(up: subprocess.Popen, home: Path) -> list[psutil.Process]:
     if redis_port is not None:
         client = redis.Redis(host="127.0.0.1", port=redis_port, socket_connect_timeout=1, socket_timeout=2)
         try:
-            found.append(psutil.Process(client.info("server")["process_id"]))
+            # Only the embedded one, whose data is under ``home``: a relay up given REDIS_URL
+            # records that server's URL, and it is not this test's to stop.
+            if Path(client.config_get("dir")["dir"]).resolve().is_relative_to(home.resolve()):
+                found.append(psutil.Process(client.info("server")["process_id"]))
         except (redis.RedisError, psutil.NoSuchProcess):
             pass
         finally:
@@ -145,11 +148,11 @@ def _kill_ours(up: subprocess.Popen, procs: dict[int, psutil.Process]) -> None:
             pass
 
 
-def _start_up(tmp_path: Path, log: Path, port: int, env: dict) -> subprocess.Popen:
-    """``relay up --port PORT`` from ``tmp_path`` in a session of its own (its process group is its pid)."""
+def _start_up(tmp_path: Path, log: Path, port: int, env: dict, *flags: str) -> subprocess.Popen:
+    """``relay up --port PORT [flags]`` from ``tmp_path`` in a session of its own (its process group is its pid)."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            _relay_cmd("up", "--port", str(port)),
+            _relay_cmd("up", "--port", str(port), *flags),
             env=env,
             cwd=tmp_path,
             stdout=out,
@@ -281,3 +284,86 @@ def test_closing_the_terminal_stops_relay_up_and_everything_it_started(tmp_path)
         ours.update((p.pid, p) for p in _started_by(up, home) if p.pid not in ours)
         _kill_ours(up, ours)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_relay_up_dev_delivers_webhooks_to_a_plain_http_loopback_receiver(tmp_path, base_env, make_agent):
+    """``relay up --dev``: a receiver on http://127.0.0.1 is registered and gets its delivery,
+    with neither RELAY_WEBHOOK_ALLOW_* variable in the environment."""
+    from tests.live import claimed_redis_db
+    from tests.receiver import Receiver
+
+    home = tmp_path / "h"
+    log = tmp_path / "up.log"
+    port = free_port()
+    frank, k_frank = make_agent("frank@acme")
+    _bob, k_bob = make_agent("bob@acme")
+    ours: dict[int, psutil.Process] = {}
+    with claimed_redis_db(base_env["REDIS_URL"]) as broker, Receiver() as receiver:
+        env = _up_env(home) | {"DATABASE_URL": base_env["DATABASE_URL"], "REDIS_URL": broker}
+        env = {k: v for k, v in env.items() if not k.startswith("RELAY_WEBHOOK_ALLOW_")}
+        up = _start_up(tmp_path, log, port, env, "--dev")
+        try:
+            _wait_healthy(up, f"http://127.0.0.1:{port}/healthz", log)
+            base = f"http://127.0.0.1:{port}/api/v1"
+            made = requests.post(
+                f"{base}/identities/{frank}/webhooks",
+                json={"url": receiver.url()},
+                headers={"Authorization": f"Bearer {k_frank}"},
+                timeout=10,
+            )
+            assert made.status_code == 201, made.text
+            sent = requests.post(
+                f"http://127.0.0.1:{port}/a2a",
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "message/send",
+                    "params": {"recipient": frank, "message": {"parts": [{"type": "text", "text": "hi"}]}},
+                },
+                headers={"Authorization": f"Bearer {k_bob}"},
+                timeout=10,
+            )
+            assert "result" in sent.json(), sent.text
+            [delivery] = receiver.wait_for(1, timeout=30)
+            assert json.loads(delivery.body)["type"] == "message.created"
+        finally:
+            # relay up and its children only: the servers are the test session's, not its own
+            # (_started_by would find the session's Redis through relay.env).
+            if up.poll() is None:
+                ours.update((p.pid, p) for p in psutil.Process(up.pid).children(recursive=True))
+                os.killpg(up.pid, signal.SIGINT)
+            try:
+                up.wait(30)
+            finally:
+                _kill_ours(up, ours)
+                shutil.rmtree(home, ignore_errors=True)
+
+
+def test_relay_up_dev_is_refused_in_production_before_anything_starts(tmp_path):
+    home = tmp_path / "h"
+    # Servers nobody listens on: should the refusal break, relay up fails at its migration
+    # instead of starting embedded servers this test would have to stop.
+    unused = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    env = _up_env(home) | unused | {"RELAY_ENV": "production", "RELAY_SECRET_KEY": "s" * 32}
+    proc = subprocess.run(
+        _relay_cmd("up", "--dev", "--port", str(free_port())), env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --dev allows webhooks to loopback and plain-http targets; it is refused with RELAY_ENV=production"
+    ]
+    assert not home.exists()
+
+
+def test_relay_up_with_an_unreachable_database_fails_with_one_line(tmp_path):
+    home = tmp_path / "h"
+    unused = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    proc = subprocess.run(
+        _relay_cmd("up", "--port", str(free_port())), env=_up_env(home) | unused, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the database: "), proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -332,6 +332,7 @@ def keys_create(handle: str, label: str, as_json: bool) -> None:
             json.dumps(
                 {
                     "handle": handle.strip().lower(),
+                    "label": label,
                     "api_key": key.api_key,
                     "key_id": str(key.key_id),
                     "created_at": _iso(key.created_at),
@@ -664,8 +665,20 @@ def _banner_when_serving(url: str, home: Path, manager) -> None:
 
 @main.command("up")
 @click.option("--port", type=click.IntRange(min=1, max=65535), default=None, show_default="8000 or $PORT")
-def up(port: int | None) -> None:
-    """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset."""
+@click.option(
+    "--dev",
+    is_flag=True,
+    help="Local development: allow webhooks to loopback/private addresses and plain http"
+    " (RELAY_WEBHOOK_ALLOW_PRIVATE=1 RELAY_WEBHOOK_ALLOW_HTTP=1).",
+)
+def up(port: int | None, dev: bool) -> None:
+    """Run web, worker and beat; start embedded PostgreSQL/Redis when their URLs are unset.
+
+    ``--port N`` serves on port N (else ``PORT``, else 8000). ``--dev`` sets
+    ``RELAY_WEBHOOK_ALLOW_PRIVATE=1`` and ``RELAY_WEBHOOK_ALLOW_HTTP=1`` for the relay's
+    processes, so a receiver on ``http://127.0.0.1:...`` can be registered; it is refused
+    with ``RELAY_ENV=production``, where those targets must stay refused.
+    """
     # A Ctrl-C before honcho installs its handler: the cleanup below, not a traceback.
     signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(128 + signum))
     from honcho.environ import parse_procfile
@@ -681,6 +694,8 @@ def up(port: int | None) -> None:
         _fail(str(exc))
     if port is None:
         port = process_integer(os.environ, "PORT")
+    if dev and os.environ.get("RELAY_ENV") == "production":
+        _fail("--dev allows webhooks to loopback and plain-http targets; it is refused with RELAY_ENV=production")
     import warnings
 
     # platformdirs (for pgserver's lock file) falls back to /tmp/runtime-$UID when
@@ -695,6 +710,8 @@ def up(port: int | None) -> None:
     # worker, beat and the servers running (each is in a session of its own): stop as on SIGTERM.
     signal.signal(signal.SIGHUP, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
     env = dict(os.environ)
+    if dev:
+        env.update({"RELAY_WEBHOOK_ALLOW_PRIVATE": "1", "RELAY_WEBHOOK_ALLOW_HTTP": "1"})
     home = embedded.relay_home(env)
     try:
         home.mkdir(parents=True, exist_ok=True)
@@ -747,7 +764,10 @@ def up(port: int | None) -> None:
         embedded.write_env_file(
             home, {"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"], "RELAY_URL": url}
         )
-        upgrade(normalize_database_url(env["DATABASE_URL"]))
+        try:
+            upgrade(normalize_database_url(env["DATABASE_URL"]))
+        except OperationalError as exc:
+            _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0]}")
 
         env.update({"PORT": str(port), "RELAY_HOME": str(home)})
         # The Procfile names gunicorn and celery; find them beside this interpreter even

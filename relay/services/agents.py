@@ -190,7 +190,13 @@ def mark_enabled(handle: str) -> Agent:
 
 
 def create_key(handle: str, label: str = "") -> IssuedKey:
-    """Issue one more key for an agent; the plaintext is returned once."""
+    """Issue one more key for an agent; the plaintext is returned once.
+
+    ``label`` is a note of at most 200 characters (longer is invalid_params naming
+    ``label``); raises identity_not_found for an unknown handle.
+    """
+    if len(label) > 200:
+        raise invalid("label", "must be at most 200 characters")
     with unit_of_work() as session:
         agent = require_agent(handle)
         issued = _issue_key(session, agent, label)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import aliased
 from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, encode_cursor, format_ulid, iso
-from relay.models import Agent, Message, Thread, WebhookEndpoint, effective_state_sql
+from relay.models import Agent, Message, Thread, WebhookEndpoint, effective_state_sql, expired_at_sql
 from relay.services import delivery, search, threads, unit_of_work
 from relay.services.agents import LEGACY_HANDLE_RE, MAX_HANDLE
 
@@ -230,10 +230,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
 # thread counts for the org when one of its sides is the org's. Closed: any terminal
 # state's time; an expiry the sweep has not recorded yet counts at its moment (the
 # effective state, as every read shows it).
-_CLOSED_AT = (
-    "coalesce(t.completed_at, t.cancelled_at, t.declined_at, t.failed_at, t.expired_at,"
-    f" CASE WHEN {effective_state_sql('t')} = 'expired' THEN greatest(t.expires_at, t.lease_expires_at) END)"
-)
+_CLOSED_AT = f"coalesce(t.completed_at, t.cancelled_at, t.declined_at, t.failed_at, {expired_at_sql('t')})"
 _ACTIVITY = text(
     f"""
     WITH hours AS (

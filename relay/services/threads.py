@@ -30,6 +30,7 @@ from relay.models import (
     ReadPosition,
     Thread,
     effective_state_sql,
+    expired_at_sql,
 )
 from relay.services import (
     Prepared,
@@ -567,7 +568,7 @@ def get_thread(
             t[26] if leased and caller.id == t[3] else None,
             t[27],
             t[28],
-            t[29] if state == t[4] else None,
+            t[29],
             t[30],
         ),
         **({"messages_next": messages[-1]["sequence_no"] if more else None, "messages_total": t[21]} if paged else {}),
@@ -585,7 +586,9 @@ SELECT t.id, t.context_id, t.sender_id, t.recipient_id, t.state, t.summary, t.in
        """
     + effective_state_sql("t")
     + """, t.priority, t.expires_at, t.lease_expires_at, t.lease_token,
-       t.declined_at, t.failed_at, t.expired_at, t.reason
+       t.declined_at, t.failed_at, """
+    + expired_at_sql("t")
+    + """, t.reason
 FROM threads t JOIN agents s ON s.id = t.sender_id JOIN agents r ON r.id = t.recipient_id
 WHERE t.id = %(id)s
 """
@@ -913,15 +916,25 @@ def settle(session: Session, thread: Thread, now: datetime) -> bool:
     (audit ``lease_expired``); a ``pending`` one past ``expires_at`` is ``expired``
     (audit ``expire``). Each writes a ``task.updated`` event to both participants. The
     reads compute the same rule (relay.models.effective_state_sql) before it is recorded.
+
+    ``expired_at`` is the moment the handoff expired (relay.models.expired_at_sql): its
+    ``expires_at``, or the later moment it was pending again. ``updated_at``, the audit
+    rows and the events carry ``now``, when the change is recorded (docs/decisions.md,
+    "When a handoff expired").
     """
     changed = False
+    # When the handoff was pending again: a lease that lapses is pending from its end.
+    pending_since = thread.updated_at
     if thread.state == "accepted" and thread.lease_expires_at is not None and thread.lease_expires_at <= now:
+        pending_since = thread.lease_expires_at
         _return_to_pending(thread, now)
         _announce(session, thread, thread.recipient_id, LEASE_EXPIRED, "accepted", "pending", now,
                   to=(thread.sender_id, thread.recipient_id))  # fmt: skip
         changed = True
     if thread.state == "pending" and thread.expires_at is not None and thread.expires_at <= now:
-        thread.state, thread.expired_at = "expired", now
+        # expired_at is the moment it expired, not the moment it is recorded; updated_at
+        # is when the relay recorded the change, which `since=` catch-up relies on.
+        thread.state, thread.expired_at = "expired", max(thread.expires_at, pending_since)
         thread.version += 1
         thread.updated_at = now
         _announce(session, thread, thread.sender_id, EXPIRED, "pending", "expired", now,
