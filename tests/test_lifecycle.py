@@ -29,7 +29,7 @@ NEW = {  # transition -> (from, to, who)
     "renew": ("accepted", "accepted", "recipient"),
     "request_input": ("accepted", "input_required", "recipient"),
 }
-ALSO_FROM = {"fail": "input_required", "release": "input_required"}  # a waiting worker may give up
+ALSO_FROM = {"complete": "input_required", "fail": "input_required", "release": "input_required"}
 REASONED = {"decline": "not my area", "fail": "the tests will not pass", "release": "out of time"}
 QUESTION = "Which branch should the fix go on?"
 
@@ -687,11 +687,18 @@ def test_an_expiry_does_not_end_a_handoff_waiting_on_its_requester(app, client, 
     assert say(client, alice[1], task_id, "main")["status"] == {"state": "accepted"}
 
 
-def test_giving_up_while_waiting_drops_the_question(client, alice, bob):
-    task_id, _ = asked(client, alice, bob)
-    body = update(client, bob[1], task_id, "release", reason="no answer")
-    assert (body["result"]["status"], body["result"]["question"]) == ({"state": "pending"}, None), body
-    for name, params in (("complete", {}), ("renew", {"lease_seconds": 30}), ("request_input", {"question": "?"})):
+@pytest.mark.parametrize(
+    "name, params, state",
+    [("complete", {"result_summary": "found it"}, "completed"), ("release", {"reason": "no answer"}, "pending")],
+)
+def test_finishing_or_giving_up_while_waiting_drops_the_question(client, alice, bob, name, params, state):
+    task_id, accepted = asked(client, alice, bob, lease_seconds=60)
+    body = update(client, bob[1], task_id, name, lease_token=accepted["lease_token"], **params)
+    assert (body["result"]["status"], body["result"]["question"]) == ({"state": state}, None), body
+
+
+def test_renew_and_a_second_question_need_the_answer_first(client, alice, bob):
+    for name, params in (("renew", {"lease_seconds": 30}), ("request_input", {"question": "?"})):
         task_id, _ = asked(client, alice, bob)
         assert error_of(update(client, bob[1], task_id, name, **params)) == (-32008, "invalid_transition")
 

@@ -59,9 +59,13 @@ TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "renew": ("accepted", "accepted", "recipient"),
     "request_input": ("accepted", "input_required", "recipient"),
 }
-# A worker waiting on its requester may still give the work up or back: these also run
-# from input_required (the open question is then dropped).
-ALSO_FROM: dict[str, tuple[str, ...]] = {"fail": ("input_required",), "release": ("input_required",)}
+# A worker waiting on its requester may still finish, give up or give the work back: these
+# also run from input_required (the open question is then dropped).
+ALSO_FROM: dict[str, tuple[str, ...]] = {
+    "complete": ("input_required",),
+    "fail": ("input_required",),
+    "release": ("input_required",),
+}
 # What the requester's message does to an input_required handoff (audit action and
 # task.updated transition): it is the answer, and the work goes on.
 INPUT_PROVIDED = "input_provided"
@@ -1149,7 +1153,7 @@ def _transition_values(
         # The lease's clock stands still while the requester answers (lease_seconds and the
         # token stay); the answer starts it again (_provide_input).
         values |= {"question": question, "input_requested_at": now, "lease_expires_at": None}
-    elif thread.state == "input_required":  # leaving it (fail, release): the question is moot
+    elif thread.state == "input_required":  # leaving it (complete, fail, release): the question is moot
         values |= {"question": None, "input_requested_at": None}
     if name == "renew":
         values |= {"lease_token": thread.lease_token or secrets.token_urlsafe(24)}
