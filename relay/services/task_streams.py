@@ -221,8 +221,17 @@ class TaskStream(streams.Held):
                     .limit(1)
                 )
                 taken = [(back or n, s_, d) if (s_, d) == ("accepted", "pending") else (n, s_, d) for n, s_, d in taken]
+            # An answer's way back to accepted happens now, not at the accept that stamped accepted_at.
             steps: list[tuple[tuple[bool, datetime, int], str, Any]] = [
-                ((dst in TERMINAL_STATES, stamps.get(dst) or row.updated_at, 1), "transition", (name, src, dst))
+                (
+                    (
+                        dst in TERMINAL_STATES,
+                        (stamps.get(dst) if name != threads.INPUT_PROVIDED else None) or row.updated_at,
+                        1,
+                    ),
+                    "transition",
+                    (name, src, dst),
+                )
                 for name, src, dst in taken
             ]
             steps += [((False, m.created_at, 0), "message", m) for m in new]
