@@ -62,7 +62,7 @@ from relay.agent.client import (
     next_position,
 )
 
-STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+STATES = ("pending", "accepted", "input_required", "completed", "cancelled", "declined", "failed", "expired")
 PRIORITIES = ("low", "normal", "high", "urgent")
 INTENTS = ("inform", "ask_question", "propose_action")
 # The feed's oldest possible position, where `watch --from-start` begins.
@@ -110,10 +110,11 @@ HINTS: dict[str, str] = {
     "thread_not_found": "check the task id: 'relay-agent inbox' and 'relay-agent inbox --sent' list yours",
     "thread_terminal": "start a new handoff with relay-agent send",
     "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept, decline and cancel "
-    "need pending; complete, fail, release and renew need accepted; completed, cancelled, declined, failed "
-    "and expired are final",
-    "not_authorized_transition": "the recipient accepts, declines, completes, fails, releases and renews a "
-    "handoff; only the sender cancels it",
+    "need pending; complete, fail, release, renew and request-input need accepted (complete, fail and release "
+    "also input_required, which the sender's reply ends); completed, cancelled, declined, failed and expired "
+    "are final",
+    "not_authorized_transition": "the recipient accepts, declines, completes, fails, releases, renews and "
+    "requests input on a handoff; only the sender cancels it",
     "state_changed": "someone changed the thread first; check it with 'relay-agent show TASK_ID' and retry",
     "duplicate_idempotency_key": "that --idempotency-key was already used with a different message; use a new key",
     "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
@@ -1653,7 +1654,8 @@ def hook_reason(me: str, rows: list[FeedRow]) -> str:
     return "\n".join(lines)
 
 
-OPEN_STATES = ("pending", "accepted")  # threads that can still ask something of the agent
+# Threads that can still ask something of the agent (input_required: its sender owes an answer).
+OPEN_STATES = ("pending", "accepted", "input_required")
 
 
 def unread_reason(me: str, threads: list[TaskSummary]) -> str:
