@@ -27,8 +27,8 @@ from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
 from relay.extensions import db
 
-# Seed 000's four states, issue 29's three terminal ones (declined, failed, expired), then
-# input_required: accepted work waiting on an answer from its requester.
+# The handoff's states (docs/api.md, "Transition result"): input_required is accepted work
+# waiting on an answer from its requester; TERMINAL_STATES are final.
 THREAD_STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired", "input_required")
 TERMINAL_STATES = ("completed", "cancelled", "declined", "failed", "expired")
 PRIORITIES = ("low", "normal", "high", "urgent")

@@ -47,8 +47,8 @@ from relay.services.agents import check_handle
 PREVIEW_CHARS = 200
 
 
-# seed 000, tasks/update table, then issue 29's four and request_input (additive):
-# transition -> (from state, to state, who may call it)
+# tasks/update's transitions (docs/api.md, "Transition result"): transition -> (from state,
+# to state, who may call it)
 TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "accept": ("pending", "accepted", "recipient"),
     "complete": ("accepted", "completed", "recipient"),
@@ -1055,7 +1055,7 @@ def transition(
     lease_token: str | None = None,
     question: str | None = None,
 ) -> dict:
-    """Move a thread along the state machine (``tasks/update``, ``tasks/cancel``; docs/api.md, "Transitions").
+    """Move a thread along the state machine (``tasks/update``, ``tasks/cancel``; docs/api.md, "Transition result").
 
     Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
     (wrong side) -> invalid_transition (not valid from the current state) -> state_changed
