@@ -27,8 +27,9 @@ from sqlalchemy.orm import Mapped, declared_attr, mapped_column, relationship
 
 from relay.extensions import db
 
-# Seed 000's four states, then issue 29's three terminal ones (declined, failed, expired).
-THREAD_STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+# The handoff's states (docs/api.md, "Transition result"): input_required is accepted work
+# waiting on an answer from its requester; TERMINAL_STATES are final.
+THREAD_STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired", "input_required")
 TERMINAL_STATES = ("completed", "cancelled", "declined", "failed", "expired")
 PRIORITIES = ("low", "normal", "high", "urgent")
 
@@ -186,7 +187,8 @@ class Thread(db.Model):
     __tablename__ = "threads"
     __table_args__ = (
         CheckConstraint(
-            "state in ('pending','accepted','completed','cancelled','declined','failed','expired')", name="state_valid"
+            "state in ('pending','accepted','completed','cancelled','declined','failed','expired','input_required')",
+            name="state_valid",
         ),
         CheckConstraint("intent in ('inform','ask_question','propose_action')", name="intent_valid"),
         CheckConstraint("priority in ('low','normal','high','urgent')", name="priority_valid"),
@@ -232,6 +234,10 @@ class Thread(db.Model):
     lease_token: Mapped[str | None] = mapped_column(String(64))
     lease_seconds: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(Text)  # of the decline or fail that ended it
+    # The open question of an input_required handoff (request_input) and when it was asked;
+    # both null in every other state.
+    question: Mapped[str | None] = mapped_column(Text)
+    input_requested_at: Mapped[datetime | None] = mapped_column(TZ)
 
     sender: Mapped[Agent] = relationship(foreign_keys=[sender_id], lazy="joined", innerjoin=True)
     recipient: Mapped[Agent] = relationship(foreign_keys=[recipient_id], lazy="joined", innerjoin=True)
@@ -342,6 +348,7 @@ class AuditEvent(db.Model):
     session_id: Mapped[str | None] = mapped_column(String(255))
     result_summary: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
+    question: Mapped[str | None] = mapped_column(Text)  # a request_input's
     message_id: Mapped[uuid.UUID | None]
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 

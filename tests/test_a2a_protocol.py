@@ -1153,6 +1153,25 @@ def test_push_notifications_are_delivered_with_token_and_credentials(client, to_
         assert pushes[1].header("Authorization") == "Bearer c-9"
 
 
+def test_a_push_for_request_input_is_input_required_with_the_question(client, to_bob, bob, celery_worker):
+    with Receiver() as rx:
+        task = to_bob.send("please accept")
+        to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": rx.url("/push")})
+        seed_update(client, bob[1], task["id"], "accept")
+        rpc(
+            client,
+            bob[1],
+            "tasks/update",
+            {"task_id": task["id"], "transition": "request_input", "question": "Staging or production?"},
+        )
+        pushes = rx.wait_for(2, timeout=20, path="/push")
+        update = json.loads(pushes[1].body)["statusUpdate"]
+        assert update["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        assert update["metadata"] == {"transition": "request_input", "from": "accepted", "to": "input_required"}
+        message = update["status"]["message"]
+        assert (message["role"], message["parts"]) == ("ROLE_AGENT", [{"text": "Staging or production?"}])
+
+
 # --------------------------------------------------------------------------- unsupported methods
 
 

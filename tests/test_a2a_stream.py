@@ -487,3 +487,35 @@ def test_a_task_stream_names_the_way_back_to_pending_as_the_audit_trail_does(liv
     assert update["status"]["state"] == "TASK_STATE_SUBMITTED"
     assert update["metadata"] == {"transition": back, "from": "accepted", "to": "pending"}
     stream.close()
+
+
+def test_a_task_stream_shows_input_required_with_the_question(live, pair):
+    a, a_key, b, b_key = pair
+    task = open_task(live, b, a_key)
+    stream = RpcStream(live, b, a_key, "SubscribeToTask", {"id": task["id"]})
+    stream.result()
+    seed(live, b_key, "tasks/update", {"task_id": task["id"], "transition": "accept"})
+    assert stream.result()["statusUpdate"]["metadata"]["transition"] == "accept"
+    question = "Which region should it run in?"
+    seed(live, b_key, "tasks/update", {"task_id": task["id"], "transition": "request_input", "question": question})
+    update = stream.result()["statusUpdate"]
+    assert update["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert update["metadata"] == {"transition": "request_input", "from": "accepted", "to": "input_required"}
+    message = update["status"]["message"]
+    assert (message["role"], message["parts"], message["metadata"]) == (
+        "ROLE_AGENT",
+        [{"text": question}],
+        {"question": True},
+    )
+    stream.close()
+
+
+def test_a_re_read_finds_the_way_back_from_input_required():
+    from relay.services.task_streams import path
+
+    assert path("input_required", "accepted") == [("input_provided", "input_required", "accepted")]
+    assert path("input_required", "completed") == [("complete", "input_required", "completed")]
+    assert path("pending", "input_required") == [
+        ("accept", "pending", "accepted"),
+        ("request_input", "accepted", "input_required"),
+    ]

@@ -615,6 +615,24 @@ def test_a_missing_reason_is_one_usage_line_and_nothing_is_sent(run, keys):
     assert field(ok(run(keys["bob"], "show", task)), "state") == "pending"
 
 
+def test_request_input_asks_the_sender_and_a_reply_answers_it(run, keys):
+    task = _handoff(run, keys)
+    ok(run(keys["bob"], "accept", task, "--lease", "60"))
+    proc = run(keys["bob"], "request-input", task)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.strip() == (
+        "error: request-input needs --question TEXT: what the sender should answer (1-2000 characters)"
+    )
+    asked = ok(run(keys["bob"], "request-input", task, "--question", "which branch?"))
+    assert f"asked {task}: state is now input_required" in asked
+    shown = ok(run(keys["alice"], "show", task))
+    assert (field(shown, "state"), field(shown, "question")) == ("input_required", "which branch?")
+    ok(run(keys["alice"], "reply", task, "main"))
+    assert field(ok(run(keys["bob"], "show", task)), "state") == "accepted"
+    # the lease went on: the saved token still completes it
+    assert "state is now completed" in ok(run(keys["bob"], "complete", task, "--summary", "done on main"))
+
+
 def test_accept_lease_then_complete_uses_the_saved_token_kept_private(run, keys, tmp_path):
     task = _handoff(run, keys)
     accepted = json.loads(ok(run(keys["bob"], "accept", task, "--lease", "60", "--json")))

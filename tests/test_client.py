@@ -722,6 +722,21 @@ def test_renew_extends_the_lease_with_the_remembered_token_and_keeps_it(agents):
     assert (renewed.lease_expires_at - datetime.now(UTC)).total_seconds() > 590
 
 
+def test_request_input_keeps_the_lease_and_the_senders_reply_answers_it(agents):
+    alice, bob = agents["alice"], agents["bob"]
+    task = alice.send("bob@acme", "please do it").task_id
+    accepted = bob.accept(task, lease_seconds=60)
+    asked = bob.request_input(task, "which branch?")
+    assert isinstance(asked, TransitionResult)
+    assert (asked.state, asked.question, asked.lease_expires_at) == ("input_required", "which branch?", None)
+    assert bob.leases[task] == accepted.lease_token  # the lease is still this session's
+    seen = alice.get(task)
+    assert (seen.state, seen.question, seen.input_requested_at is not None) == ("input_required", "which branch?", True)
+    alice.reply(task, "main")
+    assert bob.get(task).state == "accepted"
+    assert bob.complete(task, "done on main").state == "completed"
+
+
 def test_a_token_lost_to_another_sessions_accept_is_state_changed_and_forgotten(agents, relay_url):
     alice, bob = agents["alice"], agents["bob"]
     task = alice.send("bob@acme", "please do it").task_id

@@ -752,3 +752,33 @@ def test_a_declined_urgent_handoff_with_its_reason_and_receipt(acme, b, console_
     if os.environ.get("RELAY_CONSOLE_README_SHOT"):
         docs = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
         shutil.copy(SHOTS / "thread-declined.png", docs / "thread-declined.png")
+
+
+def test_an_input_required_handoff_shows_its_question_and_goes_back_to_accepted_when_answered(acme, b, console_url):
+    alice_key, bob_key = acme["alice"][1], acme["bob"][1]
+    task = send(console_url, alice_key, "bob@acme", "Archive the old invoices")
+    rpc(console_url, bob_key, "tasks/update", {"task_id": task, "transition": "accept"})
+    b.go(f"/console/threads/{task}")
+    b.mark()
+    rpc(
+        console_url,
+        bob_key,
+        "tasks/update",
+        {"task_id": task, "transition": "request_input", "question": "Which years: 2024 only, or all?"},
+    )
+    b.wait_text("input_required", "#status")  # the open page polls it in, no reload
+    assert b.same_document(), "the page reloaded"
+    badge = b.one("#status .state-input_required")
+    assert "TASK_STATE_INPUT_REQUIRED" in badge.get_attribute("title")
+    assert badge.value_of_css_property("border-top-style") == "dotted"  # its own look
+    assert "Which years: 2024 only, or all?" in b.text("#question")
+    rpc(
+        console_url,
+        alice_key,
+        "message/send",
+        {"task_id": task, "message": {"parts": [{"type": "text", "text": "All of them"}]}},
+    )
+    b.wait_text("accepted", "#status")
+    assert b.css("#question") == [] and b.same_document()
+    b.go("/console/agents/bob@acme?state=accepted")
+    assert "Archive the old invoices" in b.text("#threads tbody tr")

@@ -1363,6 +1363,25 @@ def test_a_declined_thread_shows_its_state_reason_receipts_and_no_poller(app, wo
     assert re.search(r'id="m1".*?<span class="receipt read">read <time datetime="[^"]+"', page, re.S)
 
 
+def test_an_input_required_thread_shows_its_badge_question_and_filter_and_keeps_polling(app, world, client):
+    bob_key, task = world["bob_key"], world["task"]
+    _update(client, bob_key, task, "accept")
+    _update(client, bob_key, task, "request_input", question="Which invoices: 2025 or all?")
+    admin = _signed_in(app, world, ACME)
+    page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
+    assert re.search(
+        r'class="state state-input_required" title="[^"]*A2A TASK_STATE_INPUT_REQUIRED[^"]*">input_required<', page
+    )
+    question = re.search(r'<p id="question">(.*?)</p>', page, re.S).group(1)
+    assert "Question to the sender" in question and "Which invoices: 2025 or all?" in question
+    assert "request_input" in page[page.index('id="audit"') :]
+    assert 'id="live"' in page  # not terminal: the page still polls
+    only = admin.get(f"/console/agents/{world['bob']}?state=input_required").get_data(as_text=True)
+    assert 'class="state state-input_required"' in _row_of(only, "hello acme")
+    other = admin.get(f"/console/agents/{world['bob']}?state=accepted").get_data(as_text=True)
+    assert "hello acme" not in other
+
+
 @pytest.mark.parametrize("end", ["completed", "cancelled", "declined", "failed", "expired"])
 def test_the_poller_stops_in_every_terminal_state(app, world, client, end):
     bob_key, task = world["bob_key"], world["task"]

@@ -21,14 +21,17 @@ from relay.ids import parse_ulid
 from tests.conftest import bearer, rpc, sql
 from tests.receiver import Receiver
 
-STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired", "input_required")
 NEW = {  # transition -> (from, to, who)
     "decline": ("pending", "declined", "recipient"),
     "fail": ("accepted", "failed", "recipient"),
     "release": ("accepted", "pending", "recipient"),
     "renew": ("accepted", "accepted", "recipient"),
+    "request_input": ("accepted", "input_required", "recipient"),
 }
+ALSO_FROM = {"complete": "input_required", "fail": "input_required", "release": "input_required"}
 REASONED = {"decline": "not my area", "fail": "the tests will not pass", "release": "out of time"}
+QUESTION = "Which branch should the fix go on?"
 
 
 def call(client, key, method, params) -> dict:
@@ -56,6 +59,8 @@ def update(client, key, task_id, name, **params) -> dict:
 def params_for(name: str) -> dict:
     if name == "renew":
         return {"lease_seconds": 30}  # an unleased handoff: renew starts a lease
+    if name == "request_input":
+        return {"question": QUESTION}
     return {"reason": REASONED[name]} if name in ("decline", "fail") else {}
 
 
@@ -70,6 +75,7 @@ def in_state(app, client, alice, bob, state: str) -> str:
         "declined": [(bob, "decline", {"reason": "no"})],
         "failed": [(bob, "accept", {}), (bob, "fail", {"reason": "stuck"})],
         "expired": [],
+        "input_required": [(bob, "accept", {}), (bob, "request_input", {"question": QUESTION})],
     }[state]
     for who, name, params in moves:
         assert "result" in update(client, who[1], task_id, name, **params)
@@ -91,7 +97,7 @@ def test_every_new_transition_from_every_state_by_either_side(app, client, alice
     source, target, who = NEW[name]
     if side != who:
         assert error_of(body) == (-32009, "not_authorized_transition"), body
-    elif state != source:
+    elif state not in (source, ALSO_FROM.get(name)):
         assert error_of(body) == (-32008, "invalid_transition"), body
         assert body["error"]["data"]["details"]["state"] == state
     else:
@@ -118,7 +124,7 @@ def test_a_transition_writes_an_audit_row_with_its_reason_and_a_webhook_event_to
     app, client, alice, bob
 ):
     task_id = create(client, alice[1], bob[0])["task_id"]
-    assert "result" in update(client, bob[1], task_id, "decline", reason="not my area", session_id="s-1")
+    assert "result" in update(client, bob[1], task_id, "decline", reason="not my area")
     [(action, actor, reason, frm, to)] = sql(
         app,
         "SELECT a.action, g.handle, a.reason, a.from_state, a.to_state FROM audit_events a"
@@ -549,5 +555,305 @@ def test_the_openapi_document_names_the_new_transitions_and_filters(client):
     doc = client.get("/api/v1/openapi.json").get_json()
     text = json.dumps(doc)
     body = doc["components"]["schemas"]["TransitionBody"]["properties"]
-    assert set(body["transition"]["enum"]) >= set(NEW) and {"reason", "lease_seconds", "lease_token"} <= set(body)
+    assert set(body["transition"]["enum"]) >= set(NEW) and {
+        "reason",
+        "lease_seconds",
+        "lease_token",
+        "question",
+    } <= set(body)
     assert '"name": "priority"' in text
+
+
+# --------------------------------------------------------------------------- input required
+
+
+def say(client, key, task_id, text) -> dict:
+    return rpc(
+        client, key, "message/send", {"task_id": task_id, "message": {"parts": [{"type": "text", "text": text}]}}
+    )
+
+
+def asked(client, alice, bob, **accept) -> tuple[str, dict]:
+    """A handoff bob accepted (``accept``: its params) and then asked alice about."""
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    accepted = update(client, bob[1], task_id, "accept", **accept)["result"]
+    token = {"lease_token": accepted["lease_token"]} if accepted["lease_token"] else {}
+    body = update(client, bob[1], task_id, "request_input", question=QUESTION, **token)
+    assert body["result"]["status"] == {"state": "input_required"}, body
+    return task_id, accepted
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"question": ""}, {"question": "x" * 2001}, {"question": None}],
+    ids=["none", "empty", "long", "null"],
+)
+def test_request_input_requires_a_question_of_1_to_2000_characters(client, alice, bob, params):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    update(client, bob[1], task_id, "accept")
+    body = update(client, bob[1], task_id, "request_input", **params)
+    assert error_of(body) == (-32602, "invalid_params"), body
+    assert "question" in body["error"]["data"]["errors"], body
+    assert rpc(client, alice[1], "tasks/get", {"task_id": task_id})["status"] == {"state": "accepted"}
+
+
+def test_request_input_shows_the_question_to_both_sides_with_an_audit_row_and_a_webhook_event(app, client, alice, bob):
+    task_id, _ = asked(client, alice, bob)
+    for key in (alice[1], bob[1]):
+        got = rpc(client, key, "tasks/get", {"task_id": task_id})
+        assert (got["status"], got["question"]) == ({"state": "input_required"}, QUESTION)
+        assert got["input_requested_at"] is not None
+    audit = rpc(client, alice[1], "tasks/get", {"task_id": task_id})  # noqa: F841  (read marks only)
+    rows = sql(
+        app,
+        "SELECT a.action, a.from_state, a.to_state, a.question FROM audit_events a"
+        " WHERE a.thread_id = :id AND a.action = 'request_input'",
+        id=parse_ulid(task_id),
+    )
+    assert rows == [("request_input", "accepted", "input_required", QUESTION)]
+    [(owner, payload)] = sql(
+        app,
+        "SELECT g.handle, e.payload FROM events e JOIN agents g ON g.id = e.agent_id"
+        " WHERE e.thread_id = :id AND e.type = 'task.updated' AND e.payload->>'transition' = 'request_input'",
+        id=parse_ulid(task_id),
+    )
+    assert (owner, payload) == (alice[0], {"transition": "request_input", "from": "accepted", "to": "input_required"})
+    listed = rpc(client, alice[1], "tasks/list", {"filter": {"role": "sender", "status": ["input_required"]}})
+    assert [i["task_id"] for i in listed["items"]] == [task_id]
+
+
+def test_a_message_from_the_requester_answers_it_and_the_work_is_accepted_again(app, client, alice, bob):
+    task_id, _ = asked(client, alice, bob)
+    before = rpc(client, bob[1], "tasks/get", {"task_id": task_id})["version"]
+    say(client, bob[1], task_id, "still waiting for you")  # the worker's own message is no answer
+    assert rpc(client, bob[1], "tasks/get", {"task_id": task_id})["status"] == {"state": "input_required"}
+    sent = say(client, alice[1], task_id, "main, please")
+    assert sent["status"] == {"state": "accepted"}, sent
+    got = rpc(client, bob[1], "tasks/get", {"task_id": task_id})
+    assert (got["status"], got["question"], got["input_requested_at"]) == ({"state": "accepted"}, None, None)
+    assert got["version"] == before + 1
+    rows = sql(
+        app,
+        "SELECT a.action, g.handle, a.from_state, a.to_state FROM audit_events a JOIN agents g ON g.id = a.actor_id"
+        " WHERE a.thread_id = :id ORDER BY a.created_at, a.id",
+        id=parse_ulid(task_id),
+    )
+    assert rows[-2:] == [
+        ("input_provided", alice[0], "input_required", "accepted"),
+        ("append", alice[0], None, "accepted"),
+    ], rows
+    [(owner, payload)] = sql(
+        app,
+        "SELECT g.handle, e.payload FROM events e JOIN agents g ON g.id = e.agent_id"
+        " WHERE e.thread_id = :id AND e.type = 'task.updated' AND e.payload->>'transition' = 'input_provided'",
+        id=parse_ulid(task_id),
+    )
+    assert (owner, payload) == (bob[0], {"transition": "input_provided", "from": "input_required", "to": "accepted"})
+    assert "result" in update(client, bob[1], task_id, "complete", result_summary="done on main")
+
+
+def test_the_lease_clock_stops_while_input_is_required_and_restarts_in_full_at_the_answer(
+    app, client, alice, bob, celery_app
+):
+    import workers.tasks  # noqa: F401  (registers the tasks)
+
+    task_id, accepted = asked(client, alice, bob, lease_seconds=60)
+    mine = rpc(client, bob[1], "tasks/get", {"task_id": task_id})
+    assert (mine["lease_expires_at"], mine["lease_token"]) == (None, accepted["lease_token"])
+    # Long past the accept's lease: the sweep and every read leave it waiting.
+    sql(app, "UPDATE threads SET accepted_at = now() - interval '1 hour' WHERE id = :id", id=parse_ulid(task_id))
+    assert celery_app.tasks["workers.tasks.settle_due"]() == {"settled": 0}
+    assert rpc(client, alice[1], "tasks/get", {"task_id": task_id})["status"] == {"state": "input_required"}
+    say(client, alice[1], task_id, "main, please")
+    got = rpc(client, bob[1], "tasks/get", {"task_id": task_id})
+    left = datetime.fromisoformat(got["lease_expires_at"]) - datetime.now(UTC)
+    assert timedelta(seconds=55) < left <= timedelta(seconds=61), got
+    assert got["lease_token"] == accepted["lease_token"]  # the same lease goes on
+    body = update(client, bob[1], task_id, "complete", lease_token=accepted["lease_token"])
+    assert body["result"]["status"] == {"state": "completed"}, body
+
+
+def test_an_expiry_does_not_end_a_handoff_waiting_on_its_requester(app, client, alice, bob, celery_app):
+    import workers.tasks  # noqa: F401  (registers the tasks)
+
+    task_id = create(client, alice[1], bob[0], expires_in_seconds=60)["task_id"]
+    update(client, bob[1], task_id, "accept")
+    update(client, bob[1], task_id, "request_input", question=QUESTION)
+    sql(app, "UPDATE threads SET expires_at = now() - interval '1 second' WHERE id = :id", id=parse_ulid(task_id))
+    assert rpc(client, alice[1], "tasks/get", {"task_id": task_id})["status"] == {"state": "input_required"}
+    listed = rpc(client, alice[1], "tasks/list", {"filter": {"role": "sender", "status": ["input_required"]}})
+    assert [i["task_id"] for i in listed["items"]] == [task_id]
+    assert celery_app.tasks["workers.tasks.settle_due"]() == {"settled": 0}
+    assert say(client, alice[1], task_id, "main")["status"] == {"state": "accepted"}
+
+
+@pytest.mark.parametrize(
+    "name, params, state",
+    [("complete", {"result_summary": "found it"}, "completed"), ("release", {"reason": "no answer"}, "pending")],
+)
+def test_finishing_or_giving_up_while_waiting_drops_the_question(client, alice, bob, name, params, state):
+    task_id, accepted = asked(client, alice, bob, lease_seconds=60)
+    body = update(client, bob[1], task_id, name, lease_token=accepted["lease_token"], **params)
+    assert (body["result"]["status"], body["result"]["question"]) == ({"state": state}, None), body
+
+
+def test_renew_and_a_second_question_need_the_answer_first(client, alice, bob):
+    for name, params in (("renew", {"lease_seconds": 30}), ("request_input", {"question": "?"})):
+        task_id, _ = asked(client, alice, bob)
+        assert error_of(update(client, bob[1], task_id, name, **params)) == (-32008, "invalid_transition")
+
+
+def test_the_rest_route_takes_request_input(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    update(client, bob[1], task_id, "accept")
+    url = f"/api/v1/identities/{bob[0]}/a2a/tasks/{task_id}/transitions"
+    resp = client.post(url, json={"transition": "request_input"}, headers=bearer(bob[1]))
+    assert resp.status_code == 422 and "question" in resp.get_json()["error"]["details"], resp.get_json()
+    resp = client.post(url, json={"transition": "request_input", "question": QUESTION}, headers=bearer(bob[1]))
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert (resp.get_json()["status"], resp.get_json()["question"]) == ({"state": "input_required"}, QUESTION)
+
+
+def test_a2a_shows_input_required_with_the_question_as_the_status_message(client, alice, bob):
+    task_id, _ = asked(client, alice, bob)
+    url, headers = f"/a2a/agents/{bob[0]}", {**bearer(alice[1]), "A2A-Version": "1.0"}
+
+    def a2a(method, params):
+        resp = client.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=headers)
+        assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_data(as_text=True)
+        return resp.get_json()["result"]
+
+    status = a2a("GetTask", {"id": task_id})["status"]
+    assert status["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert (status["message"]["role"], status["message"]["parts"]) == ("ROLE_AGENT", [{"text": QUESTION}])
+    listed = a2a("ListTasks", {"status": "TASK_STATE_INPUT_REQUIRED"})
+    assert [t["id"] for t in listed["tasks"]] == [task_id]
+    assert listed["tasks"][0]["status"]["message"]["parts"] == [{"text": QUESTION}]
+    assert a2a("ListTasks", {"status": "TASK_STATE_WORKING"})["tasks"] == []
+
+
+# --------------------------------------------------------------------------- fencing with no gap
+
+
+def token_in_db(app, task_id) -> str:
+    [(token,)] = sql(app, "SELECT lease_token FROM threads WHERE id = :id", id=parse_ulid(task_id))
+    return token
+
+
+# (first accept leased?, how it lost the work, second accept leased?)
+MIXES = [
+    (True, "lapse", False),
+    (True, "lapse", True),
+    (True, "release", False),
+    (True, "release", True),
+    (False, "release", True),
+    (False, "release", False),
+]
+
+
+@pytest.mark.parametrize("name", ["complete", "fail", "release"])
+@pytest.mark.parametrize("first_leased, lost_by, second_leased", MIXES)
+def test_a_token_from_before_the_latest_accept_is_refused_leased_now_or_not(
+    app, client, alice, bob, name, first_leased, lost_by, second_leased
+):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    update(client, bob[1], task_id, "accept", **({"lease_seconds": 10} if first_leased else {}))
+    stale = token_in_db(app, task_id)  # the first session's token (an unleased accept's is never shown)
+    if lost_by == "lapse":
+        lapse(app, task_id)
+    else:
+        assert "result" in update(client, bob[1], task_id, "release", lease_token=stale)
+    second = update(client, bob[1], task_id, "accept", **({"lease_seconds": 60} if second_leased else {}))["result"]
+    assert token_in_db(app, task_id) not in (None, stale)  # every accept issues a new token
+    assert second["lease_token"] == (token_in_db(app, task_id) if second_leased else None)
+    extra = {"reason": "stuck"} if name == "fail" else {}
+    body = update(client, bob[1], task_id, name, lease_token=stale, **extra)
+    assert error_of(body) == (-32010, "state_changed"), body
+    assert body["error"]["data"]["details"]["field"] == "lease_token"
+    if second_leased:
+        assert error_of(update(client, bob[1], task_id, name, **extra)) == (-32010, "state_changed")
+    assert rpc(client, alice[1], "tasks/get", {"task_id": task_id})["status"] == {"state": "accepted"}
+    current = {"lease_token": second["lease_token"]} if second_leased else {}  # unleased: no token needed
+    assert "result" in update(client, bob[1], task_id, name, **current, **extra)
+
+
+def test_a_stale_token_never_wins_against_an_unleased_accept_racing_it(app, alice, bob):
+    """Real threads, 12 rounds: the lapsed session's complete races another session's unleased accept."""
+    for _round in range(12):
+        client = app.test_client()
+        task_id, first = leased(client, alice, bob, 10)
+        lapse(app, task_id)
+        start = threading.Barrier(2, timeout=20)
+
+        def stale_complete():
+            start.wait()
+            answers = []
+            for _ in range(20):
+                answers.append(update(app.test_client(), bob[1], task_id, "complete", lease_token=first["lease_token"]))
+                time.sleep(0.002)
+            return answers
+
+        def accept():
+            start.wait()
+            time.sleep(0.01)
+            return update(app.test_client(), bob[1], task_id, "accept")
+
+        with ThreadPoolExecutor(2) as pool:
+            completes, accepted = pool.submit(stale_complete), pool.submit(accept)
+            answers, took = completes.result(timeout=60), accepted.result(timeout=60)
+        assert all(error_of(a)[1] in ("state_changed", "invalid_transition") for a in answers), answers
+        assert "result" in took, took
+        [(state,)] = sql(app, "SELECT state FROM threads WHERE id = :id", id=parse_ulid(task_id))
+        assert state == "accepted"
+
+
+# --------------------------------------------------------------------------- one table of params
+
+
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("accept", {"result_summary": "done"}, "result_summary"),
+        ("accept", {"question": "which?"}, "question"),
+        ("accept", {"lease_token": "t"}, "lease_token"),
+        ("complete", {"session_id": "s-1"}, "session_id"),
+        ("complete", {"question": "which?"}, "question"),
+        ("decline", {"reason": "no", "session_id": "s-1"}, "session_id"),
+        ("request_input", {"question": "which?", "result_summary": "x"}, "result_summary"),
+        ("renew", {"lease_seconds": 30, "reason": "more time"}, "reason"),
+    ],
+)
+def test_a_param_of_another_transition_is_invalid_params_naming_it(client, alice, bob, name, params, field):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    if NEW.get(name, ("pending",))[0] == "accepted" or name == "complete":
+        update(client, bob[1], task_id, "accept")
+    before = rpc(client, alice[1], "tasks/get", {"task_id": task_id})
+    body = update(client, bob[1], task_id, name, **params)
+    assert error_of(body) == (-32602, "invalid_params"), body
+    assert list(body["error"]["data"]["errors"]) == [field], body
+    assert "only allowed with" in body["error"]["data"]["errors"][field][0]
+    assert rpc(client, alice[1], "tasks/get", {"task_id": task_id})["version"] == before["version"]
+
+
+def test_cancel_through_tasks_update_takes_no_params(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    body = update(client, alice[1], task_id, "cancel", reason="changed my mind")
+    assert error_of(body) == (-32602, "invalid_params") and list(body["error"]["data"]["errors"]) == ["reason"]
+
+
+def test_a_null_param_of_another_transition_is_as_absent(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    body = update(client, bob[1], task_id, "accept", result_summary=None, question=None, lease_token=None)
+    assert body["result"]["status"] == {"state": "accepted"}, body
+    body = update(client, bob[1], task_id, "complete", result_summary="done", session_id=None, lease_seconds=None)
+    assert body["result"]["status"] == {"state": "completed"}, body
+
+
+def test_the_rest_route_refuses_a_param_of_another_transition_naming_it(client, alice, bob):
+    task_id = create(client, alice[1], bob[0])["task_id"]
+    url = f"/api/v1/identities/{bob[0]}/a2a/tasks/{task_id}/transitions"
+    resp = client.post(url, json={"transition": "accept", "result_summary": "done"}, headers=bearer(bob[1]))
+    assert resp.status_code == 422 and list(resp.get_json()["error"]["details"]) == ["result_summary"], resp.get_json()
+    update(client, bob[1], task_id, "accept")
+    resp = client.post(url, json={"transition": "complete", "session_id": "s-1"}, headers=bearer(bob[1]))
+    assert resp.status_code == 422 and list(resp.get_json()["error"]["details"]) == ["session_id"], resp.get_json()

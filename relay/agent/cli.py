@@ -62,7 +62,7 @@ from relay.agent.client import (
     next_position,
 )
 
-STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired")
+STATES = ("pending", "accepted", "input_required", "completed", "cancelled", "declined", "failed", "expired")
 PRIORITIES = ("low", "normal", "high", "urgent")
 INTENTS = ("inform", "ask_question", "propose_action")
 # The feed's oldest possible position, where `watch --from-start` begins.
@@ -110,10 +110,11 @@ HINTS: dict[str, str] = {
     "thread_not_found": "check the task id: 'relay-agent inbox' and 'relay-agent inbox --sent' list yours",
     "thread_terminal": "start a new handoff with relay-agent send",
     "invalid_transition": "see the thread's state with 'relay-agent show TASK_ID': accept, decline and cancel "
-    "need pending; complete, fail, release and renew need accepted; completed, cancelled, declined, failed "
-    "and expired are final",
-    "not_authorized_transition": "the recipient accepts, declines, completes, fails, releases and renews a "
-    "handoff; only the sender cancels it",
+    "need pending; complete, fail, release, renew and request-input need accepted (complete, fail and release "
+    "also input_required, which the sender's reply ends); completed, cancelled, declined, failed and expired "
+    "are final",
+    "not_authorized_transition": "the recipient accepts, declines, completes, fails, releases, renews and "
+    "requests input on a handoff; only the sender cancels it",
     "state_changed": "someone changed the thread first; check it with 'relay-agent show TASK_ID' and retry",
     "duplicate_idempotency_key": "that --idempotency-key was already used with a different message; use a new key",
     "invalid_intent_payload": "--intent propose_action needs --proposed-description, --target-file and "
@@ -875,6 +876,8 @@ def show(ctx: click.Context, task_id: str, as_json: bool, limit: int | None, aft
             ("expires", _when(handoff.expires_at) if handoff.expires_at else None),
             ("lease ends", _when(handoff.lease_expires_at) if handoff.lease_expires_at else None),
             ("reason", handoff.reason),
+            ("question", handoff.question),
+            ("asked", _when(handoff.input_requested_at) if handoff.input_requested_at else None),
             ("result", handoff.result_summary),
         ]
     )
@@ -1106,6 +1109,33 @@ def renew(ctx: click.Context, task_id: str, lease_seconds: int | None, lease_tok
         return
     _print_transition("renewed", result)
     _print_lease(result, client)
+
+
+@cli.command("request-input", short_help="Ask the sender a question before going on (recipient).")
+@click.argument("task_id")
+@click.option(
+    "--question", metavar="TEXT", help="What you need to know (required; 1-2000 characters; the sender reads it)."
+)
+@_lease_token_option
+@click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
+@click.pass_context
+def request_input(
+    ctx: click.Context, task_id: str, question: str | None, lease_token: str | None, as_json: bool
+) -> None:
+    """Ask the sender of an accepted handoff a question (recipient only): accepted -> input_required.
+
+    The sender's next message ('relay-agent reply' on their side) answers it and the
+    handoff is accepted again. A lease stays yours: its clock stops while you wait and
+    runs its full length again from the answer. A leased handoff's token is sent as for
+    complete.
+    """
+    if question is None:
+        raise OneLineUsage("request-input needs --question TEXT: what the sender should answer (1-2000 characters)")
+    if not question.strip():
+        raise OneLineUsage("--question: the question is empty (1-2000 characters)")
+    client = _client(ctx)
+    result = _fenced(task_id, lambda: client.request_input(task_id, question, lease_token=lease_token))
+    _dump(result.raw) if as_json else _print_transition("asked", result)
 
 
 @cli.command(short_help="Cancel a pending handoff (sender).")
@@ -1624,7 +1654,8 @@ def hook_reason(me: str, rows: list[FeedRow]) -> str:
     return "\n".join(lines)
 
 
-OPEN_STATES = ("pending", "accepted")  # threads that can still ask something of the agent
+# Threads that can still ask something of the agent (input_required: its sender owes an answer).
+OPEN_STATES = ("pending", "accepted", "input_required")
 
 
 def unread_reason(me: str, threads: list[TaskSummary]) -> str:

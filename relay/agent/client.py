@@ -569,6 +569,8 @@ def _lifecycle(d: Mapping[str, Any]) -> dict[str, Any]:
         "failed_at": _ts(d.get("failed_at")),
         "expired_at": _ts(d.get("expired_at")),
         "reason": d.get("reason"),
+        "question": d.get("question"),
+        "input_requested_at": _ts(d.get("input_requested_at")),
     }
 
 
@@ -661,6 +663,8 @@ class _LifecycleFields:
     failed_at: datetime | None = None
     expired_at: datetime | None = None
     reason: str | None = None
+    question: str | None = None
+    input_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -668,13 +672,15 @@ class Handoff(_LifecycleFields):
     """A whole thread, from ``tasks/get`` (seed 000): its state, participants and messages.
 
     ``task_id`` and ``thread_id`` are the same 26-character ULID; ``state`` is
-    ``pending``, ``accepted``, ``completed``, ``cancelled``, ``declined``, ``failed`` or
-    ``expired`` (as of now: a lapsed lease reads ``pending``); ``artifacts`` collects every
+    ``pending``, ``accepted``, ``input_required``, ``completed``, ``cancelled``,
+    ``declined``, ``failed`` or ``expired`` (as of now: a lapsed lease reads ``pending``);
+    ``artifacts`` collects every
     message's artifacts; ``messages`` are in ``sequence_no`` order. The lifecycle's fields
     (issue 29): ``priority``; ``expires_at`` (a pending handoff's end, None for none);
     ``lease_expires_at`` and ``lease_token`` while leased (the token is shown to the
     recipient only); ``declined_at``/``failed_at``/``expired_at``; ``reason`` (why it was
-    declined or failed).
+    declined or failed); ``question`` and ``input_requested_at`` (the recipient's open
+    question while ``input_required``, else None).
     """
 
     task_id: str
@@ -1393,6 +1399,20 @@ class RelayClient:
         self._remember(task_id, result)
         return result
 
+    def request_input(self, task_id: str, question: str, *, lease_token: str | None = None) -> TransitionResult:
+        """Ask the sender a question before going on (``tasks/update`` ``request_input``;
+        recipient only): accepted -> input_required.
+
+        ``question`` (1-2000 characters, required) is shown to the sender (and to A2A
+        clients as the status message of TASK_STATE_INPUT_REQUIRED). The sender's next
+        message answers it: the handoff is accepted again. A lease stays yours and its
+        clock stops until the answer, then runs its full length again. ``lease_token`` as in
+        :meth:`complete`. Errors as :meth:`complete`; :class:`InvalidParams` for a missing
+        or too long question.
+        """
+        params = {"task_id": task_id, "transition": "request_input", "question": question}
+        return self._fenced(task_id, "input_required", params, lease_token)
+
     def cancel(self, task_id: str) -> TransitionResult:
         """Cancel a pending handoff (``tasks/cancel``; sender only). Errors as :meth:`accept`."""
         return self._transition(task_id, "cancelled", "tasks/cancel", {"task_id": task_id})
@@ -1422,7 +1442,7 @@ class RelayClient:
             if stale and remembered is not None and token == remembered:
                 self.leases.pop(task_id, None)
             raise
-        if target != "accepted":
+        if target not in ("accepted", "input_required"):  # the lease goes on while input is required
             self.leases.pop(task_id, None)
         return result
 

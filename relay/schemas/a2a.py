@@ -11,6 +11,7 @@ pending            TASK_STATE_SUBMITTED
 accepted           TASK_STATE_WORKING
 completed          TASK_STATE_COMPLETED
 cancelled          TASK_STATE_CANCELED
+input_required     TASK_STATE_INPUT_REQUIRED (the question in status.message)
 caller message     ROLE_USER
 recipient message  ROLE_AGENT
 text part          ``{"text": ...}`` part
@@ -51,7 +52,7 @@ for _relay, _a2a in STATES.items():
     RELAY_STATES.setdefault(_a2a, []).append(_relay)
 del _relay, _a2a
 # A2A states the relay never enters: a filter on them is valid and matches nothing.
-OTHER_STATES = ("TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED")
+OTHER_STATES = ("TASK_STATE_AUTH_REQUIRED",)
 MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
 MAX_A2A_PARTS = MAX_PARTS + MAX_ARTIFACTS  # text parts plus data/url parts (artifacts)

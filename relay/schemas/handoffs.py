@@ -28,10 +28,24 @@ MAX_METADATA_BYTES = 16_384
 MAX_IDEMPOTENCY_KEY = 255
 MAX_LINE = 100_000_000
 MAX_TARGET_FILES = 200
-MAX_STATUS_FILTER = 20  # states in one tasks/list filter (there are 7; repeats are harmless)
-# Seed 000's three, then issue 29's four.
-TRANSITIONS = ("accept", "complete", "cancel", "decline", "fail", "release", "renew")
+MAX_STATUS_FILTER = 20  # states in one tasks/list filter (there are 8; repeats are harmless)
 MAX_REASON = 2000
+MAX_QUESTION = 2000
+# Which params each transition takes, and which of them it requires (1-2000 characters for
+# reason and question). A param of another transition is refused naming it, never dropped;
+# a null is as absent. The transition names are this table's keys.
+TRANSITION_PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "accept": (frozenset({"session_id", "lease_seconds"}), frozenset()),
+    "complete": (frozenset({"result_summary", "lease_token"}), frozenset()),
+    "cancel": (frozenset(), frozenset()),
+    "decline": (frozenset({"reason"}), frozenset({"reason"})),
+    "fail": (frozenset({"reason", "lease_token"}), frozenset({"reason"})),
+    "release": (frozenset({"reason", "lease_token"}), frozenset()),
+    "renew": (frozenset({"lease_seconds", "lease_token"}), frozenset()),
+    "request_input": (frozenset({"question", "lease_token"}), frozenset({"question"})),
+}
+TRANSITIONS = tuple(TRANSITION_PARAMS)
+TRANSITION_PARAM_NAMES = ("session_id", "result_summary", "reason", "lease_seconds", "lease_token", "question")
 LEASE_RANGE = validate.Range(min=10, max=86_400, error="must be 10-86400 seconds")
 EXPIRY_RANGE = validate.Range(min=10, max=2_592_000, error="must be 10-2592000 seconds (30 days)")
 PRIORITY_CHOICE = validate.OneOf(PRIORITIES, error=f"must be one of {', '.join(PRIORITIES)}")
@@ -242,6 +256,12 @@ class TransitionFields(StrictSchema):
     )
     lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True, validate=LEASE_RANGE)
     lease_token = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
+    # What a request_input asks the sender.
+    question = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=validate.Length(min=1, max=MAX_QUESTION, error=f"must be 1-{MAX_QUESTION} characters"),
+    )
 
     @validates_schema
     def _transition_params(self, data, **kwargs):
@@ -252,29 +272,35 @@ def transition_args(params: dict) -> dict:
     """The keyword arguments of ``threads.transition`` from loaded TransitionFields."""
     return {
         "name": params["transition"],
-        **{k: params[k] for k in ("session_id", "result_summary", "reason", "lease_seconds", "lease_token")},
+        **{k: params[k] for k in TRANSITION_PARAM_NAMES},
     }
 
 
 class TasksUpdateParams(TransitionFields):
-    """``tasks/update`` params: ``task_id`` and a transition (seed 000's three, issue 29's four)."""
+    """``tasks/update`` params: ``task_id`` and a transition (:data:`TRANSITION_PARAMS`)."""
 
     task_id = Ulid(required=True)
 
 
 def check_transition_params(data: dict) -> None:
-    """Refuse a transition's params that do not go with it (issue 29); raises ValidationError naming the field.
+    """Refuse params that do not go with the transition (:data:`TRANSITION_PARAMS`).
 
-    ``reason``: required for decline and fail, allowed for release only besides them;
-    ``lease_seconds``: accept and renew only.
+    Raises ValidationError naming the field: a required param missing ("is required to
+    decline a handoff (1-2000 characters)"), or one that belongs to other transitions
+    ("is only allowed with decline, fail or release"). Params given as null are absent.
     """
     name = data.get("transition")
-    if name in ("decline", "fail") and not data.get("reason"):
-        raise ValidationError(f"is required to {name} a handoff (1-2000 characters)", "reason")
-    if data.get("reason") is not None and name not in ("decline", "fail", "release"):
-        raise ValidationError("is only allowed with decline, fail or release", "reason")
-    if data.get("lease_seconds") is not None and name not in ("accept", "renew"):
-        raise ValidationError("is only allowed with accept or renew", "lease_seconds")
+    if name not in TRANSITION_PARAMS:
+        return  # the transition field's own error names it
+    takes, required = TRANSITION_PARAMS[name]
+    for field in sorted(required):
+        if not data.get(field):
+            raise ValidationError(f"is required to {name} a handoff (1-2000 characters)", field)
+    for field in TRANSITION_PARAM_NAMES:
+        if data.get(field) is not None and field not in takes:
+            owners = [t for t, (params, _required) in TRANSITION_PARAMS.items() if field in params]
+            listed = ", ".join(owners[:-1]) + f" or {owners[-1]}" if len(owners) > 1 else owners[0]
+            raise ValidationError(f"is only allowed with {listed}, not {name}", field)
 
 
 class OneOrList(BoundedList):

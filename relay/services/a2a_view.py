@@ -23,6 +23,8 @@ STATES = {
     "declined": "TASK_STATE_REJECTED",
     "failed": "TASK_STATE_FAILED",
     "expired": "TASK_STATE_CANCELED",
+    # The worker asked its requester a question (request_input); status.message holds it.
+    "input_required": "TASK_STATE_INPUT_REQUIRED",
 }
 ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
 MEDIA_JSON = "application/json"
@@ -61,18 +63,19 @@ def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
 
 
 def _closing_message(task: dict, state: str) -> dict | None:
-    """The ROLE_AGENT status message of a task that ended: the result summary on completion,
-    the reason of a decline or fail (issue 29); None otherwise."""
+    """The ROLE_AGENT status message a state carries: the result summary on completion, the
+    reason of a decline or fail, the open question of an input_required task
+    (``metadata {"question": true}``; its messageId is the same on every surface); None otherwise."""
     if state == "completed" and task.get("result_summary"):
-        text, kind = task["result_summary"], "resultSummary"
+        text, kind, name = task["result_summary"], "resultSummary", "result"
     elif state in ("declined", "failed") and task.get("reason"):
-        text, kind = task["reason"], "reason"
+        text, kind, name = task["reason"], "reason", state
+    elif state == "input_required" and task.get("question"):
+        text, kind, name = task["question"], "question", f"question:{task['question']}"
     else:
         return None
     return {
-        "messageId": str(
-            uuid.uuid5(uuid.NAMESPACE_URL, f"relay:{'result' if kind == 'resultSummary' else state}:{task['task_id']}")
-        ),
+        "messageId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay:{name}:{task['task_id']}")),
         "contextId": _uuid_text(task["context_id"]),
         "taskId": task["task_id"],
         "role": "ROLE_AGENT",
@@ -82,8 +85,9 @@ def _closing_message(task: dict, state: str) -> dict | None:
 
 
 def status_out(task: dict) -> dict:
-    """A2A ``TaskStatus``: the state, when it last changed (last activity), and when it ended
-    a ROLE_AGENT message holding the result summary, or why it was declined or failed."""
+    """A2A ``TaskStatus``: the state, when it last changed (last activity), and a ROLE_AGENT
+    message holding the result summary, why it was declined or failed, or the question an
+    input_required task waits on."""
     status: dict[str, Any] = {"state": STATES[task["status"]["state"]], "timestamp": task["updated_at"]}
     closing = _closing_message(task, task["status"]["state"])
     if closing is not None:

@@ -46,7 +46,8 @@ def agent_in_org(org: str, handle: str) -> Agent:
 
 
 # Open handoffs by their state as of now (relay.models.effective_state_sql): a lapsed lease
-# counts as pending, a passed expiry not at all, whether or not the sweep recorded it yet.
+# counts as pending, a passed expiry not at all, whether or not the sweep recorded it yet;
+# work waiting on its sender's answer (input_required) counts as accepted: it is taken.
 _EFFECTIVE = effective_state_sql("threads")
 _OVERVIEW = text(
     f"""
@@ -55,12 +56,12 @@ _OVERVIEW = text(
            greatest(li.at, lo.at) AS last_activity
     FROM agents a
     LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s = 'accepted') AS accepted
-        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE recipient_id = a.id AND state IN ('pending', 'accepted')) e
+        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s IN ('accepted', 'input_required')) AS accepted
+        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE recipient_id = a.id AND state IN ('pending', 'accepted', 'input_required')) e
     ) i ON true
     LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s = 'accepted') AS accepted
-        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE sender_id = a.id AND state IN ('pending', 'accepted')) e
+        SELECT count(*) FILTER (WHERE s = 'pending') AS pending, count(*) FILTER (WHERE s IN ('accepted', 'input_required')) AS accepted
+        FROM (SELECT {_EFFECTIVE} AS s FROM threads WHERE sender_id = a.id AND state IN ('pending', 'accepted', 'input_required')) e
     ) o ON true
     LEFT JOIN LATERAL (SELECT max(updated_at) AS at FROM threads WHERE recipient_id = a.id) li ON true
     LEFT JOIN LATERAL (SELECT max(updated_at) AS at FROM threads WHERE sender_id = a.id) lo ON true

@@ -164,7 +164,12 @@ def build_payload(event: Event) -> dict[str, Any]:
     top-level ``message``, and a client should not see one reply in two forms.
     """
     thread = db.session.get(Thread, event.thread_id)
-    task = {**thread_summary(thread), "result_summary": thread.result_summary, "reason": thread.reason}
+    task = {
+        **thread_summary(thread),
+        "result_summary": thread.result_summary,
+        "reason": thread.reason,
+        "question": thread.question,
+    }
     state = task["status"]["state"]
     if event.type == "message.created":
         message = db.session.get(Message, event.message_id)

@@ -55,6 +55,7 @@ _ROW = (
     Thread.failed_at,
     Thread.expired_at,
     Thread.reason,
+    Thread.question,
 )
 
 
@@ -72,12 +73,18 @@ def path(source: str, target: str) -> list[tuple[str, str, str]]:
     return found
 
 
-# A lease that lapsed, as a step of a path (the clock's, not a caller's).
-_CLOCK_STEPS = ((threads.LEASE_EXPIRED, "accepted", "pending"), (threads.EXPIRED, "pending", "expired"))
+# Steps no transition call takes: a lease that lapsed and an expiry (the clock's), and the
+# requester's answer to an input_required handoff (a message).
+_CLOCK_STEPS = (
+    (threads.LEASE_EXPIRED, "accepted", "pending"),
+    (threads.EXPIRED, "pending", "expired"),
+    (threads.INPUT_PROVIDED, "input_required", "accepted"),
+)
 
 
 def _path(source: str, target: str) -> list[tuple[str, str, str]] | None:
     steps = [(name, src, dst) for name, (src, dst, _who) in threads.TRANSITIONS.items() if src != dst]
+    steps += [(name, src, threads.TRANSITIONS[name][1]) for name, more in threads.ALSO_FROM.items() for src in more]
     steps += [step for step in _CLOCK_STEPS if step[0] not in threads.TRANSITIONS]
     frontier, seen = [(source, [])], {source}
     while frontier:  # breadth first: the shortest path, and no loop through a cycle
@@ -194,6 +201,7 @@ class TaskStream(streams.Held):
                 "status": {"state": row.state},
                 "result_summary": row.result_summary,
                 "reason": row.reason,
+                "question": row.question,
                 "updated_at": iso(row.updated_at),
             }
             stamps = {state: getattr(row, column) for state, column in threads.STAMP_COLUMN.items()}
@@ -213,8 +221,17 @@ class TaskStream(streams.Held):
                     .limit(1)
                 )
                 taken = [(back or n, s_, d) if (s_, d) == ("accepted", "pending") else (n, s_, d) for n, s_, d in taken]
+            # An answer's way back to accepted happens now, not at the accept that stamped accepted_at.
             steps: list[tuple[tuple[bool, datetime, int], str, Any]] = [
-                ((dst in TERMINAL_STATES, stamps.get(dst) or row.updated_at, 1), "transition", (name, src, dst))
+                (
+                    (
+                        dst in TERMINAL_STATES,
+                        (stamps.get(dst) if name != threads.INPUT_PROVIDED else None) or row.updated_at,
+                        1,
+                    ),
+                    "transition",
+                    (name, src, dst),
+                )
                 for name, src, dst in taken
             ]
             steps += [((False, m.created_at, 0), "message", m) for m in new]

@@ -48,7 +48,7 @@ from relay.services.agents import check_handle
 PREVIEW_CHARS = 200
 
 
-# seed 000, tasks/update table, then issue 29's four (additive): transition -> (from state,
+# tasks/update's transitions (docs/api.md, "Transition result"): transition -> (from state,
 # to state, who may call it)
 TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "accept": ("pending", "accepted", "recipient"),
@@ -58,7 +58,18 @@ TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "fail": ("accepted", "failed", "recipient"),
     "release": ("accepted", "pending", "recipient"),
     "renew": ("accepted", "accepted", "recipient"),
+    "request_input": ("accepted", "input_required", "recipient"),
 }
+# A worker waiting on its requester may still finish, give up or give the work back: these
+# also run from input_required (the open question is then dropped).
+ALSO_FROM: dict[str, tuple[str, ...]] = {
+    "complete": ("input_required",),
+    "fail": ("input_required",),
+    "release": ("input_required",),
+}
+# What the requester's message does to an input_required handoff (audit action and
+# task.updated transition): it is the answer, and the work goes on.
+INPUT_PROVIDED = "input_provided"
 STAMP_COLUMN = {
     "accepted": "accepted_at",
     "completed": "completed_at",
@@ -68,9 +79,10 @@ STAMP_COLUMN = {
     "expired": "expired_at",
 }
 # Transitions whose reason is required (1-2,000 characters), and those a lease fences:
-# while leased they must carry its current lease_token (issue 29).
+# while leased they must carry its current lease_token, and leased or not a lease_token
+# they carry must be the current one.
 REASON_REQUIRED = ("decline", "fail")
-FENCED = ("complete", "fail", "release", "renew")
+FENCED = ("complete", "fail", "release", "renew", "request_input")
 # The audit actions (and task.updated transitions) of what the clock does, not a caller.
 LEASE_EXPIRED, EXPIRED = "lease_expired", "expire"
 
@@ -396,6 +408,8 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
     if caller.id == thread.recipient_id and thread.state == "accepted" and thread.lease_seconds is not None:
         # The worker is working: its message renews the lease (issue 29), as renew does.
         thread.lease_expires_at = now + timedelta(seconds=thread.lease_seconds)
+    if caller.id == thread.sender_id and thread.state == "input_required":
+        _provide_input(session, thread, now)
     message = _add_message(session, thread, caller, params, now)
     return {
         "task_id": format_ulid(thread.id),
@@ -406,6 +420,22 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
         "sequence_no": message.sequence_no,
         "created_at": iso(now),
     }
+
+
+def _provide_input(session: Session, thread: Thread, now: datetime) -> None:
+    """The requester's message answers an input_required handoff: it is accepted again.
+
+    The lease (if any) keeps its token and starts again for its full length: its clock
+    stood still while the worker waited. Writes the ``input_provided`` audit row and a
+    ``task.updated`` event to the recipient, in the append's transaction.
+    """
+    thread.state = "accepted"
+    thread.version += 1
+    thread.question = thread.input_requested_at = None
+    if thread.lease_seconds is not None:
+        thread.lease_expires_at = now + timedelta(seconds=thread.lease_seconds)
+    _announce(session, thread, thread.sender_id, INPUT_PROVIDED, "input_required", "accepted", now,
+              to=(thread.recipient_id,))  # fmt: skip
 
 
 def send_message(
@@ -539,7 +569,9 @@ def get_thread(
                 if read_at is not None and m["read_at"] is None and m["from"] != caller.handle:
                     m["read_at"] = read_at
     state = t[22]
-    leased = state == "accepted"  # a lease that lapsed is shown as none, as the state is pending
+    # A lease that lapsed is shown as none, as the state is pending; an unleased accept's
+    # token is never shown; a paused lease (input_required) keeps its token.
+    leased = state in ("accepted", "input_required") and t[33] is not None
     return {
         "thread_id": (tid := format_ulid(t[0])),
         "task_id": tid,
@@ -570,6 +602,8 @@ def get_thread(
             t[28],
             t[29],
             t[30],
+            t[31],
+            t[32],
         ),
         **({"messages_next": messages[-1]["sequence_no"] if more else None, "messages_total": t[21]} if paged else {}),
         **({"artifact_rows": artifact_rows} if artifact_rows is not None else {}),
@@ -588,7 +622,7 @@ SELECT t.id, t.context_id, t.sender_id, t.recipient_id, t.state, t.summary, t.in
     + """, t.priority, t.expires_at, t.lease_expires_at, t.lease_token,
        t.declined_at, t.failed_at, """
     + expired_at_sql("t")
-    + """, t.reason
+    + """, t.reason, t.question, t.input_requested_at, t.lease_seconds
 FROM threads t JOIN agents s ON s.id = t.sender_id JOIN agents r ON r.id = t.recipient_id
 WHERE t.id = %(id)s
 """
@@ -787,7 +821,7 @@ def _list_statement(role: str, rows: int, present: set[str]):
         .scalar_subquery()
     )
     stmt = (
-        select(*_LIST_COLUMNS, unread)
+        select(*_LIST_COLUMNS, unread, Thread.question)
         .join(_SENDER, _SENDER.id == Thread.sender_id)
         .join(_RECIPIENT, _RECIPIENT.id == Thread.recipient_id)
         .where(*_list_filters(role, present))
@@ -858,6 +892,8 @@ def list_threads(
         for r in page:
             item = _summary(r)
             item["unread_messages"] = r[15]
+            if with_total:  # the A2A binding's status message of an input_required task
+                item["question"] = r[16]
             items.append(item)
         if messages and page:
             by_thread: dict[uuid.UUID, list[dict]] = {}
@@ -983,26 +1019,38 @@ def _refuse(name: str, thread: Thread, side: str, lease_token: str | None) -> No
     """Raise why ``side`` may not ``name`` ``thread`` now, in seed order, else nothing.
 
     not_authorized_transition (wrong side) -> invalid_transition (wrong state) ->
-    state_changed (a leased handoff and no, or another, ``lease_token``).
+    state_changed (a ``lease_token`` that is not the thread's current one, leased or not;
+    or a leased handoff and no ``lease_token``).
     """
     source, _target, who = TRANSITIONS[name]
+    sources = (source, *ALSO_FROM.get(name, ()))
     if side != who:
         raise RelayError(
             "not_authorized_transition",
             f"only the {who} may {name} a handoff",
             {"transition": name, "required_role": who},
         )
-    if thread.state != source:
+    if thread.state not in sources:
         raise RelayError(
             "invalid_transition",
-            f"cannot {name} a handoff that is {thread.state} (only from {source})",
+            f"cannot {name} a handoff that is {thread.state} (only from {' or '.join(sources)})",
             {"transition": name, "state": thread.state},
         )
-    if name in FENCED and thread.lease_token is not None and lease_token != thread.lease_token:
-        told = "no lease_token" if lease_token is None else "a lease_token that is not the current one"
+    if name not in FENCED:
+        return
+    # Every accept issues a new token, so a token from before the latest accept is stale
+    # whether or not that accept took a lease: the session holding it lost the work.
+    if lease_token is not None and lease_token != thread.lease_token:
         raise RelayError(
             "state_changed",
-            f"this handoff is leased and the call carries {told}; accept it again or read it",
+            "the call carries a lease_token that is not the current one (another accept took the work,"
+            " or the lease lapsed); read the handoff, and accept it again if it is pending",
+            {"transition": name, "field": "lease_token"},
+        )
+    if lease_token is None and thread.lease_seconds is not None:
+        raise RelayError(
+            "state_changed",
+            "this handoff is leased and the call carries no lease_token; accept it again or read it",
             {"transition": name, "field": "lease_token"},
         )
 
@@ -1018,24 +1066,29 @@ def transition(
     reason: str | None = None,
     lease_seconds: int | None = None,
     lease_token: str | None = None,
+    question: str | None = None,
 ) -> dict:
-    """Move a thread along the state machine (``tasks/update``, ``tasks/cancel``; seed 000 and issue 29).
+    """Move a thread along the state machine (``tasks/update``, ``tasks/cancel``; docs/api.md, "Transition result").
 
     Checks, in order: thread_not_found -> not_a_participant -> not_authorized_transition
     (wrong side) -> invalid_transition (not valid from the current state) -> state_changed
-    (a leased handoff without its current ``lease_token``, or a compare-and-set on state
-    and version lost a race). A lapsed lease or expiry is recorded first (:func:`settle`),
-    under the thread's row lock, so a ``complete`` and its lease's end have one winner.
+    (a ``lease_token`` that is not the current one, a leased handoff without one, or a
+    compare-and-set on state and version lost a race). A lapsed lease or expiry is
+    recorded first (:func:`settle`), under the thread's row lock, so a ``complete`` and
+    its lease's end have one winner.
 
-    ``reason`` (decline, fail, release) and ``session_id`` (accept) go on the audit row,
-    with ``result_summary`` on complete. ``lease_seconds`` on accept starts a lease (a new
-    ``lease_token``); on renew it sets the lease's length (else the accept's), and renew
-    of an unleased handoff starts one. Writes a ``task.updated`` outbox event to the other
-    side in the same transaction. Returns the thread's state fields (:func:`_state_fields`).
+    ``reason`` (decline, fail, release), ``session_id`` (accept) and ``question``
+    (request_input) go on the audit row, with ``result_summary`` on complete. Every
+    accept issues a new ``lease_token``; ``lease_seconds`` on accept starts a lease (the
+    token is shown only then); on renew it sets the lease's length (else the accept's),
+    and renew of an unleased handoff starts one. ``request_input`` (accepted ->
+    input_required) keeps the question and stops the lease's clock until the sender's
+    next message (:func:`_provide_input`). Writes a ``task.updated`` outbox event to the
+    other side in the same transaction. Returns the thread's state fields (:func:`_state_fields`).
     """
     if name not in TRANSITIONS:
         raise invalid("transition", f"must be one of {', '.join(TRANSITIONS)}")
-    source, target, _who = TRANSITIONS[name]
+    _source, target, _who = TRANSITIONS[name]
     with unit_of_work() as session:
         thread, side = _load_thread(session, task_id, caller, peer=peer)
         now = _now(session)
@@ -1047,9 +1100,10 @@ def transition(
             )  # fmt: skip
             settle(session, thread, now)
         _refuse(name, thread, side, lease_token)
-        if name == "renew" and thread.lease_token is None and lease_seconds is None:
+        if name == "renew" and thread.lease_seconds is None and lease_seconds is None:
             raise invalid("lease_seconds", "is required to renew a handoff that has no lease (it starts one)")
-        values = _transition_values(thread, name, now, result_summary, reason, lease_seconds)
+        source = thread.state  # the state _refuse allowed: the compare-and-set's
+        values = _transition_values(thread, name, now, result_summary, reason, lease_seconds, question)
         # Seed 000's compare-and-set on the state and version read above: a loser answers
         # state_changed. A lease that lapses meanwhile loses it too, so a complete at the
         # lease's last instant and the lease's end have one winner (the sweep, or a later
@@ -1077,6 +1131,7 @@ def transition(
             session_id=session_id if name == "accept" else None,
             result_summary=result_summary if name == "complete" else None,
             reason=reason if name in ("decline", "fail", "release") else None,
+            question=question if name == "request_input" else None,
         )  # fmt: skip
         return _state_fields(thread, side)
 
@@ -1088,7 +1143,9 @@ def _due(thread: Thread, now: datetime) -> bool:
     return lapsed or expired
 
 
-def _transition_values(thread: Thread, name: str, now: datetime, result_summary, reason, lease_seconds) -> dict:
+def _transition_values(
+    thread: Thread, name: str, now: datetime, result_summary, reason, lease_seconds, question=None
+) -> dict:
     """The columns transition ``name`` writes (the caller checked that it may run)."""
     _source, target, _who = TRANSITIONS[name]
     values: dict[str, Any] = {"state": target, "version": Thread.version + 1, "updated_at": now}
@@ -1102,8 +1159,15 @@ def _transition_values(thread: Thread, name: str, now: datetime, result_summary,
         values |= {"lease_expires_at": None, "lease_token": None, "lease_seconds": None}
     if name == "release":
         values["accepted_at"] = None
-    if name == "accept" and lease_seconds is not None:
+    if name == "accept":
+        # A new token at every accept, leased or not: it makes every earlier token stale.
         values |= {"lease_token": secrets.token_urlsafe(24), "lease_seconds": lease_seconds}
+    if name == "request_input":
+        # The lease's clock stands still while the requester answers (lease_seconds and the
+        # token stay); the answer starts it again (_provide_input).
+        values |= {"question": question, "input_requested_at": now, "lease_expires_at": None}
+    elif thread.state == "input_required":  # leaving it (complete, fail, release): the question is moot
+        values |= {"question": None, "input_requested_at": None}
     if name == "renew":
         values |= {"lease_token": thread.lease_token or secrets.token_urlsafe(24)}
         values["lease_seconds"] = lease_seconds or thread.lease_seconds
@@ -1115,7 +1179,8 @@ def _transition_values(thread: Thread, name: str, now: datetime, result_summary,
 def _state_fields(thread: Thread, side: str) -> dict:
     """A transition's answer: seed 000's fields, then issue 29's (lease, priority, expiry, reason).
 
-    ``lease_token`` is the recipient's alone (the sender cannot use it); both see when
+    ``lease_token`` is the recipient's alone (the sender cannot use it), and shown only
+    while leased (an unleased accept's token only makes earlier ones stale); both see when
     the lease ends. Times are ISO 8601 UTC, or None.
     """
     return {
@@ -1131,14 +1196,22 @@ def _state_fields(thread: Thread, side: str) -> dict:
         "updated_at": iso(thread.updated_at),
         **_lifecycle_fields(
             thread.priority, thread.expires_at, thread.lease_expires_at,
-            thread.lease_token if side == "recipient" else None,
+            thread.lease_token if side == "recipient" and thread.lease_seconds is not None else None,
             thread.declined_at, thread.failed_at, thread.expired_at, thread.reason,
+            thread.question, thread.input_requested_at,
         ),
     }  # fmt: skip
 
 
-def _lifecycle_fields(priority, expires_at, lease_expires_at, lease_token, declined_at, failed_at, expired_at, reason):
-    """Issue 29's answer fields, the same in tasks/get and every transition's answer."""
+def _lifecycle_fields(
+    priority, expires_at, lease_expires_at, lease_token, declined_at, failed_at, expired_at, reason,
+    question, input_requested_at,
+):  # fmt: skip
+    """The lifecycle's answer fields, the same in tasks/get and every transition's answer.
+
+    ``question`` and ``input_requested_at`` (ISO 8601) are the open request_input's,
+    null unless the handoff is input_required.
+    """
     return {
         "priority": priority,
         "expires_at": iso(expires_at),
@@ -1148,6 +1221,8 @@ def _lifecycle_fields(priority, expires_at, lease_expires_at, lease_token, decli
         "failed_at": iso(failed_at),
         "expired_at": iso(expired_at),
         "reason": reason,
+        "question": question,
+        "input_requested_at": iso(input_requested_at),
     }
 
 
@@ -1170,6 +1245,7 @@ def audit_trail(caller: Agent, task_id: uuid.UUID) -> list[dict]:
                 "session_id": r.session_id,
                 "result_summary": r.result_summary,
                 "reason": r.reason,
+                "question": r.question,
                 "message_id": str(r.message_id) if r.message_id else None,
                 "created_at": iso(r.created_at),
             }

@@ -123,6 +123,7 @@ _MEANING = {
     "declined": "its recipient declined it, with a reason",
     "failed": "its recipient could not do it, with a reason",
     "expired": "its expiry passed before it was done",
+    "input_required": "its recipient asked its sender a question and waits for the answer",
 }
 STATE_MEANING = {state: f"{_MEANING[state]} (A2A {A2A_STATES[state]})" for state in THREAD_STATES}
 # The audit actions the relay's clock writes (threads.settle), as an operator reads them.
