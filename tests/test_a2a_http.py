@@ -89,7 +89,7 @@ def call(relay_url: str, handle: str, key: str | None, verb: str, path: str, **k
 def error_of(resp: requests.Response, status: int, grpc: str, reason: str, symbol: str) -> dict:
     """Check a google.rpc.Status error body; return its ``error``."""
     assert resp.status_code == status, (resp.status_code, resp.text)
-    assert resp.headers["Content-Type"].startswith("application/a2a+json"), resp.headers
+    assert resp.headers["Content-Type"].startswith("application/json"), resp.headers  # AIP-193 errors
     error = resp.json()["error"]
     assert error["code"] == status and error["status"] == grpc, error
     assert isinstance(error["message"], str) and error["message"]

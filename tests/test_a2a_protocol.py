@@ -547,25 +547,26 @@ def test_data_and_url_parts_become_relay_artifacts(client, to_bob, bob):
                 "parts": [
                     {"text": "see the diff"},
                     {"data": FILE_DIFF, "mediaType": "application/json"},
-                    {"url": link_url, "filename": "PR 42"},
+                    {"url": link_url, "filename": "PR 42", "mediaType": "text/html"},
                 ],
             }
         },
     )["task"]
-    link = {"type": "link", "url": link_url, "title": "PR 42"}
+    link = {"type": "link", "url": link_url, "title": "PR 42", "mediaType": "text/html"}
     seen = rpc(client, bob[1], "tasks/get", {"task_id": task["id"]})
     assert seen["artifacts"] == [FILE_DIFF, link]
     assert seen["messages"][0]["parts"] == [{"type": "text", "text": "see the diff"}]
+    url_part = {"url": link_url, "filename": "PR 42", "mediaType": "text/html"}  # a link goes back out as a url part
     assert [a["parts"] for a in task["artifacts"]] == [
         [{"data": FILE_DIFF, "mediaType": "application/json"}],
-        [{"data": link, "mediaType": "application/json"}],
+        [url_part],
     ]
     assert [a["name"] for a in task["artifacts"]] == ["file_diff", "link"]
     assert len({a["artifactId"] for a in task["artifacts"]}) == 2
     assert task["history"][0]["parts"] == [
         {"text": "see the diff"},
         {"data": FILE_DIFF, "mediaType": "application/json"},
-        {"data": link, "mediaType": "application/json"},
+        url_part,
     ]
 
 

@@ -114,6 +114,7 @@ __all__ = [
     "ServiceUnavailable",
     "UnsupportedOperation",
     "VersionNotSupported",
+    "ContentTypeNotSupported",
 ]
 
 T = TypeVar("T")
@@ -365,6 +366,7 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
+    "content_type_not_supported": (-32021, 415),
 }
 
 _CLASSES: dict[str, type[RelayError]] = {}
@@ -482,6 +484,11 @@ VersionNotSupported = _error(
     "VersionNotSupported",
     "version_not_supported",
     "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).",
+)
+ContentTypeNotSupported = _error(
+    "ContentTypeNotSupported",
+    "content_type_not_supported",
+    "-32021: a part or a request body of a media type the relay does not carry (the relay's A2A v1.0 binding).",
 )
 
 # An answer without a symbol (a proxy's HTML 502, ...) is classified by its HTTP status.

@@ -248,6 +248,17 @@ def _active_rows() -> list[tuple[str, str, str]]:
     ).all()
 
 
+def active_stamp() -> tuple[tuple[str, ...], datetime | None]:
+    """The active keys' kids (oldest first) and when the newest of them was made (None: no key):
+    what, beside a card's content, changes the card a client is served (its ETag, Last-Modified)."""
+    rows = db.session.execute(
+        select(SigningKey.kid, SigningKey.created_at)
+        .where(SigningKey.retired_at.is_(None))
+        .order_by(SigningKey.created_at, SigningKey.kid)
+    ).all()
+    return tuple(kid for kid, _ in rows), max((created for _, created in rows), default=None)
+
+
 def _signers() -> tuple[_Signer, ...]:
     """The active keys, decrypted: from the cache, re-read when older than ACTIVE_SECONDS."""
     state = _state()

@@ -24,7 +24,7 @@ path under ``{base}/a2a/agents/{handle}/http``             A2A method
 ``GET /extendedAgentCard``                                 GetExtendedAgentCard
 =========================================================  =================================
 
-Answers are the A2A objects themselves as JSON (``application/a2a+json``); a stream's
+Answers are the A2A objects themselves as JSON (``application/a2a+json``; errors ``application/json``); a stream's
 ``data:`` lines are bare ``StreamResponse`` objects. An error is a ``google.rpc.Status``
 body, ``{"error": {"code": <HTTP status>, "status": <gRPC name>, "message", "details":
 [ErrorInfo, BadRequest?]}}``, whose details are the JSON-RPC binding's ``error.data`` (the
@@ -48,6 +48,7 @@ from relay.encoding import dumps_bytes
 from relay.errors import RelayError, is_connection_error
 from relay.extensions import db
 from relay.models import Agent
+from relay.schemas.a2a import camel_name
 from relay.schemas.common import BoundedList, NotJson, StrictBool, load_or_invalid, strict_json
 from relay.transport import a2a, jsonrpc
 from relay.transport.auth import current_agent, retry_after_seconds
@@ -67,6 +68,7 @@ A2A_STATUS: dict[int, tuple[int, str]] = {
     -32001: (404, "NOT_FOUND"),
     -32002: (400, "FAILED_PRECONDITION"),
     -32004: (400, "FAILED_PRECONDITION"),
+    -32005: (415, "INVALID_ARGUMENT"),
     -32009: (400, "FAILED_PRECONDITION"),
     -32602: (400, "INVALID_ARGUMENT"),
     -32700: (400, "INVALID_ARGUMENT"),
@@ -126,7 +128,8 @@ def _json(doc: Any, status: int = 200, headers: dict | None = None) -> Response:
 
 
 def error_response(exc: RelayError, status: int | None = None, headers: dict | None = None) -> Response:
-    """A relay error as this binding's HTTP answer: its status, a google.rpc.Status body.
+    """A relay error as this binding's HTTP answer: its status, a google.rpc.Status body as
+    ``application/json`` (the AIP-193 shape spec §11.6 requires).
 
     401 carries ``WWW-Authenticate: Bearer``; a ``rate_limited`` error with
     ``details.retry_after`` (seconds) carries ``Retry-After``.
@@ -137,7 +140,9 @@ def error_response(exc: RelayError, status: int | None = None, headers: dict | N
         headers.setdefault("WWW-Authenticate", 'Bearer realm="relay"')
     if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
         headers.setdefault("Retry-After", str(exc.details["retry_after"]))
-    return _json(status_body(exc, status), status, headers)
+    resp = _json(status_body(exc, status), status, headers)
+    resp.mimetype = "application/json"
+    return resp
 
 
 def rate_limited(limit) -> Response:
@@ -200,7 +205,7 @@ def _query_value(schema: Schema, name: str, raw: list[str]) -> Any:
     """A query parameter as the JSON value its schema field loads (spec §11.5): decimal
     integers and ``true``/``false`` converted; anything else left a string, for the schema
     to refuse naming the field. A repeated scalar keeps its last value, as a2a-sdk's server does."""
-    field = schema.fields.get(name)
+    field = schema.fields.get(name) or schema.fields.get(camel_name(name))
     if isinstance(field, (fields.List, BoundedList)):
         return [item for value in raw for item in value.split(",") if item]
     value = raw[-1]
@@ -212,10 +217,8 @@ def _query_value(schema: Schema, name: str, raw: list[str]) -> Any:
 
 
 def _query(schema: Schema) -> dict[str, Any]:
-    # Only the method's own fields: unknown parameters are ignored, as unknown body members are.
-    return {
-        name: _query_value(schema, name, request.args.getlist(name)) for name in request.args if name in schema.fields
-    }
+    # Every parameter, in either proto3 spelling: the schema refuses one it does not know, naming it.
+    return {name: _query_value(schema, name, request.args.getlist(name)) for name in request.args}
 
 
 def _body() -> dict[str, Any]:
@@ -243,7 +246,8 @@ def params_for(source: str | None, path_params: dict[str, str], schema: Schema) 
         params = _body()
     else:
         params = {}
-    return {**params, **path_params}
+    named = set(path_params)
+    return {**{k: v for k, v in params.items() if camel_name(k) not in named}, **path_params}
 
 
 def _peer_or_error(handle: str) -> Agent | Response:
@@ -314,7 +318,8 @@ def serve(handle: str, path: str) -> Response:
     (400 VERSION_NOT_SUPPORTED), then the method's params and handler, whose errors are
     the JSON-RPC binding's with this binding's statuses. Never a 500 for bad input.
     """
-    found = match(path)
+    # A trailing slash names the same operation (clients join base URL and path with one).
+    found = match(path[:-1] if path.endswith("/") else path)
     if found is None:
         return _not_found(path)
     route, path_params = found
@@ -341,6 +346,8 @@ def serve(handle: str, path: str) -> Response:
         a2a.check_version()
     except RelayError as exc:
         return error_response(exc)
+    if source == "body" and request.content_length and not a2a.json_content_type():
+        return error_response(a2a.content_type_refused())
     schema_cls, handler = a2a.METHODS[name]
     schema = schema_cls()
     try:
