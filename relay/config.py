@@ -131,6 +131,18 @@ def seconds(env: Mapping[str, str], name: str) -> float:
     return _positive(env, name, "seconds")
 
 
+def _blocking_seconds(env: Mapping[str, str]) -> float:
+    """``RELAY_A2A_BLOCKING_SECONDS``: 0 (a blocking send answers at once) to 300; ConfigError naming it."""
+    raw = env.get("RELAY_A2A_BLOCKING_SECONDS", "") or DEFAULTS["RELAY_A2A_BLOCKING_SECONDS"]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"RELAY_A2A_BLOCKING_SECONDS must be a number of seconds, got {raw!r}") from None
+    if not 0 <= value <= 300:
+        raise ConfigError(f"RELAY_A2A_BLOCKING_SECONDS must be 0-300 seconds, got {raw!r}")
+    return value
+
+
 def _positive(env: Mapping[str, str], name: str, unit: str, at_most: float | None = None) -> float:
     raw = env.get(name, "") or DEFAULTS[name]
     try:
@@ -352,7 +364,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         database_pool_url=normalize_database_url(pool_url, "DATABASE_CONNECTION_POOL_URL") if pool_url else "",
         db_prepare=_prepare(env, pooled=bool(pool_url)),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
-        a2a_blocking_seconds=_positive(env, "RELAY_A2A_BLOCKING_SECONDS", "seconds", at_most=300),
+        a2a_blocking_seconds=_blocking_seconds(env),
         worker_heartbeat=beat,
         worker_stale=stale,
         log_level=_log_level(env),

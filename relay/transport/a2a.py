@@ -194,8 +194,9 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     caller's wait slots held (``RELAY_STREAMS_PER_AGENT``) the send answers at once."""
     config = req.get("configuration") or {}
     send = _sender(caller, peer, req)  # bad params are refused before a slot is taken
+    bound = current_app.config["RELAY"].a2a_blocking_seconds
     waiting = None
-    if not config.get("returnImmediately"):
+    if bound > 0 and not config.get("returnImmediately"):
         try:  # the waiter is registered before the send: nothing committed after it is missed
             waiting = task_streams.SendWait(caller, peer, client_gone=_client_gone())
         except RelayError as exc:
@@ -204,7 +205,7 @@ def _send(caller: Agent, peer: Agent, req: dict) -> dict:
     try:
         task_id = send()
         if waiting is not None:
-            waiting.until_settled(task_id, current_app.config["RELAY"].a2a_blocking_seconds)
+            waiting.until_settled(task_id, bound)
     finally:
         if waiting is not None:
             waiting.close()
@@ -423,10 +424,12 @@ def _card(card: dict, changed_at=None) -> Response:
     Last-Modified is the later of ``changed_at`` and the newest active key's creation.
     """
     jku = base_url() + signing.JWKS_PATH
-    kids, keys_at = signing.active_stamp()
-    digest = hashlib.sha256(signing.signed_payload(card) + b"\0" + jku.encode() + b"\0" + ",".join(kids).encode())
-    # Signed last, over the card exactly as served (relay/services/signing.py, docs/a2a.md).
+    payload = signing.signed_payload(card)
+    # Signed last, over the card exactly as served (relay/services/signing.py, docs/a2a.md);
+    # the keys are read after it, which makes the first key when there is none.
     card = signing.sign_card(card, jku)
+    kids, keys_at = signing.active_stamp()
+    digest = hashlib.sha256(payload + b"\0" + jku.encode() + b"\0" + ",".join(kids).encode())
     resp = Response(json.dumps(card), mimetype="application/json")
     resp.headers["Cache-Control"] = "public, max-age=300"
     # Without RELAY_PUBLIC_URL the card's URLs come from the request's host: a shared cache
