@@ -256,9 +256,21 @@ def _servers():
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _summary(report: dict) -> dict:
-    """The kit's per-level counts from its compatibility.json, as they stand."""
-    return report.get("summary", report)
+def _summary(report: dict, transport: str) -> dict:
+    """The kit's summary, and per level (MUST, SHOULD, MAY) how many requirements passed, failed
+    and were skipped on ``transport`` (the card's own requirements, checked once, included)."""
+    counts: dict[str, dict[str, int]] = {}
+    failed: list[str] = []
+    for rid, entry in (report.get("per_requirement") or {}).items():
+        transports = entry.get("transports") or {}
+        status = transports.get(transport) or transports.get("agent_card")
+        if status is None:
+            continue
+        level = counts.setdefault(entry.get("level", "?"), {"PASS": 0, "FAIL": 0, "SKIP": 0})
+        level[status] = level.get(status, 0) + 1
+        if status == "FAIL":
+            failed.append(f"{entry.get('level')} {rid}")
+    return {**report.get("summary", {}), "levels": counts, "failed": sorted(failed)}
 
 
 def tck(kit: Path, results: Path, transports: list[str], python: str | None, extra: list[str]) -> dict:
@@ -314,7 +326,7 @@ def tck(kit: Path, results: Path, transports: list[str], python: str | None, ext
                 "command": " ".join(
                     ["run_tck.py", "--sut-host", "<proxy>/a2a/agents/" + TARGET, "--transport", transport]
                 ),
-                "summary": _summary(report),
+                "summary": _summary(report, transport),
             }
         out["responder_errors"] = responder.errors[:50]
     return out
@@ -323,6 +335,11 @@ def tck(kit: Path, results: Path, transports: list[str], python: str | None, ext
 def print_tck(results: dict) -> None:
     print(f"a2a-tck {results['kit_commit']}")
     for transport, run in results["transports"].items():
-        print(f"{transport}: exit {run['exit']} in {run['seconds']} s: {json.dumps(run['summary'])[:2000]}")
+        summary = run["summary"]
+        print(f"{transport}: exit {run['exit']} in {run['seconds']} s; MUST {summary.get('must_compatibility')}")
+        for level, counts in sorted(summary.get("levels", {}).items()):
+            print(f"  {level}: {counts}")
+        for line in summary.get("failed", []):
+            print(f"  failed: {line}")
     for line in results.get("responder_errors") or []:
         print("responder:", line)

@@ -334,7 +334,7 @@ def test_plain_send_get_cancel_bodies_are_the_a2a_objects(relay_url, make_agent)
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
     got = call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}", params={"historyLength": "0"})
-    assert got.status_code == 200 and got.headers["Content-Type"].startswith("application/a2a+json")
+    assert got.status_code == 200 and got.headers["Content-Type"].startswith("application/json")
     body = got.json()
     assert body["id"] == task["id"] and body["status"]["state"] == "TASK_STATE_SUBMITTED" and "history" not in body
     # A cancel with no body at all: the path names the task.

@@ -24,7 +24,7 @@ path under ``{base}/a2a/agents/{handle}/http``             A2A method
 ``GET /extendedAgentCard``                                 GetExtendedAgentCard
 =========================================================  =================================
 
-Answers are the A2A objects themselves as JSON (``application/a2a+json``; errors ``application/json``); a stream's
+Answers are the A2A objects themselves as ``application/json`` (spec §11.1), errors too; a stream's
 ``data:`` lines are bare ``StreamResponse`` objects. An error is a ``google.rpc.Status``
 body, ``{"error": {"code": <HTTP status>, "status": <gRPC name>, "message", "details":
 [ErrorInfo, BadRequest?]}}``, whose details are the JSON-RPC binding's ``error.data`` (the
@@ -58,7 +58,7 @@ from relay.transport.requests import BodyTooLarge, read_body
 
 log = logging.getLogger("relay.transport.a2a_http")
 
-MEDIA_TYPE = "application/a2a+json"  # spec §11.1 (SHOULD); clients read any JSON type
+MEDIA_TYPE = "application/json"  # spec §11.1: "application/json for requests and responses"
 BASE = "/a2a/agents/<handle>/http"
 
 # A2A JSON-RPC code -> (HTTP status, google.rpc.Code name), spec §5.4 and the SDK's own table.
@@ -140,9 +140,7 @@ def error_response(exc: RelayError, status: int | None = None, headers: dict | N
         headers.setdefault("WWW-Authenticate", 'Bearer realm="relay"')
     if exc.symbol == "rate_limited" and isinstance(exc.details, dict) and "retry_after" in exc.details:
         headers.setdefault("Retry-After", str(exc.details["retry_after"]))
-    resp = _json(status_body(exc, status), status, headers)
-    resp.mimetype = "application/json"
-    return resp
+    return _json(status_body(exc, status), status, headers)
 
 
 def rate_limited(limit) -> Response:
