@@ -177,7 +177,11 @@ def main() -> None:
     tck_p.add_argument("--kit", required=True, help="path of an a2a-tck checkout (branch 1.0-dev)")
     tck_p.add_argument("--python", help="the kit's interpreter (default KIT/.venv/bin/python)")
     tck_p.add_argument("--transport", default="jsonrpc,http_json", help="jsonrpc, http_json or both (default)")
-    tck_p.add_argument("kit_args", nargs="*", help="after --: passed to the kit's run_tck.py (e.g. --level must)")
+    tck_p.add_argument(
+        "kit_args",
+        nargs="*",
+        help="after --: passed to the kit's run_tck.py (e.g. -- --level must; pytest's own after a second --: -- -- -k card)",
+    )
     args = parser.parse_args()
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1

@@ -276,6 +276,7 @@ def _summary(report: dict, transport: str) -> dict:
 def tck(kit: Path, results: Path, transports: list[str], python: str | None, extra: list[str]) -> dict:
     """Run the kit against a fresh relay for each transport; return {transport: {exit, report}}."""
     kit = kit.resolve()
+    results.mkdir(parents=True, exist_ok=True)
     if not (kit / "run_tck.py").is_file():
         raise SystemExit(f"error: {kit} holds no run_tck.py (give --kit the a2a-tck checkout)")
     python = python or str(kit / ".venv" / "bin" / "python")
