@@ -1,5 +1,6 @@
 """``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
-``pools-probe``, ``nodes``, ``retention``, ``faults [--quick] [--only S] [--failover]``.
+``pools-probe``, ``nodes``, ``retention``, ``faults [--quick] [--only S] [--failover]``,
+``tck --kit PATH [--transport jsonrpc,http_json] [-- KIT_ARGS]``.
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
   direct or through PgBouncer; pool 4+1 against the old 15+5), each against one bare ceiling.
@@ -9,6 +10,9 @@
 - ``nodes``: two full stacks through one PgBouncer: send throughput, webhooks, wake-ups across nodes, CPU, connections.
 - ``faults``: Redis and PostgreSQL stopped and crashed, workers killed, a failover to a standby, under load;
   invariants (nothing lost or duplicated, every webhook and attempt logged) and recovery times (bench/faults.py).
+- ``tck``: A2A's compatibility kit (a2a-tck) run as published on both bindings, through a proxy that
+  signs its calls as a caller agent, with a responder agent answering the kit's scenarios (bench/tck.py);
+  the kit's reports go to ``RESULTS/tck/<transport>/``.
 
 Each writes one JSON file to ``--results DIR`` (else ``$BENCH_RESULTS``, else ``bench/results``).
 """
@@ -167,6 +171,17 @@ def main() -> None:
     faults_p.add_argument("--settle", type=float, help="seconds between faults (default 20; 6 with --quick)")
     faults_p.add_argument("--drain-timeout", type=float, help="seconds to wait for every webhook after the load")
     faults_p.add_argument("--logs", metavar="DIR", help="keep each scenario's process logs here")
+    tck_p = sub.add_parser(
+        "tck", parents=[common], help="A2A's compatibility kit (a2a-tck) on both bindings against a live relay"
+    )
+    tck_p.add_argument("--kit", required=True, help="path of an a2a-tck checkout (branch 1.0-dev)")
+    tck_p.add_argument("--python", help="the kit's interpreter (default KIT/.venv/bin/python)")
+    tck_p.add_argument("--transport", default="jsonrpc,http_json", help="jsonrpc, http_json or both (default)")
+    tck_p.add_argument(
+        "kit_args",
+        nargs="*",
+        help="after --: passed to the kit's run_tck.py (e.g. -- --level must; pytest's own after a second --: -- -- -k card)",
+    )
     args = parser.parse_args()
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
@@ -263,6 +278,14 @@ def main() -> None:
         results = {**hostile(args.duration, args.slow, args.hostile_agents), "commit": git_commit()}
         print_hostile(results)
         name = f"{results['date'][:10]}-{results['commit']}-hostile.json"
+    elif args.command == "tck":
+        from bench.run import git_commit
+        from bench.tck import print_tck, tck
+
+        results = tck(Path(args.kit), folder / "tck", args.transport.split(","), args.python, args.kit_args)
+        results["commit"] = git_commit()
+        print_tck(results)
+        name = f"tck/{results['date'][:10]}-{results['commit']}-tck.json"
     elif args.command == "faults":
         from bench.faults import faults, print_faults
 

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, str] = {
     "RELAY_DB_POOL_TIMEOUT": "5",
     "RELAY_DB_PREPARE": "auto",
     "RELAY_STREAM_HEARTBEAT": "15",
+    "RELAY_A2A_BLOCKING_SECONDS": "4",
     "RELAY_CONSOLE_SESSION_HOURS": "12",
     "RELAY_CONSOLE_LOGIN_LIMIT": "10/minute",
     "RELAY_CONSOLE_LOGIN_ADDRESS_LIMIT": "30/minute",
@@ -130,6 +131,18 @@ def seconds(env: Mapping[str, str], name: str) -> float:
     return _positive(env, name, "seconds")
 
 
+def _blocking_seconds(env: Mapping[str, str]) -> float:
+    """``RELAY_A2A_BLOCKING_SECONDS``: 0 (a blocking send answers at once) to 300; ConfigError naming it."""
+    raw = env.get("RELAY_A2A_BLOCKING_SECONDS", "") or DEFAULTS["RELAY_A2A_BLOCKING_SECONDS"]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"RELAY_A2A_BLOCKING_SECONDS must be a number of seconds, got {raw!r}") from None
+    if not 0 <= value <= 300:
+        raise ConfigError(f"RELAY_A2A_BLOCKING_SECONDS must be 0-300 seconds, got {raw!r}")
+    return value
+
+
 def _positive(env: Mapping[str, str], name: str, unit: str, at_most: float | None = None) -> float:
     raw = env.get(name, "") or DEFAULTS[name]
     try:
@@ -192,6 +205,9 @@ class Settings:
     # heartbeats (also a waiter's re-check and re-authentication: issue 14).
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
+    # How long a blocking A2A SendMessage waits for its task to end or be interrupted before
+    # answering the task as it stands: under a2a-sdk's default 5 s read timeout (docs/a2a.md).
+    a2a_blocking_seconds: float = 4.0
     # Each worker's pump writes its heartbeat every worker_heartbeat seconds; a worker
     # silent for worker_stale seconds is dead and its claimed deliveries are sent again
     # (issue 28; docs/decisions.md, "Surviving the relay's own servers failing").
@@ -351,6 +367,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         database_pool_url=normalize_database_url(pool_url, "DATABASE_CONNECTION_POOL_URL") if pool_url else "",
         db_prepare=_prepare(env, pooled=bool(pool_url)),
         stream_heartbeat=seconds(env, "RELAY_STREAM_HEARTBEAT"),
+        a2a_blocking_seconds=_blocking_seconds(env),
         worker_heartbeat=beat,
         worker_stale=stale,
         log_level=_log_level(env),

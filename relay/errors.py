@@ -55,6 +55,7 @@ ERRORS: dict[str, tuple[int, int]] = {
     # A2A v1.0 binding only (relay/transport/a2a.py answers them with A2A's own codes).
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
+    "content_type_not_supported": (-32021, 415),
 }
 
 

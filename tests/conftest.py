@@ -298,6 +298,9 @@ def session_environment(environ, database_url: str, redis_url: str, pool_url: st
             "RELAY_WEBHOOK_ALLOW_HTTP": "1",
             "RELAY_WEBHOOK_SCHEDULE": "0,1,2,5",
             "RELAY_WEBHOOK_TIMEOUT": "3",
+            # Most tests send A2A messages nobody works: a blocking SendMessage answers at once
+            # here. tests/test_a2a_blocking.py runs relays with the bound set.
+            "RELAY_A2A_BLOCKING_SECONDS": "0",
         }
     )
     return env

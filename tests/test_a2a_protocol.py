@@ -454,13 +454,12 @@ def test_same_message_id_and_message_returns_the_same_task_once(app, to_bob):
     assert count(app, "threads") == 1 and count(app, "messages") == 1 and count(app, "events") == 1
 
 
-def test_same_message_id_with_another_message_is_32600_duplicate_idempotency_key(app, to_bob):
-    to_bob.send("first text", message_id="m-dup")
-    error = to_bob.err(
-        "SendMessage", {"message": message("other text", message_id="m-dup")}, -32600, "duplicate_idempotency_key"
-    )
-    assert error["data"][0]["reason"] == "INVALID_REQUEST"
-    assert count(app, "threads") == 1
+def test_same_message_id_with_another_message_is_another_message(app, to_bob):
+    first = to_bob.send("first text", message_id="m-dup")
+    other = to_bob.send("other text", message_id="m-dup")
+    assert other["id"] != first["id"]
+    assert [t["history"][0]["messageId"] for t in (first, other)] == ["m-dup", "m-dup"]
+    assert count(app, "threads") == 2
 
 
 def test_message_ids_are_scoped_to_the_caller(client, to_bob, carol, bob):
@@ -502,11 +501,6 @@ def test_history_keeps_the_clients_message_id(to_bob):
         ({"messageId": "", "parts": [{"text": "x"}]}, "message.messageId"),
         ({"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "x"}]}, "message.role"),
         ({"messageId": "m", "parts": []}, "message.parts"),
-        ({"messageId": "m", "parts": [{"raw": "AAEC"}]}, "message.parts.0.raw"),
-        (
-            {"messageId": "m", "parts": [{"text": "x"}, {"raw": "AAEC", "mediaType": "image/png"}]},
-            "message.parts.1.raw",
-        ),
         ({"messageId": "m", "parts": [{"text": "x", "url": "https://example.com"}]}, "message.parts.0"),
         ({"messageId": "m", "parts": [{"text": "x"}], "metadata": {"intent": "shout"}}, "message.metadata.intent"),
     ],
@@ -515,8 +509,6 @@ def test_history_keeps_the_clients_message_id(to_bob):
         "empty-message-id",
         "role-agent",
         "no-parts",
-        "raw-part",
-        "second-raw-part",
         "two-contents",
         "unknown-intent",
     ],
@@ -547,25 +539,26 @@ def test_data_and_url_parts_become_relay_artifacts(client, to_bob, bob):
                 "parts": [
                     {"text": "see the diff"},
                     {"data": FILE_DIFF, "mediaType": "application/json"},
-                    {"url": link_url, "filename": "PR 42"},
+                    {"url": link_url, "filename": "PR 42", "mediaType": "text/html"},
                 ],
             }
         },
     )["task"]
-    link = {"type": "link", "url": link_url, "title": "PR 42"}
+    link = {"type": "link", "url": link_url, "title": "PR 42", "mediaType": "text/html"}
     seen = rpc(client, bob[1], "tasks/get", {"task_id": task["id"]})
     assert seen["artifacts"] == [FILE_DIFF, link]
     assert seen["messages"][0]["parts"] == [{"type": "text", "text": "see the diff"}]
+    url_part = {"url": link_url, "filename": "PR 42", "mediaType": "text/html"}  # a link goes back out as a url part
     assert [a["parts"] for a in task["artifacts"]] == [
         [{"data": FILE_DIFF, "mediaType": "application/json"}],
-        [{"data": link, "mediaType": "application/json"}],
+        [url_part],
     ]
     assert [a["name"] for a in task["artifacts"]] == ["file_diff", "link"]
     assert len({a["artifactId"] for a in task["artifacts"]}) == 2
     assert task["history"][0]["parts"] == [
         {"text": "see the diff"},
         {"data": FILE_DIFF, "mediaType": "application/json"},
-        {"data": link, "mediaType": "application/json"},
+        url_part,
     ]
 
 
@@ -684,14 +677,11 @@ def test_task_the_agent_sent_to_the_caller_is_32001_at_the_agents_endpoint(clien
 @pytest.mark.parametrize(
     "method, params, field",
     [
-        ("GetTask", {"id": "nope"}, "id"),
         ("GetTask", {}, "id"),
-        ("CancelTask", {"id": "01HXYZ"}, "id"),
-        ("SendMessage", {"message": message(taskId="not-a-task")}, "message.taskId"),
         ("GetTask", {"id": UNKNOWN_ULID, "historyLength": -1}, "historyLength"),
         ("GetTask", {"id": UNKNOWN_ULID, "historyLength": "2"}, "historyLength"),
     ],
-    ids=["get-bad-id", "get-no-id", "cancel-short-id", "send-bad-task-id", "negative-history", "string-history"],
+    ids=["get-no-id", "negative-history", "string-history"],
 )
 def test_malformed_task_id_or_history_length_is_32602(to_bob, method, params, field):
     to_bob.invalid(method, params, field)
@@ -872,7 +862,7 @@ def test_list_tasks_context_filter(to_bob):
     assert {t["id"] for t in page["tasks"]} == in_ctx and page["totalSize"] == 2
     assert [t["id"] for t in to_bob.list(contextId=other["contextId"])["tasks"]] == [other["id"]]
     assert to_bob.list(contextId=str(uuid.uuid4()))["tasks"] == []
-    to_bob.invalid("ListTasks", {"contextId": "nope"}, "contextId")
+    assert to_bob.list(contextId="nope")["tasks"] == []  # ids are opaque: no context has that id
 
 
 def test_list_tasks_omits_history_and_artifacts_unless_asked(to_bob):
@@ -1298,15 +1288,6 @@ def test_url_part_errors_name_the_parts_own_fields(to_bob):
         {"message": message(parts=[{"text": "x"}, {"url": "https://x.example/a", "filename": "f" * 9000}])},
         "message.parts.1.filename",
     )
-
-
-def test_reused_message_id_names_the_message_id(to_bob):
-    to_bob.send("first", message_id="m-again")
-    error = to_bob.err(
-        "SendMessage", {"message": message("other words", message_id="m-again")}, -32600, "duplicate_idempotency_key"
-    )
-    assert error["data"][0]["metadata"]["messageId"] == "m-again"
-    assert "messageId" in error["message"]
 
 
 def test_parse_error_says_why(to_bob):

@@ -340,7 +340,7 @@ def test_a_reply_with_an_artifact_is_a_status_message_then_an_artifact_update(li
     [
         ("SendStreamingMessage", {"message": {"messageId": "m-1", "parts": []}}, -32602, "invalid_params"),
         ("SubscribeToTask", {}, -32602, "invalid_params"),
-        ("SubscribeToTask", {"id": "not-a-task-id"}, -32602, "invalid_params"),
+        ("SubscribeToTask", {"id": "not-a-task-id"}, -32001, "thread_not_found"),  # ids are opaque
         ("SubscribeToTask", {"id": "01HXYZ4K2VNJQP7R8MWDB3CSTF"}, -32001, "thread_not_found"),
         (
             "SendStreamingMessage",

@@ -119,6 +119,7 @@ __all__ = [
     "RequestTimeout",
     "RequestLineTooLong",
     "HeadersTooLarge",
+    "ContentTypeNotSupported",
 ]
 
 T = TypeVar("T")
@@ -375,6 +376,7 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
+    "content_type_not_supported": (-32021, 415),
 }
 
 _CLASSES: dict[str, type[RelayError]] = {}
@@ -492,6 +494,11 @@ VersionNotSupported = _error(
     "VersionNotSupported",
     "version_not_supported",
     "-32019: the requested protocol version is not supported (the relay's A2A v1.0 binding).",
+)
+ContentTypeNotSupported = _error(
+    "ContentTypeNotSupported",
+    "content_type_not_supported",
+    "-32021: a part or a request body of a media type the relay does not carry (the relay's A2A v1.0 binding).",
 )
 
 MethodNotAllowed = _error(

@@ -20,17 +20,21 @@ intent, proposed   message ``metadata.intent`` /
 _action            ``metadata.proposed_action``
 =================  ==========================================
 
-Field names are camelCase and unknown members are ignored, as proto3 JSON parsing does
-(A2A's types are protobuf messages), so newer clients' extra fields do not break calls.
+Field names are proto3 JSON's: lowerCamelCase or the proto's own snake_case, both
+accepted as proto3 JSON parsers do (``pageSize`` or ``page_size``). A member that is
+neither, or one field given in both spellings, is invalid_params naming it: nothing a
+client sends is silently dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import uuid
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates_schema
+from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate, validates_schema
 
 from relay.errors import RelayError, invalid_fields
 from relay.ids import parse_ulid
@@ -43,9 +47,10 @@ from relay.schemas.handoffs import (
     RESERVED_KEY_PREFIX,
     MessageSendParams,
 )
-from relay.services.a2a_view import MEDIA_JSON, STATES
+from relay.services.a2a_view import DIGEST_CHARS, MEDIA_JSON, STATES, message_id_of
 
 PROTOCOL_VERSION = "1.0"
+SEED_PROTOCOL_VERSION = "0.3"  # the relay's own dialect at POST /a2a: A2A 0.3's JSON-RPC method names
 # A2A state -> the relay states shown as it (CANCELED is cancelled or expired, issue 29).
 RELAY_STATES: dict[str, list[str]] = {}
 for _relay, _a2a in STATES.items():
@@ -58,20 +63,49 @@ MAX_TOKEN = 1024
 MAX_A2A_PARTS = MAX_PARTS + MAX_ARTIFACTS  # text parts plus data/url parts (artifacts)
 MAX_LIST = 64  # extensions, referenceTaskIds, acceptedOutputModes: the relay reads none of them
 KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; seed keys may not use it
+MAX_MESSAGE_ID = MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX) - DIGEST_CHARS - 1
+
+
+def camel_name(name: str) -> str:
+    """proto3 JSON's lowerCamelCase of a proto field name: ``history_length`` -> ``historyLength``."""
+    head, *rest = name.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
 class _A2A(Schema):
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     # proto3 JSON writes an unset string as "" (a2a-java does): "" means absent here.
     _UNSET_IF_EMPTY: tuple[str, ...] = ()
 
     @pre_load
-    def _empty_is_unset(self, data, **kwargs):
-        if isinstance(data, dict) and self._UNSET_IF_EMPTY:
-            return {k: v for k, v in data.items() if not (k in self._UNSET_IF_EMPTY and v == "")}
-        return data
+    def _proto3_names(self, data, **kwargs):
+        """Take each member by its lowerCamelCase name, whichever spelling was sent; drop ``""``
+        from the fields where it means unset. A member known in neither spelling keeps the
+        name it came with, so the unknown-field error names what the client sent."""
+        if not isinstance(data, dict):
+            return data
+        out: dict[str, Any] = {}
+        sent_as: dict[str, str] = {}
+        for key, value in data.items():
+            name = key
+            if isinstance(key, str) and "_" in key and camel_name(key) in self.fields:
+                name = camel_name(key)
+            if name in out or name in sent_as:
+                raise ValidationError({key: [f"is {sent_as.get(name, name)} again, in the other spelling"]})
+            sent_as[name] = key
+            if name in self._UNSET_IF_EMPTY and value == "":
+                continue
+            out[name] = value
+        return out
+
+
+class _Request(_A2A):
+    """A request message: every A2A request carries an optional ``tenant``, unused by the relay
+    (an agent's endpoint URL already names its tenant)."""
+
+    tenant = fields.String()
 
 
 class Part(_A2A):
@@ -101,8 +135,8 @@ class MessageIn(_A2A):
         required=True,
         validate=validate.Length(
             min=1,
-            max=MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX),
-            error=f"must be 1-{MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)} characters",
+            max=MAX_MESSAGE_ID,
+            error=f"must be 1-{MAX_MESSAGE_ID} characters",
         ),
     )
     contextId = fields.String(load_default=None)
@@ -137,7 +171,7 @@ class AuthenticationIn(_A2A):
     credentials = fields.String(load_default=None, validate=[validate.Length(max=MAX_TOKEN), _HEADER_SAFE])
 
 
-class PushConfigIn(_A2A):
+class PushConfigIn(_Request):
     """A2A ``TaskPushNotificationConfig``: where and how to POST a task's updates."""
 
     _UNSET_IF_EMPTY = ("id", "taskId", "token")
@@ -162,29 +196,29 @@ class SendConfiguration(_A2A):
     returnImmediately = StrictBool()
 
 
-class SendMessageRequest(_A2A):
+class SendMessageRequest(_Request):
     message = fields.Nested(MessageIn, required=True)
     configuration = fields.Nested(SendConfiguration, load_default=dict)
     metadata = fields.Dict()
 
 
-class GetTaskRequest(_A2A):
+class GetTaskRequest(_Request):
     id = fields.String(required=True)
     historyLength = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=0))
 
 
-class SubscribeToTaskRequest(_A2A):
+class SubscribeToTaskRequest(_Request):
     """SubscribeToTask: the task's ``id`` (``tenant`` is not used here)."""
 
     id = fields.String(required=True)
 
 
-class CancelTaskRequest(_A2A):
+class CancelTaskRequest(_Request):
     id = fields.String(required=True)
     metadata = fields.Dict()
 
 
-class ListTasksRequest(_A2A):
+class ListTasksRequest(_Request):
     _UNSET_IF_EMPTY = ("contextId", "pageToken", "status")
 
     contextId = fields.String(load_default=None)
@@ -206,14 +240,14 @@ class ListTasksRequest(_A2A):
     includeArtifacts = StrictBool(load_default=False)
 
 
-class PushConfigRef(_A2A):
+class PushConfigRef(_Request):
     """``{taskId, id}``: Get/DeleteTaskPushNotificationConfig."""
 
     taskId = fields.String(required=True)
     id = fields.String(required=True, validate=validate.Length(min=1, max=255))
 
 
-class ListPushConfigsRequest(_A2A):
+class ListPushConfigsRequest(_Request):
     _UNSET_IF_EMPTY = ("pageToken",)
 
     taskId = fields.String(required=True)
@@ -223,16 +257,21 @@ class ListPushConfigsRequest(_A2A):
     )
 
 
-class NoParams(_A2A):
+class NoParams(_Request):
     """Methods that take nothing the relay reads (their params are ignored)."""
 
 
 def task_id(value: str, field: str) -> uuid.UUID:
-    """Parse an A2A task id (the relay's ULID, either form); raise invalid_params naming ``field``."""
+    """Parse an A2A task id (the relay's ULID, either form).
+
+    Ids are opaque to A2A clients: a string the relay never issued, whatever its form,
+    names no task, so it raises thread_not_found (TaskNotFoundError) naming ``field``,
+    as a well-formed id of no task does.
+    """
     try:
         return parse_ulid(value)
-    except ValueError as exc:
-        raise RelayError("invalid_params", f"{field}: {exc}", {field: [str(exc)]}) from None
+    except ValueError:
+        raise RelayError("thread_not_found", f"{field}: no task {value[:100]!r}", {"field": field}) from None
 
 
 def context_id(value: str, field: str = "message.contextId") -> uuid.UUID:
@@ -278,11 +317,18 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
             link = {"type": "link", "url": part["url"]}
             if part.get("filename"):
                 link["title"] = part["filename"]
+            if part.get("mediaType"):
+                paths[f"artifacts.{len(artifacts)}.mediaType"] = f"{where}.mediaType"
+                link["mediaType"] = part["mediaType"]
             artifacts.append(link)
         else:
-            errors[f"{where}.raw"] = [
-                "raw (bytes) parts are not supported: send text, a url, or a data part holding an artifact"
-            ]
+            # The relay stores no bytes: a raw part is refused as a content type it does not carry.
+            raise RelayError(
+                "content_type_not_supported",
+                f"{where}.raw: raw (bytes) parts are not carried by the relay; send text, a url, "
+                "or a data part holding an artifact",
+                {"field": f"{where}.raw", "mediaType": str(part.get("mediaType") or "")},
+            )
     if not texts and not errors:
         errors["message.parts"] = ["must hold at least one text part (data and url parts carry artifacts)"]
     if errors:
@@ -334,11 +380,25 @@ def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
         return RelayError(
             exc.symbol,
             "messageId was already used with a different message",
-            {"messageId": key[len(KEY_PREFIX) :] if key.startswith(KEY_PREFIX) else key},
+            {"messageId": message_id_of(key) or key},
         )
     if exc.symbol != "invalid_params" or not isinstance(exc.details, dict):
         return exc
     return invalid_fields(((a2a_path(k, parts_map), v) for k, v in exc.details.items()), omitted=exc.omitted)
+
+
+def message_key(params: dict, request: dict, message_id: str) -> str:
+    """The idempotency key of a SendMessage: its messageId scoped by a digest of what it sends.
+
+    The same messageId with the same message (and push config) is one call, answered once
+    however often it is retried; with another message it is another message. A2A has no
+    error for a reused messageId, and clients (A2A's own TCK among them) reuse one id
+    across messages.
+    """
+    push = (request.get("configuration") or {}).get("taskPushNotificationConfig")
+    canonical = json.dumps([params, push], sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
+    return f"{KEY_PREFIX}{digest}:{message_id}"
 
 
 def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
@@ -375,7 +435,7 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     except RelayError as exc:
         raise renamed(exc, paths) from None
     # Set after loading: the seed schema refuses the reserved prefix from seed clients.
-    params["metadata"]["client_idempotency_key"] = KEY_PREFIX + message["messageId"]
+    params["metadata"]["client_idempotency_key"] = message_key(params, request, message["messageId"])
     push_task = ((request.get("configuration") or {}).get("taskPushNotificationConfig") or {}).get("taskId")
     if push_task and (
         creating
@@ -460,7 +520,11 @@ def relay_card(base_url: str, version: str) -> dict:
             "JSON-RPC endpoint; the relay's own JSON-RPC dialect is POST /a2a."
         ),
         "version": version,
-        "supportedInterfaces": [],
+        # The relay's own endpoint: its JSON-RPC dialect, whose methods are A2A 0.3's
+        # (message/send, tasks/get, ...). Each agent's v1.0 interfaces are on its own card.
+        "supportedInterfaces": [
+            {"url": f"{base_url}/a2a", "protocolBinding": "JSONRPC", "protocolVersion": SEED_PROTOCOL_VERSION}
+        ],
         "provider": {"organization": "handoff relay", "url": base_url},
         "documentationUrl": f"{base_url}/api/v1/openapi.json",
         "capabilities": {"streaming": True, "pushNotifications": True, "extendedAgentCard": False},

@@ -8,10 +8,12 @@ Input: the dicts ``relay.services.threads`` returns (``thread_summary``, ``messa
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
 from relay.ids import parse_ulid
+from relay.models import RESERVED_KEY_PREFIX
 
 STATES = {
     "pending": "TASK_STATE_SUBMITTED",
@@ -27,6 +29,19 @@ STATES = {
     "input_required": "TASK_STATE_INPUT_REQUIRED",
 }
 ROLES = {"caller": "ROLE_USER", "agent": "ROLE_AGENT"}
+# A SendMessage's idempotency key: RESERVED_KEY_PREFIX, a digest of the message
+# (DIGEST_CHARS hex characters) and ":", then the client's messageId (schemas/a2a.py).
+DIGEST_CHARS = 16
+_MESSAGE_KEY = re.compile(rf"^{re.escape(RESERVED_KEY_PREFIX)}(?:[0-9a-f]{{{DIGEST_CHARS}}}:)?")
+
+
+def message_id_of(key: str) -> str | None:
+    """The client's messageId inside a SendMessage's idempotency key; None for a key of another kind."""
+    if not key.startswith(RESERVED_KEY_PREFIX):
+        return None
+    return _MESSAGE_KEY.sub("", key, count=1)
+
+
 MEDIA_JSON = "application/json"
 
 
@@ -34,10 +49,24 @@ def _uuid_text(ulid_text: str) -> str:
     return str(parse_ulid(ulid_text))
 
 
+def artifact_part(artifact: dict) -> dict:
+    """The A2A ``Part`` of one relay artifact: a ``link`` is a url part (its ``title`` the
+    ``filename``, and the ``mediaType`` it was sent with), as a client's url part is stored;
+    every other artifact a ``data`` part holding it whole."""
+    if artifact.get("type") == "link" and isinstance(artifact.get("url"), str):
+        part: dict[str, Any] = {"url": artifact["url"]}
+        if artifact.get("title"):
+            part["filename"] = artifact["title"]
+        if isinstance(artifact.get("mediaType"), str):
+            part["mediaType"] = artifact["mediaType"]
+        return part
+    return {"data": artifact, "mediaType": MEDIA_JSON}
+
+
 def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
     """A2A ``Message`` from a seed message row (``tasks/get`` shape) of ``task``."""
     parts: list[dict[str, Any]] = [{"text": p.get("text", "")} for p in row.get("parts") or [] if p.get("text")]
-    parts += [{"data": a, "mediaType": MEDIA_JSON} for a in row.get("artifacts") or []]
+    parts += [artifact_part(a) for a in row.get("artifacts") or []]
     metadata: dict[str, Any] = {
         **(row.get("payload") or {}),
         "sequenceNo": row["sequence_no"],
@@ -96,11 +125,11 @@ def status_out(task: dict) -> dict:
 
 
 def artifact_out(row: dict, index: int, artifact: dict) -> dict:
-    """A2A ``Artifact``: the ``index``-th relay artifact of message ``row``, as one ``data`` part."""
+    """A2A ``Artifact``: the ``index``-th relay artifact of message ``row``, as one part (:func:`artifact_part`)."""
     return {
         "artifactId": f"{row['id']}:{index}",
         "name": artifact.get("type", "artifact"),
-        "parts": [{"data": artifact, "mediaType": MEDIA_JSON}],
+        "parts": [artifact_part(artifact)],
         "metadata": {"messageId": row["id"], "sequenceNo": row["sequence_no"]},
     }
 

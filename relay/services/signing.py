@@ -75,6 +75,7 @@ class _Signer:
     kid: str
     alg: str
     key: PrivateKey
+    created_at: datetime
 
 
 @dataclass
@@ -240,12 +241,20 @@ def key_set() -> dict[str, list[dict[str, Any]]]:
 # --------------------------------------------------------------------------- signing
 
 
-def _active_rows() -> list[tuple[str, str, str]]:
+def _active_rows() -> list[tuple[str, str, str, datetime]]:
     return db.session.execute(
-        select(SigningKey.kid, SigningKey.alg, SigningKey.private_key_encrypted)
+        select(SigningKey.kid, SigningKey.alg, SigningKey.private_key_encrypted, SigningKey.created_at)
         .where(SigningKey.retired_at.is_(None))
         .order_by(SigningKey.created_at, SigningKey.kid)
     ).all()
+
+
+def active_stamp() -> tuple[tuple[str, ...], datetime | None]:
+    """The kids of the keys that sign cards now (oldest first) and when the newest of them was
+    made (None: no key): what, beside a card's content, changes the card a client is served
+    (its ETag, Last-Modified). The same cached set :func:`sign_card` signs with."""
+    signers = _signers()
+    return tuple(s.kid for s in signers), max((s.created_at for s in signers), default=None)
 
 
 def _signers() -> tuple[_Signer, ...]:
@@ -260,7 +269,7 @@ def _signers() -> tuple[_Signer, ...]:
         rows = _active_rows()
     decrypted: dict[str, tuple[PrivateKey, float]] = {}
     signers = []
-    for kid, alg, encrypted in rows:
+    for kid, alg, encrypted, created_at in rows:
         hit = state.decrypted.get(kid)
         if hit is None or hit[1] <= now:
             try:
@@ -272,7 +281,7 @@ def _signers() -> tuple[_Signer, ...]:
                 continue
             hit = (serialization.load_pem_private_key(pem.encode("ascii"), password=None), now + KEY_SECONDS)
         decrypted[kid] = hit
-        signers.append(_Signer(kid, alg, hit[0]))
+        signers.append(_Signer(kid, alg, hit[0], created_at))
     # Keys no longer active leave memory here; a concurrent request may still finish
     # signing with the state it read, which is the ACTIVE_SECONDS bound again.
     current_app.extensions[_STATE] = _State(tuple(signers), now, decrypted)

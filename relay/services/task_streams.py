@@ -25,6 +25,7 @@ every message is visible to the read after it, and the stream ends with nothing 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -258,3 +259,48 @@ class TaskStream(streams.Held):
                 out += [view.artifact_event(task, message, i, a) for i, a in enumerate(message["artifacts"])]
             self.state = row.state
             return out
+
+
+# Relay states A2A calls interrupted (the task waits on its client): a blocking send ends on
+# them as on a terminal state. Named, so a state the relay adds later counts once it exists.
+INTERRUPTED_STATES = ("input_required", "auth_required")
+SETTLED_STATES = (*TERMINAL_STATES, *INTERRUPTED_STATES)
+
+
+class SendWait(streams.Held):
+    """A blocking ``SendMessage``'s wait for its task to settle (terminal or interrupted).
+
+    Create it before the send: it takes one of the caller's ``RELAY_STREAMS_PER_AGENT``
+    slots (rate_limited past them) and registers the waiter for the caller's wake-ups, so a
+    transition committed between the send and the first read still wakes it. Between reads
+    it holds no database connection. :meth:`close` gives the slot and the waiter back.
+    """
+
+    def __init__(self, caller: Agent, peer: Agent, *, client_gone: Callable[[], bool] | None = None):
+        # The wait is bounded well under a heartbeat, so the key is not re-checked during it.
+        super().__init__(caller, lambda: None, client_gone=client_gone)
+        self.caller, self.peer = caller, peer
+
+    def until_settled(self, task_id: uuid.UUID, seconds: float) -> str | None:
+        """Wait up to ``seconds`` for task ``task_id`` to reach a state of :data:`SETTLED_STATES`;
+        return the state last read (None if the task is gone). Reads the task's state once at
+        once, then after every wake-up; returns early when the client has gone."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                with unit_of_work() as session, own_transaction(session):
+                    state = session.scalar(
+                        select(Thread.state).where(
+                            Thread.id == task_id,
+                            Thread.sender_id == self.caller.id,
+                            Thread.recipient_id == self.peer.id,
+                        )
+                    )
+            finally:
+                db.session.close()  # no connection held while it waits
+            remaining = deadline - time.monotonic()
+            if state is None or state in SETTLED_STATES or remaining <= 0:
+                return state
+            self.wait(remaining)
+            if self.gone:
+                return state

@@ -21,7 +21,6 @@ from relay.errors import RelayError, invalid
 from relay.extensions import db
 from relay.ids import as_sent, encode_cursor, format_ulid, iso, new_ulid, ulid_of_uuid_text
 from relay.models import (
-    RESERVED_KEY_PREFIX,
     TERMINAL_STATES,
     Agent,
     AuditEvent,
@@ -35,6 +34,7 @@ from relay.models import (
 from relay.services import (
     Prepared,
     Shapes,
+    a2a_view,
     after_commit,
     dispatch,
     idempotency,
@@ -502,8 +502,8 @@ def _message_row(id_, sequence_no, author, role, body, parts, artifacts, meta, c
         "read_at": iso(read_at),
     }
     key = meta.get("client_idempotency_key")
-    if isinstance(key, str) and key.startswith(RESERVED_KEY_PREFIX):
-        row["a2a_message_id"] = key[len(RESERVED_KEY_PREFIX) :]
+    if isinstance(key, str) and (message_id := a2a_view.message_id_of(key)) is not None:
+        row["a2a_message_id"] = message_id
     return row
 
 

@@ -18,6 +18,7 @@ stream cap) runs before the stream starts, so a refusal is an ordinary JSON-RPC 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -68,6 +69,7 @@ A2A_CODES: dict[str, int] = {
     "unsupported_operation": -32004,
     "thread_terminal": -32004,
     "version_not_supported": -32009,
+    "content_type_not_supported": -32005,
     "invalid_params": -32602,
     "invalid_intent_payload": -32602,
     "parse_error": -32700,
@@ -79,6 +81,7 @@ REASONS: dict[int, str] = {
     -32001: "TASK_NOT_FOUND",
     -32002: "TASK_NOT_CANCELABLE",
     -32004: "UNSUPPORTED_OPERATION",
+    -32005: "CONTENT_TYPE_NOT_SUPPORTED",
     -32009: "VERSION_NOT_SUPPORTED",
     -32602: "INVALID_PARAMS",
     -32600: "INVALID_REQUEST",
@@ -184,10 +187,29 @@ def _sender(caller: Agent, peer: Agent, req: dict) -> Callable[[], uuid.UUID]:
 
 
 def _send(caller: Agent, peer: Agent, req: dict) -> dict:
-    task_id = _sender(caller, peer, req)()
-    history = (req.get("configuration") or {}).get("historyLength")
+    """SendMessage. Blocking unless ``configuration.returnImmediately`` is true: the answer waits
+    until the task is terminal or interrupted, at most ``RELAY_A2A_BLOCKING_SECONDS``, then is
+    the task as it stands. The wait holds no database connection; with every one of the
+    caller's wait slots held (``RELAY_STREAMS_PER_AGENT``) the send answers at once."""
+    config = req.get("configuration") or {}
+    send = _sender(caller, peer, req)  # bad params are refused before a slot is taken
+    bound = current_app.config["RELAY"].a2a_blocking_seconds
+    waiting = None
+    if bound > 0 and not config.get("returnImmediately"):
+        try:  # the waiter is registered before the send: nothing committed after it is missed
+            waiting = task_streams.SendWait(caller, peer, client_gone=_client_gone())
+        except RelayError as exc:
+            if exc.symbol != "rate_limited":
+                raise
+    try:
+        task_id = send()
+        if waiting is not None:
+            waiting.until_settled(task_id, bound)
+    finally:
+        if waiting is not None:
+            waiting.close()
     task = threads.get_thread(caller, task_id, peer=peer, mark_read=False)
-    return {"task": view.task_out(task, history_length=history)}
+    return {"task": view.task_out(task, history_length=config.get("historyLength"))}
 
 
 def _still_allowed() -> Callable[[], None]:
@@ -246,6 +268,12 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
     empty = {"tasks": [], "nextPageToken": "", "pageSize": req["pageSize"], "totalSize": 0}
     if state in shapes.OTHER_STATES:  # valid A2A states the relay never enters
         return empty
+    context = None
+    if req["contextId"]:
+        try:
+            context = shapes.context_id(req["contextId"], "contextId")
+        except RelayError:  # ids are opaque: one the relay never issued is a context with no tasks
+            return empty
     since = None
     if req["statusTimestampAfter"] is not None:
         try:  # "after": the service's since is inclusive, and PostgreSQL keeps microseconds
@@ -257,7 +285,7 @@ def _list(caller: Agent, peer: Agent, req: dict) -> dict:
         role="sender",
         peer=peer,
         status=shapes.RELAY_STATES.get(state),
-        context_id=shapes.context_id(req["contextId"], "contextId") if req["contextId"] else None,
+        context_id=context,
         since=since,
         limit=req["pageSize"],
         cursor=req["pageToken"],
@@ -386,15 +414,31 @@ def rate_limited(limit) -> Response:
 bp = Blueprint("a2a_v1", __name__)
 
 
-def _card(card: dict) -> Response:
-    # Signed last, over the card exactly as served (relay/services/signing.py, docs/a2a.md).
-    card = signing.sign_card(card, base_url() + signing.JWKS_PATH)
+def _card(card: dict, changed_at=None) -> Response:
+    """Serve ``card`` signed, with validators: ``ETag`` and ``Last-Modified``; a conditional GET
+    whose ``If-None-Match`` (or, without it, ``If-Modified-Since``) still holds gets 304.
+
+    The ETag is a digest of the card's signed content and the active signing keys (ES256
+    signatures differ on every signing, so the served bytes cannot be the tag);
+    Last-Modified is the later of ``changed_at`` and the newest active key's creation.
+    """
+    jku = base_url() + signing.JWKS_PATH
+    payload = signing.signed_payload(card)
+    # Signed last, over the card exactly as served (relay/services/signing.py, docs/a2a.md);
+    # the keys are read after it, which makes the first key when there is none.
+    card = signing.sign_card(card, jku)
+    kids, keys_at = signing.active_stamp()
+    digest = hashlib.sha256(payload + b"\0" + jku.encode() + b"\0" + ",".join(kids).encode())
     resp = Response(json.dumps(card), mimetype="application/json")
     resp.headers["Cache-Control"] = "public, max-age=300"
     # Without RELAY_PUBLIC_URL the card's URLs come from the request's host: a shared cache
     # must not serve one host's card for another.
     resp.headers["Vary"] = "Host, X-Forwarded-Host, X-Forwarded-Proto"
-    return resp
+    resp.set_etag(digest.hexdigest()[:32])
+    stamps = [at for at in (changed_at, keys_at) if at is not None]
+    if stamps:
+        resp.last_modified = max(stamps)
+    return resp.make_conditional(request)
 
 
 @bp.get("/.well-known/agent-card.json")
@@ -425,7 +469,8 @@ def agent_card(handle: str) -> Response:
     return _card(
         shapes.agent_card(
             {"handle": agent.handle, "name": agent.name, "role": agent.role, "org": org}, base_url(), relay_version()
-        )
+        ),
+        agent.created_at,
     )
 
 
@@ -444,9 +489,34 @@ def lookup_peer(handle: str) -> Agent | None:
         raise errors.unexpected(exc) from None
 
 
-@bp.post("/a2a/agents/<handle>")
+def json_content_type() -> bool:
+    """True when the request's ``Content-Type`` is JSON (``application/json``, ``application/*+json``)
+    or absent; anything else is a body this binding does not read."""
+    mimetype = request.mimetype
+    return (
+        not mimetype
+        or mimetype == "application/json"
+        or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+    )
+
+
+def content_type_refused() -> RelayError:
+    """The content_type_not_supported error for a body that is not declared as JSON."""
+    got = (request.content_type or "")[:100]
+    return RelayError(
+        "content_type_not_supported",
+        f"the body must be application/json, got Content-Type {got!r}",
+        {"contentType": got},
+    )
+
+
+# The kit's and other clients post to the URL with a trailing slash: both are the endpoint.
+@bp.post("/a2a/agents/<handle>", strict_slashes=False)
 def agent_rpc(handle: str) -> Response:
-    """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender."""
+    """Serve A2A v1.0 JSON-RPC for one agent as recipient; the caller's key is the sender.
+
+    A body declared as anything but JSON is ContentTypeNotSupportedError (-32005).
+    """
     try:
         peer = lookup_peer(handle)
     except RelayError as unavailable:
@@ -457,4 +527,6 @@ def agent_rpc(handle: str) -> Response:
         return jsonrpc.relay_error_response(
             ERRORS_ONLY, RelayError("recipient_not_found", f"no agent {handle[:320]}", {"recipient": handle[:320]}), 404
         )
+    if not json_content_type():
+        return jsonrpc.relay_error_response(ERRORS_ONLY, content_type_refused(), 200)
     return jsonrpc.serve(dialect_for(peer), guard=check_version)

@@ -24,7 +24,7 @@ path under ``{base}/a2a/agents/{handle}/http``             A2A method
 ``GET /extendedAgentCard``                                 GetExtendedAgentCard
 =========================================================  =================================
 
-Answers are the A2A objects themselves as JSON (``application/a2a+json``); a stream's
+Answers are the A2A objects themselves as ``application/json`` (spec §11.1), errors too; a stream's
 ``data:`` lines are bare ``StreamResponse`` objects. An error is a ``google.rpc.Status``
 body, ``{"error": {"code": <HTTP status>, "status": <gRPC name>, "message", "details":
 [ErrorInfo, BadRequest?]}}``, whose details are the JSON-RPC binding's ``error.data`` (the
@@ -47,6 +47,7 @@ from werkzeug.exceptions import HTTPException
 from relay.encoding import dumps_bytes
 from relay.errors import RelayError
 from relay.models import Agent
+from relay.schemas.a2a import camel_name
 from relay.schemas.common import BoundedList, NotJson, StrictBool, load_or_invalid, strict_json
 from relay.transport import a2a, errors, jsonrpc
 from relay.transport.auth import current_agent, retry_after_seconds
@@ -56,7 +57,7 @@ from relay.transport.requests import BodyTooLarge, read_body
 
 log = logging.getLogger("relay.transport.a2a_http")
 
-MEDIA_TYPE = "application/a2a+json"  # spec §11.1 (SHOULD); clients read any JSON type
+MEDIA_TYPE = "application/json"  # spec §11.1: "application/json for requests and responses"
 BASE = "/a2a/agents/<handle>/http"
 
 # A2A JSON-RPC code -> (HTTP status, google.rpc.Code name), spec §5.4 and the SDK's own table.
@@ -66,6 +67,7 @@ A2A_STATUS: dict[int, tuple[int, str]] = {
     -32001: (404, "NOT_FOUND"),
     -32002: (400, "FAILED_PRECONDITION"),
     -32004: (400, "FAILED_PRECONDITION"),
+    -32005: (415, "INVALID_ARGUMENT"),
     -32009: (400, "FAILED_PRECONDITION"),
     -32602: (400, "INVALID_ARGUMENT"),
     -32700: (400, "INVALID_ARGUMENT"),
@@ -128,7 +130,8 @@ def _json(doc: Any, status: int = 200, headers: dict | None = None) -> Response:
 
 
 def error_response(exc: RelayError, status: int | None = None, headers: dict | None = None) -> Response:
-    """A relay error as this binding's HTTP answer: its status, a google.rpc.Status body.
+    """A relay error as this binding's HTTP answer: its status, a google.rpc.Status body as
+    ``application/json`` (the AIP-193 shape spec §11.6 requires).
 
     401 carries ``WWW-Authenticate: Bearer``; a ``rate_limited`` error with
     ``details.retry_after`` (seconds) carries ``Retry-After`` (relay/transport/errors.py adds both).
@@ -199,7 +202,7 @@ def _query_value(schema: Schema, name: str, raw: list[str]) -> Any:
     """A query parameter as the JSON value its schema field loads (spec §11.5): decimal
     integers and ``true``/``false`` converted; anything else left a string, for the schema
     to refuse naming the field. A repeated scalar keeps its last value, as a2a-sdk's server does."""
-    field = schema.fields.get(name)
+    field = schema.fields.get(name) or schema.fields.get(camel_name(name))
     if isinstance(field, (fields.List, BoundedList)):
         return [item for value in raw for item in value.split(",") if item]
     value = raw[-1]
@@ -211,10 +214,8 @@ def _query_value(schema: Schema, name: str, raw: list[str]) -> Any:
 
 
 def _query(schema: Schema) -> dict[str, Any]:
-    # Only the method's own fields: unknown parameters are ignored, as unknown body members are.
-    return {
-        name: _query_value(schema, name, request.args.getlist(name)) for name in request.args if name in schema.fields
-    }
+    # Every parameter, in either proto3 spelling: the schema refuses one it does not know, naming it.
+    return {name: _query_value(schema, name, request.args.getlist(name)) for name in request.args}
 
 
 def _body() -> dict[str, Any]:
@@ -242,7 +243,8 @@ def params_for(source: str | None, path_params: dict[str, str], schema: Schema) 
         params = _body()
     else:
         params = {}
-    return {**params, **path_params}
+    named = set(path_params)
+    return {**{k: v for k, v in params.items() if camel_name(k) not in named}, **path_params}
 
 
 def _peer_or_error(handle: str) -> Agent | Response:
@@ -304,7 +306,8 @@ def serve(handle: str, path: str) -> Response:
     (400 VERSION_NOT_SUPPORTED), then the method's params and handler, whose errors are
     the JSON-RPC binding's with this binding's statuses. Never a 500 for bad input.
     """
-    found = match(path)
+    # A trailing slash names the same operation (clients join base URL and path with one).
+    found = match(path[:-1] if path.endswith("/") else path)
     if found is None:
         return _not_found(path)
     route, path_params = found
@@ -331,6 +334,8 @@ def serve(handle: str, path: str) -> Response:
         a2a.check_version()
     except RelayError as exc:
         return error_response(exc)
+    if source == "body" and request.content_length and not a2a.json_content_type():
+        return error_response(a2a.content_type_refused())
     schema_cls, handler = a2a.METHODS[name]
     schema = schema_cls()
     try:
