@@ -197,12 +197,58 @@ def error_line(exc: RelayError) -> str:
     return one_line(line)
 
 
-def validation_line(exc: ValidationError) -> str:
-    """Arguments that failed the tool's input schema, as one line: ``invalid_params: field: why; ...``."""
+# The JSON types an argument may be given as, as an error names them.
+_A_TYPE = {
+    "int_type": "an integer",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "float_type": "a number",
+    "literal_error": None,
+}
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type of a decoded argument, as an error names it; ``2.0`` is a float."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string")):
+        if isinstance(value, kind):
+            return name
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _where(loc: tuple[Any, ...], arguments: Any) -> str:
+    """A pydantic error location as the caller's argument path (a tagged union's tag left out)."""
+    parts: list[str] = []
+    value = arguments
+    for part in loc:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and part < len(value):
+            value = value[part]
+        elif isinstance(value, dict) and value.get("type") == part:
+            continue  # the discriminator's branch, not a member the caller sent
+        else:
+            value = None
+        parts.append(str(part))
+    return ".".join(parts)
+
+
+def validation_line(exc: ValidationError, arguments: dict[str, Any] | None = None) -> str:
+    """Arguments that failed the tool's input schema, as one line: ``invalid_params: field: why; ...``.
+
+    A wrong JSON type reads ``limit: must be an integer, not a string`` (nothing is coerced).
+    """
     problems = []
-    for err in exc.errors(include_url=False, include_input=False):
-        where = ".".join(str(part) for part in err.get("loc", ()))
-        problems.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+    for err in exc.errors(include_url=False):
+        where = _where(tuple(err.get("loc", ())), arguments or {})
+        wanted = _A_TYPE.get(err.get("type", ""))
+        why = f"must be {wanted}, not {_json_kind(err.get('input'))}" if wanted else err.get("msg", "invalid")
+        problems.append(f"{where}: {why}" if where else str(why))
     return one_line(
         f"invalid_params: {'; '.join(problems) or 'invalid arguments'} "
         "(hint: the tool's input schema says what each argument takes; fix it and call again)"
@@ -275,7 +321,7 @@ def call_tool(table: Sequence[Tool], client: Any, name: str, arguments: dict[str
         # Through JSON, strictly: each argument is taken as its JSON type says, never coerced.
         params = tool.input.model_validate_json(json.dumps(arguments), strict=True)
     except ValidationError as exc:
-        return fail(validation_line(exc))
+        return fail(validation_line(exc, arguments))
     try:
         return fitted(tool.run(client, params))
     except RelayError as exc:

@@ -305,6 +305,7 @@ def _serve_http(server: Server, host: str, port: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)  # connections queue from now on, before the server's loop takes them
     except OSError as exc:
         sock.close()
         _fatal(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
