@@ -94,7 +94,10 @@ def test_an_origin_that_is_not_the_relays_is_403(relay_url, keys):
     resp = post(relay_url, INIT, Origin="http://evil.example", **bearer(keys["alice"]))
     assert resp.status_code == 403, resp.text
     assert "evil.example" in resp.json()["error"]["message"]
-    # The relay's own origin (the host the request was sent to) is served.
+    # A DNS-rebinding page names itself in Host too: still not the relay's.
+    rebound = post(relay_url, INIT, Origin="http://evil.example", Host="evil.example", **bearer(keys["alice"]))
+    assert rebound.status_code == 403, rebound.text
+    # Without RELAY_PUBLIC_URL, the relay's own origin is a loopback one (this test's relay).
     assert post(relay_url, INIT, Origin=relay_url, **bearer(keys["alice"])).status_code == 200
 
 

@@ -12,8 +12,8 @@ DELETE answer 405 (no server-initiated stream, no session to end).
 
 Authentication is the agent's API key, ``Authorization: Bearer ah_live_...``: a missing
 or bad key answers 401 with ``WWW-Authenticate: Bearer``. A request whose ``Origin``
-is not the relay's own (``RELAY_PUBLIC_URL``'s, else the one the request was sent to)
-answers 403, against DNS rebinding.
+is not the relay's own (``RELAY_PUBLIC_URL``'s; without it, a loopback origin only)
+answers 403, against DNS rebinding; a request without ``Origin`` (not from a browser) is served.
 
 The tools are the agent kit's table (``relay.agent.mcp``), run on a RelayClient whose
 HTTP goes into this same app in-process (WSGI, no socket) with the caller's key: each
@@ -135,14 +135,22 @@ def _unauthorized(message: str) -> Response:
     return _error(None, INVALID_REQUEST, message, 401, **{"WWW-Authenticate": _CHALLENGE})
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
 def _own_origin(origin: str) -> bool:
-    """Whether ``origin`` (an Origin header) is the relay's: RELAY_PUBLIC_URL's, else this request's host."""
+    """Whether ``origin`` (an Origin header) is the relay's own.
+
+    With RELAY_PUBLIC_URL, its origin (scheme, host and port) only. Without it, only a
+    loopback origin (a relay on this machine): the Host header cannot be trusted for this,
+    since a DNS-rebinding page sends its own name as both Host and Origin.
+    """
     public = current_app.config["RELAY"].public_url
     seen = urlsplit(origin)
     if public:
         mine = urlsplit(public)
         return (seen.scheme, seen.netloc.lower()) == (mine.scheme, mine.netloc.lower())
-    return seen.scheme in ("http", "https") and seen.netloc.lower() == request.host.lower()
+    return seen.scheme in ("http", "https") and (seen.hostname or "").lower() in _LOOPBACK
 
 
 def _bearer() -> str | None:
@@ -164,7 +172,9 @@ def post():
     """One JSON-RPC message in, one JSON answer out (or 202 for a notification)."""
     origin = request.headers.get("Origin")
     if origin is not None and not _own_origin(origin):
-        return _error(None, INVALID_REQUEST, f"Forbidden: Origin {origin!r} is not this relay's", 403)
+        return _error(
+            None, INVALID_REQUEST, f"Forbidden: Origin {origin!r} is not this relay's (see RELAY_PUBLIC_URL)", 403
+        )
     token = _bearer()
     if token is None:
         return _unauthorized("Unauthorized: send the agent's API key as Authorization: Bearer ah_live_...")

@@ -51,8 +51,8 @@ another agent's handle (local@org); both sides add messages with reply. The reci
 handoff (accept), does the work, then completes it with a result summary (complete); the sender may \
 cancel it while it is still pending (cancel). The recipient may instead decline a pending handoff or, \
 once accepted, fail it (both with a reason) or release it (back to pending). accept with lease_seconds \
-leases the work: renew extends the lease, and past its end the handoff is pending again; this server \
-remembers the lease token and sends it for you. States: pending -> accepted -> completed | failed | \
+leases the work: renew extends the lease, and past its end the handoff is pending again; relay-mcp remembers the lease \
+token and sends it for you (over a relay's /mcp, pass the lease_token accept returned). States: pending -> accepted -> completed | failed | \
 pending (release), pending -> cancelled | declined | expired; completed, cancelled, declined, failed and \
 expired are final. list_inbox filters on priority (low, normal, high, urgent); send_handoff sets it. Check your inbox with list_inbox, read a whole thread with \
 get_thread (its newest 50 messages; this marks them read; read_artifact has what it cut), find old messages with search_messages, and after a break fetch \
