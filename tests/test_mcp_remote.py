@@ -307,3 +307,27 @@ def test_large_non_ascii_answers_stay_under_the_budget_as_sent(relay_url, keys):
             pieces.append(chunk["text"])
             offset = chunk["next_offset"]
         assert "".join(pieces) == whole
+
+
+def test_the_2026_07_28_envelope_discover_and_a_tool_call(relay_url, keys):
+    """2026-07-28's per-request envelope: no initialize, the revision in _meta and in the headers."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    def call(method: str, params: dict[str, Any], **headers: str) -> requests.Response:
+        body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": meta}}
+        routing = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, **headers}
+        return post(relay_url, body, **routing, **bearer(keys["alice"]))
+
+    found = call("server/discover", {})
+    assert found.status_code == 200, found.text
+    result = found.json()["result"]
+    assert result["supportedVersions"] == ["2026-07-28"] and "tools" in result["capabilities"]
+    listed = call("tools/call", {"name": "list_inbox", "arguments": {"sent": True}}, **{"Mcp-Name": "list_inbox"})
+    assert listed.status_code == 200, listed.text
+    assert listed.json()["result"]["structuredContent"] == {"items": [], "next_cursor": None}
+    # A header that disagrees with the body is refused by the SDK's envelope ladder.
+    mismatched = call("tools/list", {}, **{"Mcp-Method": "tools/call"})
+    assert mismatched.status_code == 400 and "header" in mismatched.json()["error"]["message"]
