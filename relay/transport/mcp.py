@@ -44,7 +44,7 @@ from requests.structures import CaseInsensitiveDict
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from relay.agent.client import RelayClient, RelayError, Unauthenticated
-from relay.agent.mcp import INSTRUCTIONS, TOOLS, UnknownTool, call_tool, tool_definitions
+from relay.agent.mcp import INSTRUCTIONS, TOOLS, UnknownTool, call_tool, server_version, tool_definitions
 from relay.transport.requests import BodyTooLarge, read_body
 
 bp = Blueprint("mcp", __name__)
@@ -55,7 +55,7 @@ DEFAULT_VERSION = "2025-03-26"
 #: a tool call runs on an in-process client: its retries would only repeat the same in-process answer
 _CLIENT_RETRIES = 0
 _CHALLENGE = 'Bearer realm="relay", scope="agent"'
-_SERVER_INFO = {"name": "relay", "version": "1"}
+_SERVER_INFO = {"name": "relay", "version": server_version()}
 
 
 # --------------------------------------------------------------------------- the in-process client

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from relay.agent.mcp.budget import MAX_OUTPUT
 from relay.agent.mcp.core import Tool, UnknownTool, call_tool, tool_definitions
-from relay.agent.mcp.server import INSTRUCTIONS, build_server, main
+from relay.agent.mcp.server import INSTRUCTIONS, build_server, main, server_version
 from relay.agent.mcp.tools import TOOL_NAMES, TOOLS
 
 __all__ = [
@@ -29,5 +29,6 @@ __all__ = [
     "build_server",
     "call_tool",
     "main",
+    "server_version",
     "tool_definitions",
 ]

@@ -249,7 +249,7 @@ def build_server(client: RelayClient) -> Server:
 
     return Server(
         "relay",
-        version=_version(),
+        version=server_version(),
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call,
@@ -259,7 +259,8 @@ def build_server(client: RelayClient) -> Server:
 # =========================================================================== entry point
 
 
-def _version() -> str:
+def server_version() -> str:
+    """This package's version (``0`` when running from a checkout that is not installed)."""
     try:
         from importlib.metadata import version
 

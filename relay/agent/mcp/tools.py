@@ -233,7 +233,9 @@ def wait_after(client: Any, after: str | None, timeout: float) -> dict[str, Any]
     while True:
         remaining = max(0.0, deadline - time.monotonic())
         where = {"after": after} if after else {"since": since}
-        rows = client.wait(**where, timeout=min(remaining, WAIT_SLICE) if remaining else 0)
+        # One long-poll for the whole wait (the client splits it in requests of at most 60 s):
+        # nothing here needs to look up between slices.
+        rows = client.wait(**where, timeout=remaining)
         consumed, theirs, shown = take_theirs(rows, me)
         if consumed:
             after = consumed[-1].id
