@@ -331,3 +331,28 @@ def test_the_2026_07_28_envelope_discover_and_a_tool_call(relay_url, keys):
     # A header that disagrees with the body is refused by the SDK's envelope ladder.
     mismatched = call("tools/list", {}, **{"Mcp-Method": "tools/call"})
     assert mismatched.status_code == 400 and "header" in mismatched.json()["error"]["message"]
+
+
+SLOTS = 10  # RELAY_STREAMS_PER_AGENT in the tests' relays
+
+
+def test_waits_take_the_agents_stream_slots_and_give_them_back_when_the_client_goes(relay_url, make_agent, settled):
+    _, key = make_agent("carol@acme", name="Carol")
+
+    async def test():
+        async with remote(relay_url, key) as carol:
+            async with anyio.create_task_group() as tg:
+                for _ in range(SLOTS):
+                    tg.start_soon(carol.call_tool, "wait_for_messages", {"timeout_seconds": 60})
+                await anyio.sleep(3)  # every wait is on the feed's long-poll by now
+                text = err(await carol.call_tool("wait_for_messages", {"timeout_seconds": 1}))
+                assert text.startswith("rate_limited: "), text
+                tg.cancel_scope.cancel()  # the client drops its ten connections
+        async with remote(relay_url, key) as carol:
+            with anyio.fail_after(20):  # the waits notice their client gone, far before their 60 s
+                while (answer := await carol.call_tool("wait_for_messages", {"timeout_seconds": 1})).is_error:
+                    assert err(answer).startswith("rate_limited: ")
+                    await anyio.sleep(0.5)
+            assert ok(answer)["timed_out"]
+
+    run(test)

@@ -64,10 +64,14 @@ _SERVER_INFO = {"name": "relay", "version": server_version()}
 class _InProcess(requests.adapters.BaseAdapter):
     """A requests adapter that answers from a WSGI app in this process (werkzeug's test runner), no socket."""
 
-    def __init__(self, app: Any, remote_addr: str | None):
+    def __init__(self, app: Any, outer: dict[str, Any]):
         super().__init__()
         self.app = app
-        self.remote_addr = remote_addr or "127.0.0.1"
+        self.overrides = {"REMOTE_ADDR": outer.get("REMOTE_ADDR") or "127.0.0.1"}
+        # The MCP client's own connection: a feed wait inside peeks at it, and ends (its
+        # stream slot freed) when the client has gone, as it does for a direct long-poll.
+        if outer.get("gunicorn.socket") is not None:
+            self.overrides["gunicorn.socket"] = outer["gunicorn.socket"]
 
     def send(self, prepared: requests.PreparedRequest, stream: bool = False, timeout: Any = None, **_: Any):
         url = urlsplit(prepared.url or "/")
@@ -79,7 +83,7 @@ class _InProcess(requests.adapters.BaseAdapter):
             headers=list(prepared.headers.items()),
             data=body,
             base_url=f"{url.scheme}://{url.netloc}",
-            environ_overrides={"REMOTE_ADDR": self.remote_addr},
+            environ_overrides=self.overrides,
         ).get_environ()
         # In an empty context: the inner request pushes its own app context (its own g and
         # database session) instead of joining the outer request's.
@@ -109,7 +113,7 @@ class _InProcess(requests.adapters.BaseAdapter):
 def _client(token: str) -> RelayClient:
     """A RelayClient with the caller's key whose calls go into this app in-process."""
     session = requests.Session()
-    adapter = _InProcess(current_app._get_current_object(), request.remote_addr)  # type: ignore[attr-defined]
+    adapter = _InProcess(current_app._get_current_object(), request.environ)  # type: ignore[attr-defined]
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     base = request.host_url.rstrip("/")
