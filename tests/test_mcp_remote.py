@@ -356,3 +356,17 @@ def test_waits_take_the_agents_stream_slots_and_give_them_back_when_the_client_g
             assert ok(answer)["timed_out"]
 
     run(test)
+
+
+def test_bad_json_and_a_batch_are_clean_json_rpc_errors(relay_url, keys):
+    raw = requests.post(
+        f"{relay_url}/mcp",
+        data=b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"n": NaN}}',
+        headers={"Content-Type": "application/json", **bearer(keys["alice"])},
+        timeout=30,
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["code"] == -32700, raw.text
+    batch = post(relay_url, [INIT], **bearer(keys["alice"]))
+    assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600, batch.text
+    unknown = post(relay_url, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, **bearer(keys["alice"]))
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == -32601, unknown.text

@@ -45,6 +45,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from relay.agent.client import RelayClient, RelayError, Unauthenticated
 from relay.agent.mcp import INSTRUCTIONS, TOOLS, UnknownTool, call_tool, server_version, tool_definitions
+from relay.schemas.common import NotJson, strict_json
 from relay.transport.requests import BodyTooLarge, read_body
 
 bp = Blueprint("mcp", __name__)
@@ -195,8 +196,8 @@ def post():
     except BodyTooLarge:
         return _error(None, INVALID_REQUEST, "the request body is too large", 413)
     try:
-        message = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        message = strict_json(raw)
+    except NotJson as exc:
         return _error(None, PARSE_ERROR, f"Parse error: {exc}", 400)
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return _error(None, INVALID_REQUEST, "Invalid Request: one JSON-RPC 2.0 message per POST", 400)
