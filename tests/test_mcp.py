@@ -121,6 +121,9 @@ def test_stdio_lists_exactly_the_fifteen_tools_with_schemas_and_descriptions(rel
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice:
             assert alice.server_info.name == "relay"
+            # Only what is served is advertised: tools, no resources, prompts, logging or subscriptions.
+            capabilities = alice.initialize_result.capabilities.model_dump(exclude_none=True)
+            assert {k: v for k, v in capabilities.items() if v} == {"tools": {"list_changed": False}}
             tools = {t.name: t for t in (await alice.list_tools()).tools}
             assert set(tools) == TOOLS
             for tool in tools.values():
