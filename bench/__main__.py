@@ -1,6 +1,6 @@
 """``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
 ``pools-probe``, ``nodes``, ``retention``, ``faults [--quick] [--only S] [--failover]``,
-``tck --kit PATH [--transport jsonrpc,http_json] [-- KIT_ARGS]``.
+``tck --kit PATH [--transport jsonrpc,http_json] [-- KIT_ARGS]``, ``mcp-conformance``.
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
   direct or through PgBouncer; pool 4+1 against the old 15+5), each against one bare ceiling.
@@ -8,6 +8,8 @@
 - ``budget``: PostgreSQL connections one default deploy (web, worker, beat) holds under a burst of 40 clients.
 - ``retention``: a retention pass (partition drop) against the equivalent DELETE, and the hot queries.
 - ``nodes``: two full stacks through one PgBouncer: send throughput, webhooks, wake-ups across nodes, CPU, connections.
+- ``mcp-conformance``: the MCP conformance suite (npx) against relay-mcp --http and the relay's /mcp; exit 1
+  when a scenario that should pass fails (bench/mcp_conformance.py).
 - ``faults``: Redis and PostgreSQL stopped and crashed, workers killed, a failover to a standby, under load;
   invariants (nothing lost or duplicated, every webhook and attempt logged) and recovery times (bench/faults.py).
 - ``tck``: A2A's compatibility kit (a2a-tck) run as published on both bindings, through a proxy that
@@ -153,6 +155,11 @@ def main() -> None:
     ret_p.add_argument("--days", type=int, default=30, help="days of delivery log before the expired ones (30)")
     ret_p.add_argument("--per-day", type=int, default=10_000, help="events a day, one delivery and attempt each")
     ret_p.add_argument("--queries", type=int, default=200, help="timed calls per query and phase (200)")
+    sub.add_parser(
+        "mcp-conformance",
+        parents=[common],
+        help="the MCP conformance suite against relay-mcp --http and the relay's /mcp (needs npx)",
+    )
     faults_p = sub.add_parser(
         "faults",
         parents=[common],
@@ -183,6 +190,10 @@ def main() -> None:
         help="after --: passed to the kit's run_tck.py (e.g. -- --level must; pytest's own after a second --: -- -- -k card)",
     )
     args = parser.parse_args()
+    if args.command == "mcp-conformance":
+        from bench.mcp_conformance import main as conformance
+
+        raise SystemExit(conformance(results_dir(args.results)))
     if args.command == "webhooks" and not (
         0 <= args.slow_share and 0 <= args.bad_share and args.slow_share + args.bad_share < 1 and args.endpoints >= 1
     ):

@@ -13,6 +13,7 @@ from flask import Flask
 
 from relay import transport
 from relay.context import create_base_app
+from relay.transport import mcp
 
 
 def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
@@ -22,4 +23,5 @@ def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     """
     app = create_base_app(env, **overrides)
     transport.init_app(app)
+    app.register_blueprint(mcp.bp)
     return app
