@@ -29,7 +29,7 @@ import requests
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from relay.agent.client import InvalidParams, RelayClient
+from relay.agent.client import RelayClient
 from relay.agent.mcp import MAX_OUTPUT
 from relay.ids import parse_ulid
 from relay.ops.embedded import free_port
