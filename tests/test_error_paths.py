@@ -287,7 +287,7 @@ def _error_of(surface: str, status: int, headers: dict, body: bytes) -> tuple[st
         symbol = data["symbol"] if surface == "seed" else data[0]["metadata"]["symbol"]
         return symbol, doc["error"]["message"]
     if surface == "a2a_http":
-        assert headers["content-type"] == "application/a2a+json", headers
+        assert headers["content-type"] == "application/json", headers
         error = doc["error"]
         assert error["code"] == status and error["status"] == "INVALID_ARGUMENT", error
         return error["details"][0]["metadata"]["symbol"], error["message"]

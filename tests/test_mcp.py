@@ -51,6 +51,7 @@ TOOLS = {
     "fail",
     "release",
     "renew",
+    "request_input",
     "search_messages",
     "catch_up",
     "wait_for_messages",
@@ -903,6 +904,25 @@ def test_decline_with_a_reason(relay_url, keys):
             declined = ok(await bob.call_tool("decline", {"task_id": task, "reason": "not my area"}))
             assert (declined["status"]["state"], declined["reason"]) == ("declined", "not my area")
             assert declined["declined_at"]
+
+    run(test)
+
+
+def test_request_input_asks_the_sender_and_their_reply_answers_it(relay_url, keys):
+    async def test():
+        async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
+            task = (await _open(alice))["task_id"]
+            ok(await bob.call_tool("accept", {"task_id": task, "lease_seconds": 600}))
+            asked = ok(await bob.call_tool("request_input", {"task_id": task, "question": "which branch?"}))
+            assert (asked["status"]["state"], asked["question"]) == ("input_required", "which branch?")
+            assert asked["input_requested_at"]
+            assert "question" in err(await bob.call_tool("request_input", {"task_id": task}))
+            ok(await alice.call_tool("reply", {"task_id": task, "text": "main"}))
+            seen = ok(await bob.call_tool("get_thread", {"task_id": task}))
+            assert (seen["status"]["state"], seen["question"]) == ("accepted", None)
+            # The remembered lease token still fences the work after the answer.
+            done = ok(await bob.call_tool("complete", {"task_id": task, "result_summary": "done"}))
+            assert done["status"]["state"] == "completed"
 
     run(test)
 

@@ -138,7 +138,7 @@ def test_tools_have_typed_arguments_and_an_output_schema(relay_url, keys):
 
 
 def test_every_tool_over_mcp(relay_url, keys):
-    """Each of the fifteen tools, called over /mcp with a bearer key; structuredContent matches outputSchema."""
+    """Each tool, called over /mcp with a bearer key; structuredContent matches outputSchema."""
 
     async def test():
         async with remote(relay_url, keys["alice"]) as alice, remote(relay_url, keys["bob"]) as bob:
@@ -176,6 +176,9 @@ def test_every_tool_over_mcp(relay_url, keys):
             ok(await call(alice, "cancel", {"task_id": third}))
             fourth = ok(await call(alice, "send_handoff", {"recipient": "bob@acme", "text": "fourth"}))["task_id"]
             ok(await call(bob, "accept", {"task_id": fourth}))
+            asked = ok(await call(bob, "request_input", {"task_id": fourth, "question": "which file?"}))
+            assert asked["status"]["state"] == "input_required"
+            ok(await call(alice, "reply", {"task_id": fourth, "text": "app.py"}))
             ok(await call(bob, "fail", {"task_id": fourth, "reason": "broke"}))
             caught = ok(await call(alice, "catch_up", {"since": "2000-01-01T00:00:00Z"}))
             assert caught["count"] >= 5

@@ -18,7 +18,7 @@ WAIT_MIN_SECONDS, WAIT_MAX_SECONDS = 1, 600
 #: get_thread's default page: the newest this many messages
 THREAD_PAGE = 50
 
-States = Literal["pending", "accepted", "completed", "cancelled", "declined", "failed", "expired"]
+States = Literal["pending", "accepted", "input_required", "completed", "cancelled", "declined", "failed", "expired"]
 Priorities = Literal["low", "normal", "high", "urgent"]
 
 
@@ -261,6 +261,14 @@ class DeclineInput(_Strict):
 class FailInput(_Strict):
     task_id: TaskId
     reason: Reason
+    lease_token: LeaseToken = None
+
+
+class RequestInputInput(_Strict):
+    task_id: TaskId
+    question: str = Field(
+        min_length=1, max_length=2000, description="What you need the sender to answer (1-2000 characters)."
+    )
     lease_token: LeaseToken = None
 
 

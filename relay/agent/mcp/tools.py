@@ -155,6 +155,10 @@ def fail(client: Any, a: m.FailInput) -> Answer:
     return client.fail(a.task_id, a.reason, lease_token=a.lease_token).raw
 
 
+def request_input(client: Any, a: m.RequestInputInput) -> Answer:
+    return client.request_input(a.task_id, a.question, lease_token=a.lease_token).raw
+
+
 def release(client: Any, a: m.ReleaseInput) -> Answer:
     return client.release(a.task_id, reason=a.reason, lease_token=a.lease_token).raw
 
@@ -396,6 +400,21 @@ TOOLS: tuple[Tool, ...] = (
         state_changed (also: a leased handoff and a missing or stale lease_token), thread_not_found,
         not_a_participant, invalid_params (reason missing or over 2000 characters).""",
         destructive=True,
+    ),
+    _tool(
+        request_input,
+        "request_input",
+        "Ask the sender a question",
+        m.RequestInputInput,
+        m.ThreadAnswer,
+        """Ask the sender of an accepted handoff addressed to you a question before going on (recipient only).
+
+        The thread becomes input_required (A2A's TASK_STATE_INPUT_REQUIRED, the question its status
+        message); the sender's next message answers it and makes it accepted again. A lease stays
+        yours, its clock stopped until the answer. Returns {task_id, status: {state: "input_required"},
+        question, input_requested_at, ...}. Errors: not_authorized_transition (you are the sender),
+        invalid_transition (not accepted), state_changed (also: a missing or stale lease_token),
+        thread_not_found, not_a_participant, invalid_params (question missing or over 2000 characters).""",
     ),
     _tool(
         release,
