@@ -67,7 +67,7 @@ def _plain_schema_since_0009(url: str) -> None:
     """Give the plain (0008) database what the later migrations add besides partitions.
 
     0010's ``claimed_by`` column (and its index), 0011's floors, at ``-infinity`` (on
-    plain tables there is nothing to prune, so the floor only filters), and 0016's columns.
+    plain tables there is nothing to prune, so the floor only filters), 0016's and 0019's columns.
     """
     conn, _ = harness._admin(url)
     with conn.cursor() as cur:
@@ -87,6 +87,9 @@ def _plain_schema_since_0009(url: str) -> None:
         )
         cur.execute("ALTER TABLE messages ADD COLUMN read_at timestamptz")
         cur.execute("ALTER TABLE audit_events ADD COLUMN reason text")
+        # 0019's input-required columns.
+        cur.execute("ALTER TABLE threads ADD COLUMN question text, ADD COLUMN input_requested_at timestamptz")
+        cur.execute("ALTER TABLE audit_events ADD COLUMN question text")
     conn.close()
 
 

@@ -216,13 +216,13 @@ def test_25_bad_items_on_each_surface_yield_20_errors_plus_5_more(client, alice,
     assert resp.status_code == 422, doc
     assert len(doc["error"]["details"]) == 20 and doc["error"]["details_omitted"] == 5
 
-    # A2A: 25 raw parts (unsupported) beside one text part, named by their A2A index.
-    parts = [{"text": "hi"}] + [{"raw": "AAAA"}] * 25
+    # A2A: 25 url parts of a refused scheme beside one text part, named by their A2A index.
+    parts = [{"text": "hi"}] + [{"url": "ftp://example.com/x"}] * 25
     message = {"messageId": str(uuid.uuid4()), "parts": parts}
     found, metadata = a2a_violations(
         client, alice[1], bob[0], json.dumps(rpc_doc("SendMessage", {"message": message})).encode()
     )
-    assert list(found) == [f"message.parts.{i}.raw" for i in range(1, 21)]
+    assert list(found) == [f"message.parts.{i}.url" for i in range(1, 21)], found
     assert metadata["errors_omitted"] == "5"
 
 

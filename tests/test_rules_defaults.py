@@ -52,6 +52,7 @@ def test_production_defaults_from_only_the_server_urls():
         "max_overflow": 0,
         "pool_timeout": 5.0,
         "connect_args": {"connect_timeout": 5},  # a new connection waits as long as a pooled one
+        "hide_parameters": True,  # an error's text never carries a statement's values (message bodies)
     }
     assert (s.database_pool_url, s.db_prepare) == ("", True)
 

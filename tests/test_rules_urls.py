@@ -115,6 +115,26 @@ def test_a_malformed_link_is_refused_saying_what_is_wrong(app, client, alice, bo
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == 0
 
 
+def test_a_link_keeps_a_media_type_as_sent_and_refuses_one_that_is_not(app, client, alice, bob):
+    _a, key = alice
+    kept = []
+    for media_type in ("text/plain", "application/vnd.api+json; charset=utf-8"):
+        params = _link(bob[0], "https://example.com/a")
+        params["artifacts"][0]["mediaType"] = media_type
+        task_id = rpc(client, key, "message/send", params)["task_id"]
+        [message] = rpc(client, key, "tasks/get", {"task_id": task_id})["messages"]
+        kept.append(message["artifacts"][0]["mediaType"])
+    assert kept == ["text/plain", "application/vnd.api+json; charset=utf-8"]
+    params = _link(bob[0], "https://example.com/a")
+    params["artifacts"][0]["mediaType"] = "not a media type"
+    resp = client.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": params}, headers=bearer(key)
+    )
+    errors = resp.get_json()["error"]["data"]["errors"]
+    assert errors == {"artifacts.0.mediaType": ["must be a media type such as text/plain"]}
+    assert sql(app, "SELECT count(*) FROM threads")[0][0] == 2
+
+
 @pytest.fixture(scope="module")
 def production(base_env, celery_app, redis_url):
     """A relay with production's webhook settings: https only, no private targets."""

@@ -128,6 +128,17 @@ class Link(StrictSchema):
     type = fields.String(required=True)
     url = WebUrl(required=True, max_length=MAX_URL)
     title = _text(MAX_SHORT, required=False)
+    # The media type of what the URL names (``text/plain``), as an A2A url part carries it.
+    mediaType = fields.String(  # noqa: N815 (the A2A field's own spelling, shown back as sent)
+        required=False,
+        validate=[
+            validate.Length(max=127),
+            validate.Regexp(
+                r"^[\w.+-]+/[\w.+-]+(\s*;[^\x00-\x1f]*)?$",
+                error="must be a media type such as text/plain",
+            ),
+        ],
+    )
 
 
 ARTIFACT_SCHEMAS: dict[str, Schema] = {
