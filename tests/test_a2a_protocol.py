@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from relay.ids import format_ulid, parse_ulid
-from tests.conftest import bearer, extra_app, rpc, sql
+from tests.conftest import bearer, extra_app, rpc, sql, wait_until
 from tests.receiver import Receiver
 
 VERSION = {"A2A-Version": "1.0"}
@@ -1038,6 +1038,33 @@ def test_push_config_url_to_a_private_address_is_refused_unless_allowed(
     # The test environment allows private targets (RELAY_WEBHOOK_ALLOW_PRIVATE=1).
     A2A(client, alice[1], bob[0]).ok("CreateTaskPushNotificationConfig", params)
     assert count(app, "webhook_endpoints") == 1
+
+
+def test_a_push_url_that_does_not_resolve_is_stored_and_each_delivery_checks_it_again(
+    app, client, to_bob, bob, celery_worker
+):
+    """A host with no address yet is taken at registration; the delivery finds it still
+    unresolved, records a DNS failure and keeps the delivery pending for a retry."""
+    url = "https://receiver-not-started.invalid/push"
+    task = to_bob.send("push me")
+    config = to_bob.ok("CreateTaskPushNotificationConfig", {"taskId": task["id"], "id": "later", "url": url})
+    assert config["url"] == url
+    sent = to_bob.ok(
+        "SendMessage", {"message": message(), "configuration": {"taskPushNotificationConfig": {"url": url}}}
+    )
+    assert sql(app, "SELECT count(*) FROM webhook_endpoints WHERE url = :u", u=url)[0][0] == 2
+    seed_update(client, bob[1], task["id"], "accept")
+    errors = wait_until(
+        lambda: sql(
+            app,
+            "SELECT a.error FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id "
+            "JOIN webhook_endpoints e ON e.id = d.endpoint_id WHERE e.url = :u",
+            u=url,
+        ),
+        what="an attempt at the unresolved push URL",
+    )
+    assert errors[0][0] == "DNS failure: host 'receiver-not-started.invalid' does not resolve"
+    assert sent["task"]["id"] != task["id"]
 
 
 def test_push_config_methods_on_another_pairs_task_are_32001(client, to_bob, carol, bob):

@@ -280,13 +280,28 @@ def test_rest_patch_refuses_every_target(strict, alice):
     assert client.get(hook, headers=bearer(key)).get_json()["url"] == PUBLIC
 
 
+def _push_targets() -> list[tuple[str, str | tuple[str, ...]]]:
+    """The table as a push config meets it: a name that does not resolve here (``localhost.``
+    on some resolvers) is taken at registration and refused by the delivery's own check,
+    which ``test_delivery_refuses_every_target_stored_behind_the_apis_back`` covers."""
+    kept = []
+    for url, expected in TARGETS:
+        try:
+            outbound.resolve(url, allow_private=False, allow_http=True)
+        except outbound.TargetRefused as exc:
+            if exc.kind == "dns":
+                continue
+        kept.append((url, expected))
+    return kept
+
+
 def test_a2a_push_config_create_refuses_every_target(app, strict, alice, bob):
     _a, key = alice
     peer = bob[0]
     client = strict.test_client()
     task = _a2a(client, key, peer, "SendMessage", {"message": _message("push me")})["result"]["task"]
     outcomes = []
-    for url, expected in TARGETS:
+    for url, expected in _push_targets():
         body = _a2a(client, key, peer, "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": url})
         outcomes.append((url, expected, _a2a_refusal(body, "url")))
     _check("CreateTaskPushNotificationConfig", outcomes)
@@ -298,7 +313,7 @@ def test_a2a_send_message_configuration_refuses_every_target(app, strict, alice,
     peer = bob[0]
     client = strict.test_client()
     outcomes = []
-    for url, expected in TARGETS:
+    for url, expected in _push_targets():
         params = {"message": _message("push me"), "configuration": {"taskPushNotificationConfig": {"url": url}}}
         body = _a2a(client, key, peer, "SendMessage", params)
         outcomes.append((url, expected, _a2a_refusal(body, "configuration.taskPushNotificationConfig.url")))

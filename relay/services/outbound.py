@@ -410,13 +410,20 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
 
-def check_url(url: str) -> str:
-    """Refuse URLs that may not be called (scheme, credentials, private targets); return it."""
+def check_url(url: str, *, unresolved_ok: bool = False) -> str:
+    """Refuse URLs that may not be called (scheme, credentials, private targets); return it.
+
+    Raises invalid_params naming ``url``. A host that does not resolve is refused too,
+    unless ``unresolved_ok``: then it is taken, and every delivery resolves and checks it
+    again (``TargetCache``), recording a DNS failure and retrying while it does not resolve.
+    A host that resolves to a refused address is refused either way.
+    """
     if not isinstance(url, str) or not url or len(url) > 2048:
         raise invalid("url", "must be a URL of at most 2048 characters")
     s = current_app.config["RELAY"]
     try:
         resolve(url, allow_private=s.webhook_allow_private, allow_http=s.webhook_allow_http)
     except TargetRefused as exc:
-        raise invalid("url", str(exc)) from None
+        if not (unresolved_ok and exc.kind == "dns"):
+            raise invalid("url", str(exc)) from None
     return url

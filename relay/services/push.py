@@ -44,10 +44,13 @@ def config_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
 def check_target(config: dict) -> None:
     """Refuse a config whose URL may not be called (the SSRF rules of webhooks); raise invalid_params.
 
-    Run before the transaction that stores it: it resolves DNS, which must not happen
-    while a send holds its participants' locks.
+    A host that does not resolve yet is taken (docs/decisions.md, "A push URL that does
+    not resolve"): A2A clients register a config for a receiver they may start later, and
+    each delivery checks the host again before it connects. Run before the transaction
+    that stores it: it resolves DNS, which must not happen while a send holds its
+    participants' locks.
     """
-    check_url(config["url"])
+    check_url(config["url"], unresolved_ok=True)
 
 
 def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: dict) -> dict:
