@@ -487,9 +487,9 @@ def test_plain_push_config_paths(relay_url, make_agent):
     assert "url" in violations(error_of(bad, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid_params"))
     gone = call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")
     assert gone.status_code == 200 and gone.json() == {}
-    error_of(
-        call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine"), 404, "NOT_FOUND", "TASK_NOT_FOUND", "not_found"
-    )
+    again = call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")  # idempotent
+    assert again.status_code == 200 and again.json() == {}
+    error_of(call(relay_url, bob, alice_key, "GET", f"{configs}/mine"), 404, "NOT_FOUND", "TASK_NOT_FOUND", "not_found")
     other = call(relay_url, bob, alice_key, "GET", f"/tasks/{uuid.uuid4()}/pushNotificationConfigs")
     error_of(other, 404, "NOT_FOUND", "TASK_NOT_FOUND", "thread_not_found")
 

@@ -130,7 +130,7 @@ def test_a2a_unknown_push_config_names_the_task_as_sent(client, alice, bob):
     )
     task_id = resp.get_json()["result"]["task"]["id"]
     as_uuid = str(ULID.from_str(task_id).to_uuid())
-    for method in ("GetTaskPushNotificationConfig", "DeleteTaskPushNotificationConfig"):
+    for method in ("GetTaskPushNotificationConfig",):
         error = _a2a_error(client, alice[1], bob[0], method, {"taskId": as_uuid, "id": "cfg-1"})
         assert error["data"][0]["metadata"]["symbol"] == "not_found", error
         assert f"task {as_uuid} has no push notification config cfg-1" in error["message"], error

@@ -54,47 +54,48 @@ def check_target(config: dict) -> None:
 
 
 def add_config(session: Session, caller: Agent, thread_id: uuid.UUID, config: dict) -> dict:
-    """Insert a config for a thread the caller sent, in ``session``'s transaction.
+    """Store a config for a thread the caller sent, in ``session``'s transaction; return its view.
 
     The caller has run check_target and holds the thread's row lock (a send's, or
-    create_config's), so two creates cannot both pass the count or the id check.
+    create_config's), so two creates cannot both pass the count or both insert one id.
     ``config``: ``url``, optional ``id`` (a new UUID when absent), ``token``,
-    ``authentication`` ``{scheme, credentials}``. Raises invalid_params (id taken on this
-    task, more than MAX_CONFIGS_PER_TASK).
+    ``authentication`` ``{scheme, credentials}``. An ``id`` the task already has names
+    that config: it is replaced (url, token, authentication) and enabled again, as A2A's
+    create was once named "set". Raises invalid_params (a new config past
+    MAX_CONFIGS_PER_TASK).
     """
-    count = session.scalar(
-        select(func.count())
-        .select_from(WebhookEndpoint)
-        .where(WebhookEndpoint.kind == KIND, WebhookEndpoint.thread_id == thread_id)
-    )
+    config_id = config.get("id") or str(uuid.uuid4())
+    auth = config.get("authentication") or {}
+    fields = {
+        "url": config["url"],
+        "token_encrypted": crypto.encrypt(config["token"]) if config.get("token") else None,
+        "auth_scheme": auth.get("scheme"),
+        "auth_credentials_encrypted": crypto.encrypt(auth["credentials"]) if auth.get("credentials") else None,
+    }
+    endpoint = session.scalar(_configs(thread_id).where(WebhookEndpoint.push_config_id == config_id))
+    if endpoint is not None:
+        for name, value in fields.items():
+            setattr(endpoint, name, value)
+        endpoint.enabled, endpoint.disabled_reason = True, None
+        session.flush()
+        return config_view(endpoint)
+    count = session.scalar(select(func.count()).select_from(_configs(thread_id).subquery()))
     if count >= MAX_CONFIGS_PER_TASK:
         raise invalid(
             "taskId",
             f"the task already has {MAX_CONFIGS_PER_TASK} push notification configs, the most "
             "it may have; delete one first",
         )
-    config_id = config.get("id") or str(uuid.uuid4())
-    taken = session.scalar(
-        select(WebhookEndpoint.id).where(
-            WebhookEndpoint.thread_id == thread_id, WebhookEndpoint.push_config_id == config_id
-        )
-    )
-    if taken is not None:
-        raise invalid("id", f"this task already has a push notification config {config_id}")
-    auth = config.get("authentication") or {}
     endpoint = WebhookEndpoint(
         agent_id=caller.id,
         kind=KIND,
         thread_id=thread_id,
         push_config_id=config_id,
-        url=config["url"],
         events=list(DEFAULT_EVENTS),
         description="A2A push notification config",
         enabled=True,
         secret_encrypted=crypto.encrypt(new_secret()),
-        token_encrypted=crypto.encrypt(config["token"]) if config.get("token") else None,
-        auth_scheme=auth.get("scheme"),
-        auth_credentials_encrypted=crypto.encrypt(auth["credentials"]) if auth.get("credentials") else None,
+        **fields,
     )
     session.add(endpoint)
     session.flush()
@@ -135,15 +136,15 @@ def list_configs(caller: Agent, peer: Agent, task_id: uuid.UUID) -> list[dict]:
 
 
 def delete_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -> None:
-    """Delete one config of the task (and its delivery log); raise thread_not_found or not_found."""
+    """Delete one config of the task and its delivery log, if it is there (idempotent); raise thread_not_found."""
     with unit_of_work() as session:
         thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
         endpoint = session.scalar(
             _configs(thread.id).where(WebhookEndpoint.push_config_id == config_id).with_for_update()
         )
-        if endpoint is None:
-            raise RelayError("not_found", f"task {as_sent(task_id)} has no push notification config {config_id}")
-        session.delete(endpoint)
+        # Deleting is idempotent (A2A): a config already gone is the outcome asked for.
+        if endpoint is not None:
+            session.delete(endpoint)
 
 
 def headers(endpoint: WebhookEndpoint) -> dict[str, str]:
