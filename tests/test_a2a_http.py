@@ -423,12 +423,13 @@ def test_plain_a_blocked_send_keeps_the_relays_status(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, bob_key = make_agent("bob@http")
     message = a2a_message("once")
-    first = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message})
+    retry = {"Idempotency-Key": "send-once"}
+    first = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
     assert first.status_code == 200
-    replayed = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message})
-    assert replayed.json()["task"]["id"] == first.json()["task"]["id"]  # messageId is the idempotency key
+    replayed = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
+    assert replayed.json()["task"]["id"] == first.json()["task"]["id"]  # the header makes a retry one call
     other = {**message, "parts": [{"text": "another"}]}
-    resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": other})
+    resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": other}, headers=retry)
     assert resp.status_code == 200 and resp.json()["task"]["id"] != first.json()["task"]["id"]  # another message
 
 

@@ -446,20 +446,26 @@ def test_empty_task_id_opens_a_new_task_like_an_absent_one(to_bob):
     assert "result" in body, body
 
 
-def test_same_message_id_and_message_returns_the_same_task_once(app, to_bob):
+def test_an_idempotency_key_header_answers_a_retried_send_once(app, to_bob):
     params = {"message": message("only once", message_id="m-1")}
-    first = to_bob.ok("SendMessage", params)["task"]
-    second = to_bob.ok("SendMessage", params)["task"]
+    headers = {**bearer(to_bob.key), **VERSION, "Idempotency-Key": "retry-1"}
+    first = to_bob.raw("SendMessage", params, headers)["result"]["task"]
+    second = to_bob.raw("SendMessage", params, headers)["result"]["task"]
     assert second["id"] == first["id"]
     assert count(app, "threads") == 1 and count(app, "messages") == 1 and count(app, "events") == 1
+    # The same key with another message is another call.
+    other = to_bob.raw("SendMessage", {"message": message("another", message_id="m-1")}, headers)["result"]["task"]
+    assert other["id"] != first["id"] and count(app, "threads") == 2
 
 
-def test_same_message_id_with_another_message_is_another_message(app, to_bob):
-    first = to_bob.send("first text", message_id="m-dup")
+def test_without_the_header_a_reused_message_id_is_a_new_message_each_time(app, to_bob):
+    """A2A clients (the TCK among them) send one messageId with many messages, each expecting a new task."""
+    first = to_bob.send("same text", message_id="m-dup")
+    again = to_bob.send("same text", message_id="m-dup")
     other = to_bob.send("other text", message_id="m-dup")
-    assert other["id"] != first["id"]
-    assert [t["history"][0]["messageId"] for t in (first, other)] == ["m-dup", "m-dup"]
-    assert count(app, "threads") == 2
+    assert len({first["id"], again["id"], other["id"]}) == 3
+    assert [t["history"][0]["messageId"] for t in (first, again, other)] == ["m-dup"] * 3
+    assert count(app, "threads") == 3
 
 
 def test_message_ids_are_scoped_to_the_caller(client, to_bob, carol, bob):
@@ -485,7 +491,8 @@ def test_seed_keys_may_not_use_the_a2a_prefix_so_they_never_replay_a_message_id(
     ).get_json()
     assert refused["error"]["code"] == -32602
     assert "metadata.client_idempotency_key" in refused["error"]["data"]["errors"]
-    to_bob.send("same words", message_id="m-collide")
+    headers = {**bearer(to_bob.key), **VERSION, "Idempotency-Key": "m-collide"}
+    to_bob.raw("SendMessage", {"message": message("same words", message_id="m-collide")}, headers)
     assert count(app, "threads") == 1
 
 
@@ -1121,11 +1128,12 @@ def test_send_message_configuration_registers_a_push_config_once(app, to_bob):
             "taskPushNotificationConfig": {"id": "inline", "url": "http://127.0.0.1:9/push", "token": "t"}
         },
     }
-    task = to_bob.ok("SendMessage", params)["task"]
+    headers = {**bearer(to_bob.key), **VERSION, "Idempotency-Key": "push-once"}
+    task = to_bob.raw("SendMessage", params, headers)["result"]["task"]
     configs = to_bob.ok("ListTaskPushNotificationConfigs", {"taskId": task["id"]})["configs"]
     assert configs == [{"id": "inline", "taskId": task["id"], "url": "http://127.0.0.1:9/push", "token": "t"}]
     # A retry of the same send replays it: no second task, no second config.
-    assert to_bob.ok("SendMessage", params)["task"]["id"] == task["id"]
+    assert to_bob.raw("SendMessage", params, headers)["result"]["task"]["id"] == task["id"]
     assert count(app, "threads") == 1 and count(app, "webhook_endpoints") == 1
 
 

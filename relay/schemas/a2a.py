@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import uuid
 from typing import Any
 
@@ -387,22 +388,28 @@ def renamed(exc: RelayError, parts_map: dict[str, str]) -> RelayError:
     return invalid_fields(((a2a_path(k, parts_map), v) for k, v in exc.details.items()), omitted=exc.omitted)
 
 
-def message_key(params: dict, request: dict, message_id: str) -> str:
-    """The idempotency key of a SendMessage: its messageId scoped by a digest of what it sends.
+def message_key(params: dict, request: dict, message_id: str, retry_key: str | None) -> str:
+    """The idempotency key of a SendMessage: ``a2a:<digest>:<messageId>``.
 
-    The same messageId with the same message (and push config) is one call, answered once
-    however often it is retried; with another message it is another message. A2A has no
-    error for a reused messageId, and clients (A2A's own TCK among them) reuse one id
-    across messages.
+    The messageId rides in the key so every read shows the client's id back
+    (``a2a_view.message_id_of``). Only a send carrying the ``Idempotency-Key`` header
+    (``retry_key``) is answered once: the same header value with the same message (and push
+    config) replays the first call's task, however often it is retried; another message is
+    another call. Without the header every send is a new message (a fresh nonce in the
+    digest), whatever its messageId: A2A makes send idempotency optional, and clients (A2A's
+    own TCK among them) send one messageId with many messages that each expect a new task.
     """
     push = (request.get("configuration") or {}).get("taskPushNotificationConfig")
-    canonical = json.dumps([params, push], sort_keys=True, separators=(",", ":"), default=str)
+    scope = ["retry", retry_key] if retry_key is not None else ["once", secrets.token_hex(16)]
+    canonical = json.dumps([params, push, scope], sort_keys=True, separators=(",", ":"), default=str)
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
     return f"{KEY_PREFIX}{digest}:{message_id}"
 
 
-def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
+def send_params(request: dict, recipient: str, retry_key: str | None = None) -> tuple[dict, dict[str, str]]:
     """Translate a loaded SendMessageRequest into seed 000 ``message/send`` params.
+
+    ``retry_key``: the request's ``Idempotency-Key`` header, if any (see :func:`message_key`).
 
     Returns the params (loaded by MessageSendParams, so every seed rule applies) and the
     path map used to name errors by their A2A fields. Raises invalid_params.
@@ -435,7 +442,7 @@ def send_params(request: dict, recipient: str) -> tuple[dict, dict[str, str]]:
     except RelayError as exc:
         raise renamed(exc, paths) from None
     # Set after loading: the seed schema refuses the reserved prefix from seed clients.
-    params["metadata"]["client_idempotency_key"] = message_key(params, request, message["messageId"])
+    params["metadata"]["client_idempotency_key"] = message_key(params, request, message["messageId"], retry_key)
     push_task = ((request.get("configuration") or {}).get("taskPushNotificationConfig") or {}).get("taskId")
     if push_task and (
         creating

@@ -164,7 +164,7 @@ def _add_push_config(caller: Agent, config: dict, session, result: dict) -> None
 def _sender(caller: Agent, peer: Agent, req: dict) -> Callable[[], uuid.UUID]:
     """Translate and check a SendMessageRequest (raising its errors now); return the call that
     sends it, answering the task's id."""
-    params, paths = shapes.send_params(req, peer.handle)
+    params, paths = shapes.send_params(req, peer.handle, request.headers.get("Idempotency-Key"))
     push_config = (req.get("configuration") or {}).get("taskPushNotificationConfig")
     then = None
     if push_config is not None:
