@@ -697,6 +697,24 @@ def test_finishing_or_giving_up_while_waiting_drops_the_question(client, alice, 
     assert (body["result"]["status"], body["result"]["question"]) == ({"state": state}, None), body
 
 
+def test_the_requester_may_withdraw_a_handoff_waiting_on_its_answer(app, client, alice, bob):
+    task_id, accepted = asked(client, alice, bob, lease_seconds=60)
+    assert error_of(update(client, bob[1], task_id, "cancel")) == (-32009, "not_authorized_transition")
+    body = update(client, alice[1], task_id, "cancel")
+    assert (body["result"]["status"], body["result"]["question"]) == ({"state": "cancelled"}, None), body
+    got = rpc(client, bob[1], "tasks/get", {"task_id": task_id})
+    assert (got["status"], got["lease_token"], got["lease_expires_at"]) == ({"state": "cancelled"}, None, None)
+    [(owner, payload)] = sql(
+        app,
+        "SELECT g.handle, e.payload FROM events e JOIN agents g ON g.id = e.agent_id"
+        " WHERE e.thread_id = :id AND e.type = 'task.updated' AND e.payload->>'transition' = 'cancel'",
+        id=parse_ulid(task_id),
+    )
+    assert (owner, payload) == (bob[0], {"transition": "cancel", "from": "input_required", "to": "cancelled"})
+    stale = update(client, bob[1], task_id, "complete", lease_token=accepted["lease_token"])
+    assert error_of(stale) == (-32008, "invalid_transition")
+
+
 def test_renew_and_a_second_question_need_the_answer_first(client, alice, bob):
     for name, params in (("renew", {"lease_seconds": 30}), ("request_input", {"question": "?"})):
         task_id, _ = asked(client, alice, bob)
@@ -730,6 +748,8 @@ def test_a2a_shows_input_required_with_the_question_as_the_status_message(client
     assert [t["id"] for t in listed["tasks"]] == [task_id]
     assert listed["tasks"][0]["status"]["message"]["parts"] == [{"text": QUESTION}]
     assert a2a("ListTasks", {"status": "TASK_STATE_WORKING"})["tasks"] == []
+    # CancelTask withdraws it instead of answering.
+    assert a2a("CancelTask", {"id": task_id})["status"]["state"] == "TASK_STATE_CANCELED"
 
 
 # --------------------------------------------------------------------------- fencing with no gap

@@ -606,7 +606,7 @@ def cli(ctx: click.Context, url: str | None, key: str | None) -> None:
       relay-agent decline TASK_ID --reason "..."          # recipient: pending -> declined
       relay-agent fail TASK_ID --reason "..."             # recipient: accepted -> failed
       relay-agent release TASK_ID [--reason "..."]        # recipient: accepted -> pending
-      relay-agent cancel TASK_ID                          # sender: pending -> cancelled
+      relay-agent cancel TASK_ID                          # sender: pending or input_required -> cancelled
       relay-agent watch                                   # print new messages as they come
       relay-agent wait --timeout 300                      # block until someone writes to you
 
@@ -1138,12 +1138,12 @@ def request_input(
     _dump(result.raw) if as_json else _print_transition("asked", result)
 
 
-@cli.command(short_help="Cancel a pending handoff (sender).")
+@cli.command(short_help="Cancel a handoff you sent (sender).")
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the relay's JSON answer.")
 @click.pass_context
 def cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Cancel a handoff you opened while it is still pending (sender only): pending -> cancelled."""
+    """Cancel a handoff you opened while it is pending or waits on your answer (sender only): -> cancelled."""
     result = _client(ctx).cancel(task_id)
     _dump(result.raw) if as_json else _print_transition("cancelled", result)
 

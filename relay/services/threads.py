@@ -60,9 +60,11 @@ TRANSITIONS: dict[str, tuple[str, str, str]] = {
     "renew": ("accepted", "accepted", "recipient"),
     "request_input": ("accepted", "input_required", "recipient"),
 }
-# A worker waiting on its requester may still finish, give up or give the work back: these
-# also run from input_required (the open question is then dropped).
+# A worker waiting on its requester may still finish, give up or give the work back, and the
+# requester asked a question may withdraw the handoff instead of answering: these also run
+# from input_required (the open question is then dropped).
 ALSO_FROM: dict[str, tuple[str, ...]] = {
+    "cancel": ("input_required",),
     "complete": ("input_required",),
     "fail": ("input_required",),
     "release": ("input_required",),

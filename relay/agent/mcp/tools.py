@@ -366,7 +366,7 @@ TOOLS: tuple[Tool, ...] = (
         "Cancel a handoff",
         m.TaskInput,
         m.ThreadAnswer,
-        """Cancel a pending handoff you sent (sender only), e.g. when it is no longer needed.
+        """Cancel a handoff you sent that is pending or waiting on your answer (sender only), e.g. when it is no longer needed.
 
         The thread becomes cancelled (final). Returns {task_id, status: {state: "cancelled"}, updated_at, ...}.
         Errors: not_authorized_transition (you are the recipient), invalid_transition (already accepted,
