@@ -168,7 +168,12 @@ def test_full_round_trip_over_stdio(relay_url, keys):
                             {"type": "file_ref", "path": "src/api/users.py", "line_start": 3, "line_end": 9},
                             {"type": "test_command", "command": "pytest tests/test_users.py -q"},
                             {"type": "api_contract", "name": "GET /users", "spec": {"type": "object"}},
-                            {"type": "link", "url": "https://example.com/issues/9", "title": "issue 9"},
+                            {
+                                "type": "link",
+                                "url": "https://example.com/issues/9",
+                                "title": "issue 9",
+                                "mediaType": "text/html",
+                            },
                         ],
                     },
                 )
@@ -209,6 +214,12 @@ def test_full_round_trip_over_stdio(relay_url, keys):
                 "path": "src/api/users.py",
                 "line_start": 3,
                 "line_end": 9,
+            }
+            assert first["artifacts"][4] == {
+                "type": "link",
+                "url": "https://example.com/issues/9",
+                "title": "issue 9",
+                "mediaType": "text/html",
             }
             assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["unread_messages"] == 0  # read now
 

@@ -116,7 +116,29 @@ def test_initialize_advertises_only_tools_and_a_notification_is_202(relay_url, k
     assert result["capabilities"] == {"tools": {"listChanged": False}}
     assert "Mcp-Session-Id" not in resp.headers  # stateless: no session to keep
     note = post(relay_url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **bearer(keys["alice"]))
-    assert note.status_code == 202 and note.content == b""
+    assert note.status_code == 202 and note.content == b"" and "Content-Type" not in note.headers
+
+
+def test_a_body_not_sent_as_json_is_415(relay_url, keys):
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    resp = requests.post(
+        f"{relay_url}/mcp",
+        data=ping,
+        headers={
+            "Content-Type": "text/plain",
+            "Accept": "application/json, text/event-stream",
+            **bearer(keys["alice"]),
+        },
+        timeout=30,
+    )
+    assert resp.status_code == 415 and "application/json" in resp.json()["error"]["message"], resp.text
+    charset = requests.post(
+        f"{relay_url}/mcp",
+        data=ping,
+        headers={"Content-Type": "application/json; charset=utf-8", **bearer(keys["alice"])},
+        timeout=30,
+    )
+    assert charset.status_code == 200 and charset.json()["result"] == {}, charset.text
 
 
 # --------------------------------------------------------------------------- the tools

@@ -331,3 +331,4 @@ def test_every_json_rpc_endpoint_answers_an_outage_as_json_rpc(down_app, alice, 
         doc = resp.get_json()
         assert doc["jsonrpc"] == "2.0" and doc["id"] == id_, doc
         assert _symbol(doc) == "service_unavailable", doc
+        assert doc["error"]["message"] == "the database is unavailable; retry shortly", doc

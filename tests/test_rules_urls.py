@@ -125,13 +125,14 @@ def test_a_link_keeps_a_media_type_as_sent_and_refuses_one_that_is_not(app, clie
         [message] = rpc(client, key, "tasks/get", {"task_id": task_id})["messages"]
         kept.append(message["artifacts"][0]["mediaType"])
     assert kept == ["text/plain", "application/vnd.api+json; charset=utf-8"]
-    params = _link(bob[0], "https://example.com/a")
-    params["artifacts"][0]["mediaType"] = "not a media type"
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": params}, headers=bearer(key)
-    )
-    errors = resp.get_json()["error"]["data"]["errors"]
-    assert errors == {"artifacts.0.mediaType": ["must be a media type such as text/plain"]}
+    for bad in ("not a media type", "text/plain\n", "tëxt/plain", "text/", "a/b/c", "text/plain\r\nX-Evil: 1"):
+        params = _link(bob[0], "https://example.com/a")
+        params["artifacts"][0]["mediaType"] = bad
+        resp = client.post(
+            "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": params}, headers=bearer(key)
+        )
+        errors = resp.get_json()["error"]["data"]["errors"]
+        assert errors == {"artifacts.0.mediaType": ["must be a media type such as text/plain"]}, bad
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == 2
 
 

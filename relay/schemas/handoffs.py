@@ -10,6 +10,7 @@ values are open, as the contract defines them: ``metadata`` (freeform) and an
 from __future__ import annotations
 
 import json
+import re
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
@@ -124,6 +125,11 @@ class ApiContract(StrictSchema):
             raise ValidationError({"spec": [f"must be at most {MAX_DIFF} bytes"]})
 
 
+# RFC 6838's type/subtype names, then any parameters in printable ASCII; \Z, not $, so a
+# trailing newline is refused too.
+MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*(?:[ \t]*;[\x20-\x7e]*)?\Z")
+
+
 class Link(StrictSchema):
     type = fields.String(required=True)
     url = WebUrl(required=True, max_length=MAX_URL)
@@ -133,10 +139,7 @@ class Link(StrictSchema):
         required=False,
         validate=[
             validate.Length(max=127),
-            validate.Regexp(
-                r"^[\w.+-]+/[\w.+-]+(\s*;[^\x00-\x1f]*)?$",
-                error="must be a media type such as text/plain",
-            ),
+            validate.Regexp(MEDIA_TYPE, error="must be a media type such as text/plain"),
         ],
     )
 

@@ -51,6 +51,11 @@ MAX_BATCH = 100
 _MISSING = object()
 
 
+def _internal_message(failure: RelayError) -> str:
+    """A -32603's message: an outage says which server and to retry; a bug says no more than JSON-RPC's text."""
+    return failure.message if failure.symbol == "service_unavailable" else MESSAGES[-32603]
+
+
 @dataclass(frozen=True)
 class Method:
     """One JSON-RPC method: a marshmallow load schema and a handler calling a service.
@@ -286,7 +291,7 @@ def _call(dialect: Dialect, caller: Agent, obj: Any, *, alone: bool = False) -> 
         answer = _relay_error(dialect, id_, exc)
     except Exception as exc:
         failure = errors.unexpected(exc)
-        answer = _error(dialect, id_, -32603, MESSAGES[-32603], {"symbol": failure.symbol, **failure.details})
+        answer = _error(dialect, id_, -32603, _internal_message(failure), {"symbol": failure.symbol, **failure.details})
     return _count(name, answer, has_id)
 
 
@@ -336,7 +341,7 @@ def serve(dialect: Dialect, guard: Callable[[], None] | None = None) -> Response
                     dialect,
                     _readable_id(doc),
                     -32603,
-                    MESSAGES[-32603],
+                    _internal_message(exc),
                     {"symbol": "service_unavailable", "request_id": g.get("request_id")},
                 ),
                 status=exc.http_status,
@@ -431,7 +436,7 @@ def sse_response(streamed: Streamed, result: Callable[[Any], Any], error: Callab
         except Exception as exc:
             # The 200 is already sent: the client hears an error event, not a cut connection.
             unexpected = errors.unexpected(exc)
-            failure = RelayError(unexpected.symbol, MESSAGES[-32603], unexpected.details)
+            failure = RelayError(unexpected.symbol, _internal_message(unexpected), unexpected.details)
             yield b"event: error\ndata: " + dumps_bytes(error(failure)) + b"\n\n"
         finally:
             streamed.close()

@@ -191,6 +191,13 @@ def post():
     except RelayError as exc:
         status = exc.http_status if exc.http_status and exc.http_status >= 400 else 503
         return _error(None, INTERNAL_ERROR, f"{exc.symbol}: {exc.message}", status)
+    if request.mimetype != "application/json":
+        return _error(
+            None,
+            INVALID_REQUEST,
+            "Unsupported Media Type: send the JSON-RPC message as Content-Type: application/json",
+            415,
+        )
     try:
         raw = read_body()
     except BodyTooLarge:
@@ -202,7 +209,9 @@ def post():
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return _error(None, INVALID_REQUEST, "Invalid Request: one JSON-RPC 2.0 message per POST", 400)
     if "method" not in message or "id" not in message:
-        return Response(status=202)  # a notification or a response: nothing here acts on one
+        accepted = Response(status=202)  # a notification or a response: nothing here acts on one
+        del accepted.headers["Content-Type"]  # no body, so no media type
+        return accepted
     try:
         return _request(client, message)
     finally:

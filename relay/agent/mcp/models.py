@@ -73,6 +73,9 @@ class Link(_Strict):
     type: Literal["link"]
     url: str = Field(description="http(s) URL.")
     title: str | None = Field(None, description="Short title of the page.")
+    mediaType: str | None = Field(  # noqa: N815 (the artifact's own spelling, as the API takes it)
+        None, description="Media type of what the URL names, e.g. 'text/plain' (at most 127 characters)."
+    )
 
 
 Artifact = Annotated[FileDiff | FileRef | TestCommand | ApiContract | Link, Field(discriminator="type")]
