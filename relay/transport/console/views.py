@@ -1,4 +1,4 @@
-"""The console's routes: sign-in, the org's pages and their actions (issue 15).
+"""The console's routes: sign-in, the org's pages and their actions (docs/console.md).
 
 Every page but the sign-in and the static files needs a signed-in operator (else a
 redirect to ``/console/login``); everything outside the operator's org is a 404 page
@@ -60,7 +60,7 @@ log = logging.getLogger("relay.console")
 PAGE = 20  # threads or search hits per page
 DELIVERIES = 10  # recent deliveries shown per endpoint
 PUBLIC = frozenset({"console.login", "console.login_submit", "console.static", "console.unknown"})
-# The POSTs a viewer may make: signing in and out. Every other POST is an action (issue 32).
+# The POSTs a viewer may make: signing in and out. Every other POST is an action (docs/decisions.md, "Console roles").
 ANY_ROLE = PUBLIC | {"console.logout"}
 # Symbols that mean "no such thing for you": one 404 page, whatever the reason.
 NOT_FOUND = frozenset({"identity_not_found", "thread_not_found", "not_found", "key_not_found"})
