@@ -352,8 +352,8 @@ def run(
                         ]
                     )
                 results["ceilings"] = ceilings
-                # Once, to show what the ceiling before issue 33 paid (SQLAlchemy, a ping per
-                # checkout); every ratio below is against the bare one.
+                # Once, to show what a ping per checkout costs (SQLAlchemy's pool_pre_ping,
+                # bench/ceiling_sqla.py); every ratio below is against the bare one.
                 sqla, sqla_url = harness.gunicorn("bench.ceiling_sqla:app", env, workers)
                 try:
                     results["ceilings_sqlalchemy_once"] = {

@@ -4,7 +4,7 @@ Revision ID: 0016
 Revises: 0015
 Create Date: 2026-12-03 18:00:00.000000
 
-Additive to seed 000 (issue 29). ``threads`` gains three terminal states (declined,
+Additive to the states of docs/api.md (docs/decisions.md, "The work lifecycle"). ``threads`` gains three terminal states (declined,
 failed, expired), a lease (``lease_expires_at``, ``lease_token``, ``lease_seconds``),
 ``priority`` and ``expires_at``, the new states' times and the reason of a decline or
 fail. Every new column is nullable or has a constant default, so PostgreSQL adds it
@@ -58,7 +58,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # The new terminal states have no seed equivalent: those threads end as cancelled.
+    # The new terminal states have no equivalent among the earlier ones: those threads end as cancelled.
     op.execute(
         "UPDATE threads SET state = 'cancelled', cancelled_at = coalesce(cancelled_at, updated_at)"
         " WHERE state IN ('declined','failed','expired')"
