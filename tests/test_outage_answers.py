@@ -1,4 +1,4 @@
-"""Outage answers (issue 28, Deliver 1): whichever statement of a method loses the database,
+"""Outage answers (docs/decisions.md, "Surviving the relay's own servers failing"): whichever statement of a method loses the database,
 the answer is a 503 with ``Retry-After`` (JSON-RPC keeping ``-32603 service_unavailable``),
 never an HTTP 200 carrying the error and never a 500, and a retry with the same idempotency
 key makes exactly one thread.
