@@ -126,7 +126,7 @@ def _safe_next(raw: Any) -> str:
 def _fragment_page() -> str | None:
     args = request.view_args or {}
     if request.endpoint == "console.agent_threads":
-        # The query as data, not url_for's keywords (a "handle" or "_external" in it was a 500 or an option).
+        # The query as data, not url_for's keywords (a "handle" or "_external" in it would be a 500 or an option).
         query = urlencode(list(request.args.items(multi=True)))
         return url_for("console.agent", handle=args.get("handle")) + (f"?{query}" if query else "")
     if request.endpoint == "console.thread_live":
