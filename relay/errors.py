@@ -180,7 +180,8 @@ def is_connection_error(exc: BaseException) -> bool:
     pooler), or a checkout whose reconnections all failed their ping (SQLAlchemy's "This
     connection is closed": a pooler that takes logins but reaches no server, as in a
     failover before the repoint), or the process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT``
-    (the connection budget is full, which a client meets as a retryable 503, never a 500; docs/decisions.md, "Scale-out").
+    (the connection budget is full, which a client meets as a retryable 503, never a 500;
+    docs/decisions.md, "Scale-out").
     """
     if isinstance(exc, PoolTimeout):
         return True

@@ -73,9 +73,9 @@ INTENTS = ("inform", "ask_question", "propose_action")
 RESERVED_KEY_PREFIX = "a2a:"
 # The version of the search document's definition (relay.services.search.document_vector)
 # that the indexer writes into messages.search_version; NULL beside a vector is version 1
-# (written before migration 0007 added the column). Rows with an older vector are reindexed by the beat sweep, found through
-# ix_messages_stale_vector, whose predicate names this number: changing the definition means
-# bumping it and recreating that index (CONCURRENTLY) in a migration.
+# (written before migration 0007 added the column). Rows with an older vector are reindexed
+# by the beat sweep, found through ix_messages_stale_vector, whose predicate names this
+# number: changing the definition means bumping it and recreating that index (CONCURRENTLY) in a migration.
 SEARCH_VERSION = 2
 
 TZ = DateTime(timezone=True)

@@ -660,7 +660,10 @@ class Message:
 
 @dataclass(frozen=True, kw_only=True)
 class _LifecycleFields:
-    """The work lifecycle's fields of a thread (docs/decisions.md, "The work lifecycle"), in ``tasks/get`` and every transition's answer."""
+    """The work lifecycle's fields of a thread, in ``tasks/get`` and every transition's answer.
+
+    The rules: docs/decisions.md, "The work lifecycle".
+    """
 
     priority: str | None = None
     expires_at: datetime | None = None

@@ -235,7 +235,10 @@ MESSAGES_AFTER_RANGE = validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be
 
 
 class MessagesPage(StrictSchema):
-    """A thread read's optional page of messages (docs/decisions.md, "Paged reads and bounded answers"): ``messages_limit`` 1-1000, ``messages_after`` >= 0."""
+    """A thread read's optional page of messages: ``messages_limit`` 1-1000, ``messages_after`` >= 0.
+
+    The rules: docs/decisions.md, "Paged reads and bounded answers".
+    """
 
     class Meta:
         unknown = RAISE

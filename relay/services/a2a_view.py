@@ -140,7 +140,7 @@ def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
 
 
 def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
-    """A2A ``Task`` from a thread dict of the JSON-RPC dialect with ``messages`` (tasks/get, or a list item with messages).
+    """A2A ``Task`` from a JSON-RPC dialect thread dict with ``messages`` (tasks/get, or a list item with them).
 
     ``history_length``: None keeps every message, 0 none, N the newest N (A2A GetTask).
     """

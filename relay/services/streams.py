@@ -33,7 +33,8 @@ STREAM_BATCH = 100
 # Seconds a client is told to wait when its agent holds RELAY_STREAMS_PER_AGENT waits already.
 RETRY_AFTER_SECONDS = 5
 # A wait asks whether its client has gone at least this often (seconds), so a closed stream's
-# slot is free again within about this long (within 2 s of the disconnect: docs/decisions.md, "Surviving the relay's own servers failing").
+# slot is free again within about this long (within 2 s of the disconnect: docs/decisions.md,
+# "Surviving the relay's own servers failing").
 GONE_CHECK_SECONDS = 0.5
 
 

@@ -63,8 +63,8 @@ _ROW = (
 def path(source: str, target: str) -> list[tuple[str, str, str]]:
     """The fewest transitions ``(name, from, to)`` that lead from state ``source`` to ``target`` (none if equal).
 
-    The state machine is not a tree: a release and a lapsed lease (docs/decisions.md, "The work lifecycle") lead back from
-    accepted to pending, so a stream that re-reads a task sees only the shortest way
+    The state machine is not a tree: a release and a lapsed lease (docs/decisions.md, "The work
+    lifecycle") lead back from accepted to pending, so a stream that re-reads a task sees only the shortest way
     between the two states it read (a round trip between two reads is not shown). A
     state a re-read can never reach from ``source`` is an error.
     """

@@ -736,7 +736,8 @@ def _summary(r: Any) -> dict[str, Any]:
 
 
 _SENDER, _RECIPIENT = aliased(Agent), aliased(Agent)
-# The state a list shows and filters on: as of now, recorded by the sweep or not (docs/decisions.md, "The work lifecycle").
+# The state a list shows and filters on: as of now, recorded by the sweep or not
+# (docs/decisions.md, "The work lifecycle").
 _EFFECTIVE_STATE = literal_column(effective_state_sql("threads"), String)
 # A page of tasks/list as plain columns (_summary's order, then the unread count): 50
 # Thread entities with two joined agents each cost more to build as ORM objects than the
@@ -1016,7 +1017,7 @@ def settle_due(limit: int = SWEEP_BATCH) -> int:
 
 
 def _refuse(name: str, thread: Thread, side: str, lease_token: str | None) -> None:
-    """Raise why ``side`` may not ``name`` ``thread`` now, in the documented order (docs/api.md, "Errors"), else nothing.
+    """Raise why ``side`` may not ``name`` ``thread`` now, in docs/api.md's order ("Errors"), else nothing.
 
     not_authorized_transition (wrong side) -> invalid_transition (wrong state) ->
     state_changed (a ``lease_token`` that is not the thread's current one, leased or not;

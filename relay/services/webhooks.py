@@ -513,7 +513,7 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
     return {"requeued": len(failed), "created": len(created)}
 
 
-# --- bulk redrive (the console: docs/decisions.md, "Console roles") ----------------------------------------------
+# --- bulk redrive (the console: docs/console.md) ----------------------------------------------
 
 REDRIVE_BATCH = 200
 # A running job whose row has not moved for this long lost its task (a killed worker, a
@@ -691,7 +691,7 @@ def resume_redrives() -> list[str]:
     return [str(j) for j in stale]
 
 
-# --- delivery health by the hour (the console: docs/decisions.md, "Console roles") -----------------------------
+# --- delivery health by the hour (the console: docs/console.md) -----------------------------
 
 # One endpoint's last 24 hours (the DB's clock), by hour: deliveries delivered and given
 # up (by completed_at), attempts that failed (each retried unless it was the last), and

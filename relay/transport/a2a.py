@@ -259,7 +259,8 @@ def _subscribe(caller: Agent, peer: Agent, req: dict) -> Streamed:
 
 
 def _get(caller: Agent, peer: Agent, req: dict) -> dict:
-    # historyLength reads only that many messages (docs/decisions.md, "Paged reads and bounded answers"); without it, every one.
+    # historyLength reads only that many messages; without it, every one (docs/decisions.md,
+    # "Paged reads and bounded answers").
     task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer, messages_last=req["historyLength"])
     return view.task_out(task, history_length=req["historyLength"])
 

@@ -81,9 +81,10 @@ class Streamed:
 class Dialect:
     """A table of methods and the shape of their errors.
 
-    Every error is first built the way of the relay's JSON-RPC dialect (``POST /a2a``) (a code and a ``data`` object holding the
-    relay's ``symbol``); ``code_for(symbol, code)`` and ``shape_data(code, data)`` let a
-    dialect answer with its own codes and ``data`` shape (A2A v1.0: relay/transport/a2a.py).
+    Every error is first built as ``POST /a2a`` (the relay's JSON-RPC dialect) builds it: a code
+    and a ``data`` object holding the relay's ``symbol``. ``code_for(symbol, code)`` and
+    ``shape_data(code, data)`` let a dialect answer with its own codes and ``data`` shape
+    (A2A v1.0: relay/transport/a2a.py).
     """
 
     methods: dict[str, Method]
@@ -476,5 +477,8 @@ bp = Blueprint("a2a", __name__)
 
 @bp.post("/a2a")
 def a2a() -> Response:
-    """The relay's JSON-RPC dialect (``POST /a2a``, docs/api.md): message/send, tasks/get, tasks/list, tasks/update, tasks/cancel."""
+    """The relay's JSON-RPC dialect (``POST /a2a``, docs/api.md).
+
+    Its methods: message/send, tasks/get, tasks/list, tasks/update, tasks/cancel.
+    """
     return serve(SEED_DIALECT)
