@@ -833,7 +833,8 @@ def scale(
             results["plan_identity_of_rotating_cases"] = ordinary.handle
             if big_id is not None:
                 cases[f"tasks/get {big_thread}-message thread"] = lambda: thread_service.get_thread(big_reader, big_id)
-                # Its first and last pages of 50 (a read that fits an agent's context: docs/decisions.md, "Paged reads and bounded answers").
+                # Its first and last pages of 50, a read that fits an agent's context
+                # (docs/decisions.md, "Paged reads and bounded answers").
                 cases[f"tasks/get {big_thread}-message thread, messages_limit=50"] = lambda: thread_service.get_thread(
                     big_reader, big_id, messages_limit=50
                 )
