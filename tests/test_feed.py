@@ -649,7 +649,10 @@ def test_budget_page_respects_limit_too(client, alice, bob):
 
 
 def _catch_up(client, key, handle, saved, seen):
-    """One catch-up pass (docs/api.md, "Catching up after downtime"): page since saved, follow next_cursor, dedupe on id."""
+    """One catch-up pass: page since saved, follow next_cursor, dedupe on id.
+
+    The loop of docs/api.md, "Catching up after downtime".
+    """
     cursor, newest = None, saved
     for _ in range(1000):
         query = {"since": saved, "direction": "inbound", "limit": 7}

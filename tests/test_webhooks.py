@@ -1,8 +1,8 @@
 """Webhooks: CRUD, routing, Standard Webhooks signatures, retries, outbox sweeps, SSRF.
 
-The rules are docs/webhooks.md's (and, for SSRF, tests/test_ssrf.py's). Everything runs on the real servers: PostgreSQL, Redis, a real
-Celery worker thread (``celery_worker``) and a real HTTP receiver on loopback
-(tests/receiver.py). Nothing HTTP is mocked; one test monkeypatches DNS
+The rules are docs/webhooks.md's (and, for SSRF, tests/test_ssrf.py's). Everything runs on
+the real servers: PostgreSQL, Redis, a real Celery worker thread (``celery_worker``) and a
+real HTTP receiver on loopback (tests/receiver.py). Nothing HTTP is mocked; one test monkeypatches DNS
 (``socket.getaddrinfo``) to make a fake host name resolve to 10.0.0.8.
 
 The periodic sweep is driven by calling the main app's ``workers.tasks.sweep_outbox``
