@@ -303,7 +303,7 @@ def run(
     relay's PREPARE then turns off, as in a deploy behind it); seeding and analyzing stay
     direct.
 
-    The paths are measured as the hot-paths issue's independent run was: closed-loop
+    The paths are measured as an independent run measures them: closed-loop
     clients, gunicorn, and no Celery worker (its CPU would be taken from the web tier on
     two cores; the sends it would have handled queue in Redis). The worker starts after,
     drains that queue, and then the webhook figures are taken. With ``profile_dir``, each

@@ -820,7 +820,7 @@ def scale(
             }
             rotating = iter(idents * (queries // max(1, len(idents)) + 2))
             cases["feed first page (200 identities)"] = lambda: (lambda a: feed.list_messages(a))(next(rotating))
-            # Beyond the list: a common word for ordinary identities (about messages/agents rows a
+            # Also a common word for ordinary identities (about messages/agents rows a
             # side, where the planner may choose the word's whole GIN bitmap over walking the feed index).
             rotating_q = iter(idents * (queries // max(1, len(idents)) + 2))
             cases["q common word (200 identities)"] = lambda: feed.list_messages(next(rotating_q), q="endpoint")
