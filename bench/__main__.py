@@ -109,7 +109,7 @@ def main() -> None:
         "--idle-below", type=float, metavar="PCT", help="before a timed phase, wait (<= 20 min) for CPU below PCT%%"
     )
     dialects_p = sub.add_parser(
-        "dialects", parents=[common], help="seed dialect vs the A2A v1.0 binding: latency per call"
+        "dialects", parents=[common], help="POST /a2a vs the A2A v1.0 binding: latency per call"
     )
     dialects_p.add_argument("--calls", type=int, default=300)
     hostile_p = sub.add_parser(

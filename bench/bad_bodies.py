@@ -2,7 +2,7 @@
 
 Each case is one invalid request of about 1 MiB (a list of 349,000 bad items, 100,000
 unknown members, NUL strings in freeform metadata, one huge string) on one surface: the
-seed dialect (``POST /a2a``), REST (``POST .../a2a/tasks/{id}/messages``) and the A2A v1.0
+relay's JSON-RPC dialect (``POST /a2a``), REST (``POST .../a2a/tasks/{id}/messages``) and the A2A v1.0
 binding (``POST /a2a/agents/{handle}``). Every one must be refused with a small answer.
 
     measure(post, n=5, handle=..., peer=..., cpu=None) -> {case: figures}

@@ -2,7 +2,7 @@
 
 ``POST /insert`` does one ``INSERT``, then ``COMMIT`` (the least a durable handoff can
 cost) and ``GET /select`` reads 50 rows in one statement; every relay figure is reported
-as a ratio to these (issue 33). No ORM, no checkout ping, no Redis: a pool of plain
+as a ratio to these (docs/performance.md). No ORM, no checkout ping, no Redis: a pool of plain
 connections the size of the relay's (``RELAY_DB_POOL_SIZE`` + ``RELAY_DB_MAX_OVERFLOW``,
 so both wait alike for a connection), on the URL the relay's processes use
 (``DATABASE_CONNECTION_POOL_URL`` when set, so pooled mode measures the same pooler).

@@ -1,4 +1,4 @@
-"""The ceiling of the hot-paths issue before issue 33: bench/ceiling.py's views through SQLAlchemy.
+"""A ceiling that pings each checkout: bench/ceiling.py's views through SQLAlchemy.
 
 Its engine pings each checkout (``pool_pre_ping``), a round trip a request the bare
 ceiling does not spend: ``python -m bench run`` measures it once beside the bare one, to

@@ -1,8 +1,10 @@
-"""``python -m bench dialects``: what the A2A v1.0 binding costs over the seed dialect.
+"""``python -m bench dialects``: what the A2A v1.0 binding costs over ``POST /a2a``.
+
+The relay's own JSON-RPC dialect (``POST /a2a``, docs/api.md) is the baseline.
 
 One client, sequential calls against gunicorn (the Procfile's web line, 2 workers) and a
 Celery worker on a fresh database: the same handoff opened, read and listed through
-``POST /a2a`` (seed 000) and through ``POST /a2a/agents/{handle}`` (A2A v1.0). Latency is
+``POST /a2a`` and through ``POST /a2a/agents/{handle}`` (A2A v1.0). Latency is
 per call, measured by the client; the difference is the binding's translation plus
 SendMessage's read-back of the task it answers with.
 """

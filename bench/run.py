@@ -303,7 +303,7 @@ def run(
     relay's PREPARE then turns off, as in a deploy behind it); seeding and analyzing stay
     direct.
 
-    The paths are measured as the hot-paths issue's independent run was: closed-loop
+    The paths are measured as an independent run measures them: closed-loop
     clients, gunicorn, and no Celery worker (its CPU would be taken from the web tier on
     two cores; the sends it would have handled queue in Redis). The worker starts after,
     drains that queue, and then the webhook figures are taken. With ``profile_dir``, each
@@ -352,8 +352,8 @@ def run(
                         ]
                     )
                 results["ceilings"] = ceilings
-                # Once, to show what the ceiling before issue 33 paid (SQLAlchemy, a ping per
-                # checkout); every ratio below is against the bare one.
+                # Once, to show what a ping per checkout costs (SQLAlchemy's pool_pre_ping,
+                # bench/ceiling_sqla.py); every ratio below is against the bare one.
                 sqla, sqla_url = harness.gunicorn("bench.ceiling_sqla:app", env, workers)
                 try:
                     results["ceilings_sqlalchemy_once"] = {

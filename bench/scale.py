@@ -4,7 +4,7 @@ Seeds with COPY (not the API), then times each query server-side (the service ca
 without HTTP) and saves ``EXPLAIN (ANALYZE, BUFFERS)`` of each, checking that no plan
 scans messages or threads sequentially.
 
-The seed, in bounded memory and time at 10M messages:
+Seeding, in bounded memory and time at 10M messages:
 
 1. agents and threads by COPY (the thread list is held: 500k tuples);
 2. messages streamed by COPY (no batch held: Python generates while PostgreSQL parses)
@@ -820,7 +820,7 @@ def scale(
             }
             rotating = iter(idents * (queries // max(1, len(idents)) + 2))
             cases["feed first page (200 identities)"] = lambda: (lambda a: feed.list_messages(a))(next(rotating))
-            # Beyond the issue's list: a common word for ordinary identities (about messages/agents rows a
+            # Also a common word for ordinary identities (about messages/agents rows a
             # side, where the planner may choose the word's whole GIN bitmap over walking the feed index).
             rotating_q = iter(idents * (queries // max(1, len(idents)) + 2))
             cases["q common word (200 identities)"] = lambda: feed.list_messages(next(rotating_q), q="endpoint")
@@ -833,7 +833,8 @@ def scale(
             results["plan_identity_of_rotating_cases"] = ordinary.handle
             if big_id is not None:
                 cases[f"tasks/get {big_thread}-message thread"] = lambda: thread_service.get_thread(big_reader, big_id)
-                # Its first and last pages of 50 (issue 34: a read that fits an agent's context).
+                # Its first and last pages of 50, a read that fits an agent's context
+                # (docs/decisions.md, "Paged reads and bounded answers").
                 cases[f"tasks/get {big_thread}-message thread, messages_limit=50"] = lambda: thread_service.get_thread(
                     big_reader, big_id, messages_limit=50
                 )
@@ -896,7 +897,7 @@ def db_engine_dispose(app) -> None:
         db.engine.dispose()
 
 
-TARGETS = {  # issue 17, item 4: p95 ceilings in ms
+TARGETS = {  # p95 ceilings in ms a run must stay under (docs/performance.md, "At scale")
     "feed first page": 15.0,
     "feed first page (200 identities)": 15.0,
     "feed deep cursor page": 15.0,

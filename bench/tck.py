@@ -221,7 +221,7 @@ class Responder:
         c.complete(tid, summary)
 
     def _request_input(self, tid: str) -> None:
-        # The relay's input_required state: asked for through the seed dialect's
+        # The relay's input_required state: asked for through ``POST /a2a``'s
         # request_input transition; a relay without it leaves the task accepted (WORKING).
         try:
             self.client._transition(  # noqa: SLF001  (no public wrapper for this transition yet)

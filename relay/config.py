@@ -202,7 +202,8 @@ class Settings:
     client_idle_timeout: float = 30.0
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
     # Concurrent long-polls and streams per agent, and the seconds between a stream's
-    # heartbeats (also a waiter's re-check and re-authentication: issue 14).
+    # heartbeats (also a waiter's re-check and re-authentication:
+    # docs/decisions.md, "Waking agents").
     streams_per_agent: int = 10
     stream_heartbeat: float = 15.0
     # How long a blocking A2A SendMessage waits for its task to end or be interrupted before
@@ -210,12 +211,12 @@ class Settings:
     a2a_blocking_seconds: float = 4.0
     # Each worker's pump writes its heartbeat every worker_heartbeat seconds; a worker
     # silent for worker_stale seconds is dead and its claimed deliveries are sent again
-    # (issue 28; docs/decisions.md, "Surviving the relay's own servers failing").
+    # (docs/decisions.md, "Surviving the relay's own servers failing").
     worker_heartbeat: float = 1.0
     worker_stale: float = 5.0
     # PostgreSQL connections each process keeps open, and may open beyond them for a burst;
     # a request waits at most db_pool_timeout seconds for one, then answers 503 with
-    # Retry-After. Small by default (issue 27): the Procfile's web (WEB_CONCURRENCY=2),
+    # Retry-After. Small by default (docs/decisions.md, "Scale-out"): the Procfile's web (WEB_CONCURRENCY=2),
     # worker and beat must fit a 20-connection database; a gevent worker's requests each
     # hold a connection only between checkout and teardown, and waiters hold none.
     # 5 + 0 rather than 4 + 1: the same 5 a process, but kept open; at 4 + 1 message/send
@@ -243,7 +244,7 @@ class Settings:
     # partition is skipped until the next pass, so traffic never queues behind a drop.
     retain_deliveries_days: int = 30
     retain_events_days: int = 30
-    retain_audit_days: int = 365  # the operators' audit log (issue 32)
+    retain_audit_days: int = 365  # the operators' audit log (docs/console.md)
     retain_closed_threads_days: int = 0
     retention_lock_timeout_ms: int = 500
     # Agent-card signing (relay/services/signing.py): whole days a retired signing key stays

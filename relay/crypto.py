@@ -1,4 +1,4 @@
-"""Encryption at rest for webhook secrets, keyed from ``RELAY_SECRET_KEY`` (DESIGN.md, "Operations")."""
+"""Encryption at rest for webhook secrets, keyed from ``RELAY_SECRET_KEY`` (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ orjson encodes a page of the feed several times faster than ``json.dumps``, whic
 tenth of the feed's CPU. It refuses integers past 64 bits, which an agent's metadata may
 hold (PostgreSQL's jsonb keeps them exactly), so such a document is encoded by ``json``
 instead: never an error, never a changed number. Keys are sorted and datetimes are
-formatted as Flask's own provider does, so the bytes mean what they meant before, except
+formatted as Flask's own provider does, so the bytes mean what Flask's would, except
 inside :func:`raw_json` fragments: those are written as PostgreSQL gives them (jsonb's key
 order and spacing, its number text such as ``0.0000001`` for ``1e-7``), same values.
 """

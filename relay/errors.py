@@ -1,7 +1,7 @@
 """Relay errors: one symbol each, mapped to a JSON-RPC code and an HTTP status.
 
-Codes -32004..-32013 come from seed 000's error tables; -32001/-32003 and the HTTP
-statuses from DESIGN.md ("JSON-RPC endpoint", "REST").
+The codes and HTTP statuses are the table of docs/api.md, "Errors": -32001 an unauthenticated
+call (401), -32003 a rate limit (429), -32004..-32013 the relay's own refusals.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ def is_connection_error(exc: BaseException) -> bool:
     pooler), or a checkout whose reconnections all failed their ping (SQLAlchemy's "This
     connection is closed": a pooler that takes logins but reaches no server, as in a
     failover before the repoint), or the process's pool had no connection free within ``RELAY_DB_POOL_TIMEOUT``
-    (issue 27: the budget is full, which a client should meet as a retryable 503, not a 500).
+    (the connection budget is full, which a client meets as a retryable 503, never a 500;
+    docs/decisions.md, "Scale-out").
     """
     if isinstance(exc, PoolTimeout):
         return True

@@ -40,8 +40,8 @@ class RelaySQLAlchemy(SQLAlchemy):
 
     ``session.remove()`` rolls back the request's transaction; when PostgreSQL went away
     mid-request that rollback raises (OperationalError on a dead socket) outside every
-    error handler, and gunicorn answered its own 500 after the app's 503 (issue 28: a
-    ``/readyz`` during a crash). The session is discarded either way and the pool
+    error handler, and gunicorn would answer its own 500 after the app's 503 (a ``/readyz``
+    during a crash). The session is discarded either way and the pool
     replaces the connection (checkout ping), so the error is only logged.
     """
 
@@ -77,9 +77,9 @@ def redis_client() -> redis.Redis:
 # terminated backend, a pooler that went away) or holds its FATAL goodbye. That is the
 # pessimistic disconnect handling SQLAlchemy documents for a custom ping: a "checkout"
 # listener that raises DisconnectionError, so the pool discards the connection and
-# retries with a new one. It replaced ``SELECT value FROM relay_generations`` on every
-# checkout, a round trip a request (issue 33): the key generation is now checked in the
-# request's first statement (GuardedCursor below).
+# retries with a new one. It reads nothing from the server, so a checkout costs no round
+# trip: the key generation is checked in the request's first statement instead
+# (GuardedCursor below; docs/decisions.md, "The pool's liveness check is the socket").
 try:
     from gevent.monkey import get_original
 

@@ -34,7 +34,7 @@ def parse_ulid(value: object) -> uuid.UUID:
     """Parse a ULID given as 26 Crockford base32 characters or as a UUID string.
 
     Returns a SentId, which names the id as the caller wrote it (as_sent). Raises
-    ValueError with a reason when the value is neither (DESIGN.md, "Decisions").
+    ValueError with a reason when the value is neither (docs/decisions.md).
     """
     if not isinstance(value, str):
         raise ValueError("must be a string")

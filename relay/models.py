@@ -39,7 +39,7 @@ def effective_state_sql(t: str = "threads", now: str = "now()") -> str:
 
     A leased ``accepted`` handoff past ``lease_expires_at`` is ``pending`` again, and a
     ``pending`` one past ``expires_at`` (also one whose lease just lapsed) is ``expired``
-    (issue 29: "at once in every read"). relay.services.threads.settle writes the same
+    (at once, in every read: docs/decisions.md, "The work lifecycle"). relay.services.threads.settle writes the same
     rule; tests/test_lifecycle.py holds the two equal.
     """
     return (
@@ -68,14 +68,14 @@ def expired_at_sql(t: str = "threads", now: str = "now()") -> str:
 
 
 INTENTS = ("inform", "ask_question", "propose_action")
-# Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside seed keys of the
-# same agent; seed clients may not use the prefix, so neither can replay the other's call.
+# Idempotency keys of A2A SendMessage calls are "a2a:" + messageId, beside ``POST /a2a`` keys of
+# the same agent; that dialect's clients may not use the prefix, so neither can replay the other's call.
 RESERVED_KEY_PREFIX = "a2a:"
 # The version of the search document's definition (relay.services.search.document_vector)
 # that the indexer writes into messages.search_version; NULL beside a vector is version 1
-# (before 0007). Rows with an older vector are reindexed by the beat sweep, found through
-# ix_messages_stale_vector, whose predicate names this number: changing the definition means
-# bumping it and recreating that index (CONCURRENTLY) in a migration.
+# (written before migration 0007 added the column). Rows with an older vector are reindexed
+# by the beat sweep, found through ix_messages_stale_vector, whose predicate names this
+# number: changing the definition means bumping it and recreating that index (CONCURRENTLY) in a migration.
 SEARCH_VERSION = 2
 
 TZ = DateTime(timezone=True)
@@ -103,7 +103,8 @@ def is_partition(name: str) -> bool:
 
 
 class _PartitionedById:
-    """Maps a partitioned table by ``id`` alone, so ORM code is the same as before 0009."""
+    """Maps a partitioned table by ``id`` alone (its primary key is ``(id, <time column>)``, as
+    partitioning requires), so ORM code reads and writes it by ``id``."""
 
     _eager_defaults = False
 
@@ -495,7 +496,7 @@ class WebhookAttempt(_PartitionedById, db.Model):
 
 
 class CircuitOpening(db.Model):
-    """One opening of an endpoint's circuit: when, until when, why (issue 32's circuit spans).
+    """One opening of an endpoint's circuit: when, until when, why (the console's circuit spans).
 
     Written by the pump in the transaction that opens the circuit; retention deletes rows
     older than :data:`relay.services.retention.CIRCUIT_KEEP` (an endpoint opens at most
@@ -516,7 +517,7 @@ REDRIVE_STATES = ("running", "done", "failed")
 
 
 class RedriveJob(db.Model):
-    """A bulk redrive (issue 32): an endpoint's failed deliveries of a window, sent again in batches.
+    """A bulk redrive (docs/console.md): an endpoint's failed deliveries of a window, sent again in batches.
 
     ``id`` is made by the preview page, so confirming twice makes one job. ``total`` is how
     many were failed when it was confirmed; ``done`` how many it has redriven; the keyset
@@ -543,7 +544,7 @@ class RedriveJob(db.Model):
 
 
 class OperatorAudit(_PartitionedById, db.Model):
-    """One operator's sign-in, failed sign-in, sign-out or console action (issue 32).
+    """One operator's sign-in, failed sign-in, sign-out or console action (docs/console.md).
 
     Written in the transaction of the action it records; a refused action leaves only its
     refusal (``outcome`` the reason's symbol). ``operator_id`` is null for a failed
@@ -587,7 +588,7 @@ class Operator(db.Model):
     password_changed_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     last_sign_in_at: Mapped[datetime | None] = mapped_column(TZ)
     disabled_at: Mapped[datetime | None] = mapped_column(TZ)
-    # admin: every page and action of its org; viewer: every page, no action (issue 32).
+    # admin: every page and action of its org; viewer: every page, no action (docs/decisions.md, "Console roles").
     role: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
 
     __mapper_args__ = {"eager_defaults": True}

@@ -1,5 +1,5 @@
 """Helpers shared by the A2A tests against a live relay: the stock SDK client, the
-recipient's seed-dialect calls (also from a thread, one step per event seen) and a
+recipient's calls of the relay's JSON-RPC dialect (``POST /a2a``) (also from a thread, one step per event seen) and a
 Server-Sent Events reader for plain-HTTP streams."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def send_text(client, text: str, **message_fields):
 
 
 def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
-    """One call of the seed dialect (the recipient's side), over HTTP; fails on an error."""
+    """One call of ``POST /a2a``, the relay's JSON-RPC dialect (the recipient's side), over HTTP; fails on an error."""
     resp = requests.post(
         f"{relay_url}/a2a",
         headers=bearer(key),
@@ -66,7 +66,7 @@ def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
 
 
 class Recipient(threading.Thread):
-    """The recipient, in a thread: one seed call per ``(method, params)`` put on ``.steps``; None stops it."""
+    """The recipient, in a thread: one ``POST /a2a`` call per ``(method, params)`` put on ``.steps``; None stops it."""
 
     def __init__(self, base: str, key: str):
         super().__init__(daemon=True)

@@ -2,7 +2,7 @@
 
 The stock ``a2a-sdk`` client, configured with ``supported_protocol_bindings=["HTTP+JSON"]``,
 picks the card's HTTP+JSON interface and drives every operation over REST paths; the
-recipient works through the seed dialect. Plain-HTTP tests check the statuses and the
+recipient works through the relay's JSON-RPC dialect (``POST /a2a``). Plain-HTTP tests check the statuses and the
 ``google.rpc.Status`` bodies themselves, and that each data line of a stream is a bare
 StreamResponse. A few error paths that need a broken database or a tiny budget run
 in-process on the test app.

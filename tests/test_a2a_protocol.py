@@ -8,8 +8,8 @@ runs a real Celery worker and a real loopback receiver (tests/receiver.py).
 Each test checks one rule of the binding: cards, the ``A2A-Version`` check, auth,
 the JSON-RPC envelope, the A2A error shape (``google.rpc.ErrorInfo`` / ``BadRequest``
 in ``error.data``), SendMessage / GetTask / ListTasks / CancelTask, push notification
-configs, the unsupported extended card (streaming: tests/test_a2a_stream.py), the rate-limit budget shared with the seed
-dialect, and the seed dialect (``POST /a2a``) left unchanged.
+configs, the unsupported extended card (streaming: tests/test_a2a_stream.py), the rate-limit budget shared with
+the relay's JSON-RPC dialect, and that dialect (``POST /a2a``) left unchanged.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def test_send_message_opens_a_submitted_task_addressed_to_the_agent(client, to_b
     assert first["parts"] == [{"text": BRIEF}]
     assert first["taskId"] == task["id"] and first["contextId"] == task["contextId"]
     assert task["artifacts"] == []
-    # The recipient sees it in its seed inbox, with the same ids.
+    # The recipient sees it in its ``POST /a2a`` inbox, with the same ids.
     seen = rpc(client, bob[1], "tasks/get", {"task_id": task["id"]})
     assert seen["status"] == {"state": "pending"}
     assert seen["sender"]["handle"] == "alice@acme" and seen["summary"] == BRIEF
@@ -414,7 +414,7 @@ def test_client_chosen_context_id_starts_a_context_and_a_second_send_joins_it(ap
     assert first["id"] != second["id"]
     assert sql(app, "select count(distinct context_id) from threads") == [(1,)]
     assert sql(app, "select context_id::text from threads limit 1") == [(ctx,)]
-    # The seed dialect shows the same context as a ULID.
+    # ``POST /a2a`` shows the same context as a ULID.
     assert rpc(client, alice[1], "tasks/get", {"task_id": first["id"]})["context_id"] == format_ulid(uuid.UUID(ctx))
 
 
@@ -591,7 +591,7 @@ def test_metadata_intent_and_proposed_action_open_a_relay_proposal(client, to_bo
     )
     assert task["metadata"]["intent"] == "propose_action"
     opening = task["history"][0]["metadata"]
-    stored = {**PROPOSED, "suggested_diff": None}  # the seed schema's default
+    stored = {**PROPOSED, "suggested_diff": None}  # MessageSendParams' default
     assert opening["intent"] == "propose_action" and opening["proposed_action"] == stored
     assert opening["ticket"] == "WEB-7"  # other metadata is kept as the message payload
     seen = rpc(client, bob[1], "tasks/get", {"task_id": task["id"]})
@@ -1220,7 +1220,7 @@ def test_extended_card_method_is_32004(app, to_bob, method, params):
     assert count(app, "threads") == 0
 
 
-# --------------------------------------------------------------------------- rate limit shared with the seed dialect
+# --------------------------------------------------------------------------- rate limit shared with POST /a2a
 
 
 def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app, redis_url, alice, bob):
@@ -1250,7 +1250,7 @@ def test_rate_limit_budget_is_shared_with_the_seed_dialect(base_env, celery_app,
         A2A(c, bob[1], alice[0]).ok("ListTasks", {})
 
 
-# --------------------------------------------------------------------------- the seed dialect is unchanged
+# --------------------------------------------------------------------------- POST /a2a is unchanged
 
 
 def test_seed_dialect_keeps_its_own_codes_and_error_object(client, alice):

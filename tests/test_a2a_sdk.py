@@ -1,9 +1,10 @@
 """The official ``a2a-sdk`` client, unmodified, against a live relay (gunicorn + Celery worker).
 
 A stock A2A v1.0 client resolves a relay agent's card, hands it
-work and follows it to completion while the recipient works through the seed dialect.
+work and follows it to completion while the recipient works through
+the relay's JSON-RPC dialect.
 Each test drives ``a2a.client`` over real HTTP on loopback; the recipient's side uses
-plain ``POST /a2a`` calls, as an agent on the seed dialect would.
+plain ``POST /a2a`` calls, as an agent on that dialect would.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def test_push_notification_config_receives_state_change(relay_url, make_agent):
 
 
 def test_the_lifecycle_ends_through_the_stock_client(relay_url, make_agent, app):
-    """Issue 29: declined is REJECTED, failed FAILED, expired CANCELED; ListTasks filters on them."""
+    """The work lifecycle's ends: declined is REJECTED, failed FAILED, expired CANCELED; ListTasks filters on them."""
     from relay.ids import parse_ulid
     from tests.conftest import sql
 

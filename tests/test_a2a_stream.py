@@ -1,7 +1,7 @@
-"""A2A streaming in the v1.0 binding: ``SendStreamingMessage`` and ``SubscribeToTask`` (issue 15).
+"""A2A streaming in the v1.0 binding: ``SendStreamingMessage`` and ``SubscribeToTask`` (docs/a2a.md, "Streaming").
 
 Against a live gunicorn + Celery worker. The stock ``a2a-sdk`` 1.3 client streams as a
-client would; the recipient works the task in another thread through the seed dialect
+client would; the recipient works the task in another thread through the relay's JSON-RPC dialect
 (``POST /a2a``), one step after each event the client saw, so every update is shown to
 arrive live. Plain-HTTP tests read the Server-Sent Events themselves. No assertion is
 on time: every wait is bounded (a read timeout, a count of heartbeats, ``asyncio.timeout``)
@@ -460,7 +460,7 @@ def test_waiting_streams_hold_no_database_connection(app, live, make_agent, sett
 
 @pytest.mark.parametrize("back", ["release", "lease_expired"])
 def test_a_task_stream_names_the_way_back_to_pending_as_the_audit_trail_does(live, pair, app, back):
-    """accepted -> pending is a release or a lapsed lease (issue 29); the stream says which."""
+    """accepted -> pending is a release or a lapsed lease; the stream says which."""
     from relay.ids import parse_ulid
     from relay.services import threads
     from tests.conftest import sql

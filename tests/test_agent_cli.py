@@ -587,7 +587,7 @@ def test_a_non_numeric_file_ref_line_is_a_usage_error_and_nothing_is_sent(run, k
     assert "PATH[:START[-END]]" in ok(run(None, "send", "--help", url=None))
 
 
-# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+# --------------------------------------------------------------------------- the work lifecycle
 
 
 def _handoff(run, keys, *extra: str) -> str:

@@ -1,8 +1,8 @@
 """Bad bodies just under RELAY_MAX_BODY_BYTES are refused with a small answer, on every surface.
 
-A list of 349,000 bad items used to be loaded item by item and answered with one field
-error per item (about 30 MB, seconds of CPU). Lists are now refused whole when longer
-than their bound (``BoundedList``, relay/schemas/common.py), and every field-error list
+A list of 349,000 bad items, loaded item by item, would be answered with one field error
+per item (about 30 MB, seconds of CPU). So lists are refused whole when longer than their
+bound (``BoundedList``, relay/schemas/common.py), and every field-error list
 is capped at MAX_FIELD_ERRORS (relay/errors.py) paths plus a count of the rest (JSON-RPC ``data.errors`` /
 ``data.errors_omitted``, REST ``error.details`` / ``error.details_omitted``, A2A
 ``BadRequest.fieldViolations`` / ``ErrorInfo.metadata.errors_omitted``).

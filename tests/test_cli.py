@@ -213,7 +213,7 @@ def test_retention_on_a_database_not_migrated_fails_with_one_line(relay, cli_env
             assert "relay db upgrade" in line
 
 
-# --------------------------------------------------------------------------- finding the relay (issue 30)
+# --------------------------------------------------------------------------- finding the relay
 
 
 def _no_database(cli_env: dict, **extra: str) -> dict:

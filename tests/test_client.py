@@ -1,8 +1,8 @@
 """relay.agent.client against a live relay (gunicorn + Celery from the Procfile, real PostgreSQL and Redis).
 
-Typed results for every seed-000 method, one exception class per
+Typed results for every method of the relay's JSON-RPC dialect (``POST /a2a``), one exception class per
 error symbol, retries that never duplicate a handoff (429 with Retry-After, a
-connection dropped after the relay committed), the seed-004 feed and its catch-up
+connection dropped after the relay committed), the messages feed and its catch-up
 loop, and Standard Webhooks verification. Nothing is mocked: faults are made with a
 real rate limit and a real TCP proxy that drops a connection.
 """
@@ -453,7 +453,7 @@ def test_a_timeout_is_retried_and_each_retry_is_announced():
     assert [(n.retry, n.reason) for n in notices] == [(1, "timed out"), (2, "timed out")] and len(slept) == 2
 
 
-# --------------------------------------------------------------------------- feed (seed 004)
+# --------------------------------------------------------------------------- feed
 
 
 def test_catch_up_returns_every_message_once_across_pages(agents):
@@ -679,7 +679,7 @@ def test_the_agent_tools_import_no_server_code():
     assert out.stdout.strip() == "[]"
 
 
-# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+# --------------------------------------------------------------------------- the work lifecycle
 
 
 def test_decline_sends_its_reason_and_the_result_is_typed(agents):

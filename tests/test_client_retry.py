@@ -1,4 +1,4 @@
-"""Keep-alive (issue 28, Deliver 4): the server keeps idle connections longer than the
+"""Keep-alive: the server keeps idle connections longer than the
 proxies in front of it, and the client survives the race when a reused one closes anyway.
 
 The server side runs the Procfile's gunicorn (relay/transport/server.py) with a short

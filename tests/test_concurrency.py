@@ -1,4 +1,4 @@
-"""Concurrency on real PostgreSQL: gapless sequence numbers and racing transitions (case C5).
+"""Concurrency on real PostgreSQL: gapless sequence numbers and racing transitions.
 
 Each worker thread uses its own ``app.test_client()``; every request gets its own app
 context and therefore its own database session and connection.

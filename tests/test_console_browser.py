@@ -721,7 +721,7 @@ def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, consol
     b.shot("audit")
 
 
-# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+# --------------------------------------------------------------------------- the work lifecycle
 
 
 def test_a_declined_urgent_handoff_with_its_reason_and_receipt(acme, b, console_url):

@@ -183,7 +183,7 @@ def test_another_orgs_action_changes_nothing(app, world):
     ) == [("pending",)]
 
 
-# --------------------------------------------------------------------------- roles (issue 32)
+# --------------------------------------------------------------------------- roles
 
 VIEWER = "look@acme.example"
 
@@ -912,7 +912,7 @@ def test_the_block_form_does_not_suggest_the_agents_own_handle(app, world, make_
         assert handle not in placeholder and placeholder, placeholder
 
 
-# --------------------------------------------------------------------------- the audit log (issue 32)
+# --------------------------------------------------------------------------- the audit log
 
 
 def _audit(app, **where) -> list[tuple]:
@@ -1072,7 +1072,7 @@ def test_a_role_change_is_recorded_in_the_orgs_log(app, world):
     ]
 
 
-# --------------------------------------------------------------------------- charts (issue 32)
+# --------------------------------------------------------------------------- charts
 
 
 def _chart_desc(page: str, chart_id: str) -> str:
@@ -1137,7 +1137,7 @@ def test_an_endpoints_page_charts_its_deliveries_and_latency(app, world):
     assert 4 < float(band.group(2)) < 6  # ten minutes of the 24 hours over 672 units: 4.7
 
 
-# --------------------------------------------------------------------------- bulk redrive (issue 32)
+# --------------------------------------------------------------------------- bulk redrive
 
 
 def test_a_bulk_redrive_sends_each_failed_delivery_once_with_its_webhook_id(app, make_agent, client, celery_worker):
@@ -1281,7 +1281,7 @@ def test_a_refused_cancel_leaves_only_its_refusal(app, world):
     assert [r[1] for r in _audit(app, action="cancel")] == ["ok", "invalid_transition"]
 
 
-# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+# --------------------------------------------------------------------------- the work lifecycle
 
 
 def _send(client, key, recipient, text, **more):

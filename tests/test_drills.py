@@ -2,8 +2,8 @@
 
 Each drill starts its own stack (gunicorn via the Procfile's ``web`` line with
 ``WEB_CONCURRENCY=2``, a Celery worker, Celery beat) on loopback, keeps agents sending
-``message/send`` over HTTP, breaks one thing, and then checks the invariants the issue
-names: every acknowledged send is in the database exactly once, every committed event
+``message/send`` over HTTP, breaks one thing, and then checks the invariants a
+fault must not break: every acknowledged send is in the database exactly once, every committed event
 reaches the webhook receiver, and the feed walk returns every message once.
 
 A drill that stops or restarts a server does it to a server private to that drill: a
@@ -588,7 +588,7 @@ def supervise_worker(stack: Stack) -> bool:
 def test_redis_stopped_while_agents_keep_sending(shared_database, private_redis, tmp_path):
     """Redis (broker and rate-limit store) stopped under load, then restarted on the same port.
 
-    The issue asks for a 30 s outage; the drill holds it for OUTAGE seconds (8 s) to keep CI
+    A real outage may last 30 s or more; the drill holds it for OUTAGE seconds (8 s) to keep CI
     short: longer than the 3 s outbox sweep and enough for many sends to hit a dead Redis.
     The API must keep answering (rate limiting fails open, logged), and afterwards the
     beat sweeps must fan out every event and index every message written meanwhile.

@@ -2,7 +2,7 @@
 
 A thread id is accepted as a 26-character ULID or as a UUID; a well-formed id of no
 thread (or of no thread the caller may see) is echoed in the caller's own form on the
-seed JSON-RPC dialect, REST and the A2A binding, not converted to the ULID form.
+relay's JSON-RPC dialect (``POST /a2a``), REST and the A2A binding, not converted to the ULID form.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _a2a_message(**extra):
     return {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": "please review"}], **extra}
 
 
-# --------------------------------------------------------------------------- seed JSON-RPC
+# --------------------------------------------------------------------------- POST /a2a
 
 
 @SENT

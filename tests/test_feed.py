@@ -1,9 +1,9 @@
-"""The messages feed ``GET /api/v1/identities/{handle}/a2a/messages`` (seed 004).
+"""The messages feed ``GET /api/v1/identities/{handle}/a2a/messages`` (docs/api.md, "The messages feed").
 
-DESIGN.md ("REST", "Decisions"), seed 004 and the feed half of case C7: row shape,
+Row shape,
 task_state now, newest first, every parameter's bounds, direction x role, handle
 filters, inclusive since, 401/403/404, keyset paging over shared timestamps and
-deleted rows, the byte budget, and the seed's catch-up loop under concurrent writes.
+deleted rows, the byte budget, and the catch-up loop under concurrent writes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import bearer, rpc, sql
 
 TIE = "2026-03-04 05:06:07.123456+00"
 ROW_FIELDS = {
-    "priority",  # issue 29, beside seed 004's fields
+    "priority",  # the work lifecycle's, beside the feed's own fields
     "read_at",
     "id",
     "sequence_no",
@@ -347,7 +347,7 @@ def two_way(client, alice, bob):
 @pytest.mark.parametrize(
     "direction, role, expected",
     [
-        ("inbound", "agent", ["a-reply"]),  # seed 004: your own replies on work others sent you
+        ("inbound", "agent", ["a-reply"]),  # your own replies on work others sent you
         ("inbound", "caller", ["b-open"]),
         ("inbound", None, ["a-reply", "b-open"]),
         ("outbound", "caller", ["a-open"]),  # your own opening messages
@@ -645,11 +645,14 @@ def test_budget_page_respects_limit_too(client, alice, bob):
     assert [len(items) for items, _ in pages] == [1, 1, 1]
 
 
-# --------------------------------------------------------------------------- seed 004 catch-up loop
+# --------------------------------------------------------------------------- the catch-up loop
 
 
 def _catch_up(client, key, handle, saved, seen):
-    """One catch-up pass of seed 004: page since saved, follow next_cursor, dedupe on id."""
+    """One catch-up pass: page since saved, follow next_cursor, dedupe on id.
+
+    The loop of docs/api.md, "Catching up after downtime".
+    """
     cursor, newest = None, saved
     for _ in range(1000):
         query = {"since": saved, "direction": "inbound", "limit": 7}
@@ -666,7 +669,7 @@ def _catch_up(client, key, handle, saved, seen):
 
 
 def test_catch_up_loop_sees_every_message_written_while_it_runs(app, client, alice, bob, make_agent):
-    """Seed 004's recovery loop misses nothing even while concurrent writers commit.
+    """The feed's recovery loop misses nothing even while concurrent writers commit.
 
     It can only hold if a message never commits with a created_at older than a message
     already visible to the same identity (created_at order must follow commit order).

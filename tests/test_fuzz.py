@@ -1,7 +1,7 @@
 """Bad-input sweep: schemathesis over every REST operation, hypothesis over POST /a2a bodies.
 
 Whatever arrives, the relay answers with a 4xx (or 2xx) in its own JSON shape: never a
-5xx, never a traceback, never a JSON-RPC internal error (DESIGN.md, "JSON-RPC endpoint":
+5xx, never a traceback, never a JSON-RPC internal error (docs/api.md, "Errors":
 -32603 carries no traceback, and a bad input is the caller's error, not ours).
 
 Every sweep is bounded and derandomized, so CI runs the same examples every time:
@@ -595,7 +595,7 @@ def test_rest_bodies_survive_any_bytes(client, rest_world, route, body, content_
         assert set(doc) == {"error"} and {"code", "message", "details"} <= set(doc["error"]), doc
 
 
-# --------------------------------------------------------------------------- regressions the sweep found
+# --------------------------------------------------------------------------- inputs the fuzz sweep found
 
 
 def _cursor(stamp: str) -> str:
@@ -641,7 +641,7 @@ def test_since_outside_the_utc_calendar_is_422_naming_since(client, make_agent, 
     assert error["code"] == -32602 and "filter.since" in error["data"]["errors"], error
 
 
-# The same offset inside a cursor (an opaque value a client can still forge) was a 500 too.
+# The same offset inside a cursor (an opaque value a client can still forge) is a client error too, never a 500.
 @pytest.mark.parametrize("stamp,status", [("2026-04-20T00:00:00+18:00", 200), ("0001-01-01T00:00:00+01:00", 422)])
 def test_cursor_with_a_far_offset_is_not_a_server_error(client, make_agent, stamp, status):
     me, key = make_agent(ME)

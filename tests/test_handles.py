@@ -173,7 +173,7 @@ def test_existing_look_alike_row_is_still_found_but_not_delivered_to(app, client
     _insert_legacy(app, "x@org.")
     _sender, key = make_agent("alice@acme")
 
-    # Seed dialect: the look-alike is an invalid recipient, not the old row.
+    # POST /a2a: the look-alike is an invalid recipient, not the old row.
     _assert_invalid_recipient(_send(client, key, "x@org."), "x@org.", EMPTY_LABEL)
     # A2A binding: the row's endpoint exists, but opening a task there is refused the same way.
     a2a = client.post(

@@ -1,4 +1,4 @@
-"""Rules the hot paths must keep while they take shortcuts (issue 17).
+"""Rules the hot paths must keep while they take shortcuts (docs/performance.md, "Request paths").
 
 - a create is one statement: its thread, message, audit and outbox rows share one time;
 - response JSON goes through orjson, but an integer past 64 bits comes back exactly;
@@ -291,7 +291,7 @@ def test_json_fragments_survive_the_standard_library_fallback():
 def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
     """A create computes the participants' advisory lock keys in SQL, an append in Python
     (threads._serialize_feed_writes): one identity must have one lock, or the feed's
-    commit-order rule (seed 004) would not hold between the two."""
+    commit-order rule (docs/api.md, "Catching up after downtime") would not hold between the two."""
 
     from relay.extensions import db
     from relay.services import threads

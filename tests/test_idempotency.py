@@ -1,4 +1,4 @@
-"""Client idempotency keys on ``message/send`` (DESIGN.md "Idempotency", case C6)."""
+"""Client idempotency keys on ``message/send`` (docs/api.md, "Conventions")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """JSON-RPC 2.0 envelope of POST /a2a: parse errors, invalid requests, batches,
 notifications, HTTP statuses, authentication and the body limit.
 
-DESIGN.md ("JSON-RPC endpoint", "Decisions") and cases C1-C2 of shared/cases/README.md.
+The rules are docs/api.md's ("JSON-RPC: `POST /a2a`", "Errors") and docs/decisions.md's.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The seed-000 methods of POST /a2a: message/send (create, append), tasks/get, tasks/list,
+"""The methods of POST /a2a: message/send (create, append), tasks/get, tasks/list,
 tasks/update, tasks/cancel; the state machine, unread counts, audit rows and outbox events.
 
-DESIGN.md ("Threads", "State machine", "JSON-RPC endpoint", "Decisions"), seed 000 and
-cases C3-C4 of shared/cases/README.md.
+The rules are docs/api.md's ("JSON-RPC: `POST /a2a`", "Thread", "Errors") and docs/decisions.md's.
 """
 
 from __future__ import annotations
@@ -590,7 +589,7 @@ def test_tasks_get_pages_mark_read_only_what_they_returned(alice, bob):
         ({"messages_limit": "5"}, "messages_limit"),
         ({"messages_limit": 2.5}, "messages_limit"),
         ({"messages_after": -1}, "messages_after"),
-        ({"messages_after": 2**31}, "messages_after"),  # beyond the column: was a 500
+        ({"messages_after": 2**31}, "messages_after"),  # beyond the column's range: refused, never a 500
         ({"messages_after": "x"}, "messages_after"),
         ({"messages_before": 3}, "messages_before"),
     ],

@@ -145,7 +145,7 @@ def test_revocation_is_immediate_under_concurrent_requests(app, alice, database_
     assert after and set(after) == {401}, after[:10]
 
 
-# --- the guard in the first statement (migration 0018; issue 33) ----------------------
+# --- the guard in the first statement (migration 0018) ------------------------------
 
 
 def _sent(app, fn):

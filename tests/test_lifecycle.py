@@ -1,9 +1,9 @@
-"""The work lifecycle beyond the seed (issue 29): decline, fail, release, renew; leases that
+"""The work lifecycle (docs/decisions.md, "The work lifecycle"): decline, fail, release, renew; leases that
 fence and lapse; read receipts; priority and expiry.
 
 One test per rule, against a real PostgreSQL (and Redis, a real worker and a real beat
-where the rule is about them). The seed's own transitions are pinned by
-tests/test_rules_threads.py and tests/test_concurrency.py, unchanged.
+where the rule is about them). Accept, complete and cancel are pinned by
+tests/test_rules_threads.py and tests/test_concurrency.py.
 """
 
 from __future__ import annotations

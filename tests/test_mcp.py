@@ -171,7 +171,7 @@ def test_full_round_trip_over_stdio(relay_url, keys):
                             {
                                 "type": "link",
                                 "url": "https://example.com/issues/9",
-                                "title": "issue 9",
+                                "title": "ticket 9",
                                 "mediaType": "text/html",
                             },
                         ],
@@ -218,7 +218,7 @@ def test_full_round_trip_over_stdio(relay_url, keys):
             assert first["artifacts"][4] == {
                 "type": "link",
                 "url": "https://example.com/issues/9",
-                "title": "issue 9",
+                "title": "ticket 9",
                 "mediaType": "text/html",
             }
             assert ok(await bob.call_tool("list_inbox", {}))["items"][0]["unread_messages"] == 0  # read now
@@ -537,7 +537,7 @@ def test_missing_configuration_exits_3_with_one_line(missing):
     assert done.returncode == 3 and missing in done.stderr
 
 
-# --------------------------------------------------------------------------- cancelling a wait (issue 34, item 4)
+# --------------------------------------------------------------------------- cancelling a wait
 
 
 def test_a_cancelled_wait_for_messages_takes_no_message_from_the_next_call(relay_url, keys):
@@ -568,7 +568,7 @@ def test_a_wait_cancelled_after_it_took_messages_puts_the_position_back():
     assert take.cancelled
 
 
-# --------------------------------------------------------------------------- bounded reads (issue 34, item 5)
+# --------------------------------------------------------------------------- bounded reads
 
 
 def test_get_thread_is_the_newest_50_and_cuts_a_large_diff_that_read_artifact_returns_whole(relay_url, keys):
@@ -621,7 +621,7 @@ def test_get_thread_is_the_newest_50_and_cuts_a_large_diff_that_read_artifact_re
     run(test)
 
 
-# --------------------------------------------------------------------------- every answer bounded (issue 34)
+# --------------------------------------------------------------------------- every answer bounded
 #
 # Each thread below passed some member through get_thread whole (a black-box check): the
 # answer must stay under 100,000 characters, and read_artifact, called as the cut note
@@ -881,7 +881,7 @@ def test_a_huge_integer_is_a_clean_parse_error_that_leaks_no_python_internals(re
     assert error["code"] == -32700 and "5000 digits" in error["data"]["reason"], error
 
 
-# --------------------------------------------------------------------------- the work lifecycle (issue 29)
+# --------------------------------------------------------------------------- the work lifecycle
 
 
 async def _open(alice: ClientSession, **extra: Any) -> dict[str, Any]:

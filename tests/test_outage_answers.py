@@ -1,7 +1,7 @@
-"""Outage answers (issue 28, Deliver 1): whichever statement of a method loses the database,
-the answer is a 503 with ``Retry-After`` (JSON-RPC keeping ``-32603 service_unavailable``),
-never an HTTP 200 carrying the error and never a 500, and a retry with the same idempotency
-key makes exactly one thread.
+"""Outage answers: whichever statement of a method loses the database, the answer is a 503
+with ``Retry-After`` (JSON-RPC keeping ``-32603 service_unavailable``), never an HTTP 200
+carrying the error and never a 500, and a retry with the same idempotency key makes exactly
+one thread (docs/decisions.md, "Surviving the relay's own servers failing").
 
 The cut is real: the app reaches PostgreSQL (or the pooler, in the pooled pass) through a
 TCP proxy in this module that reads the frontend protocol's messages and, when armed,

@@ -1,4 +1,4 @@
-"""Keyset paging of ``tasks/list`` (DESIGN.md "tasks/list", case C7, JSON-RPC half)."""
+"""Keyset paging of ``tasks/list`` (docs/api.md, "Paging"; the feed's half is tests/test_feed.py)."""
 
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ def test_web_worker_and_beat_run_and_two_web_processes_share_data_and_rate_limit
         stop_groups(procs)
 
 
-BURST_CLIENTS = 40  # issue 27: half send, half read the feed (plain reads and long-polls)
+BURST_CLIENTS = 40  # half send, half read the feed (plain reads and long-polls)
 BURST_ROUNDS = 5
 BUDGET = 20  # a small managed tier's connection limit (Heroku Essential)
 

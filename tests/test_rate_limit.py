@@ -1,4 +1,4 @@
-"""Per-agent rate limit on ``POST /a2a``, counted in real Redis (DESIGN.md, case C9).
+"""Per-agent rate limit on ``POST /a2a``, counted in real Redis (docs/api.md, "Conventions").
 
 Each test builds its own app limited to 5 calls a minute; agents are fresh per test,
 so counters left in Redis by earlier runs never apply.

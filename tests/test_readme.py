@@ -1,4 +1,4 @@
-"""The README (issue 30): short, its links and the docs' links resolve, and its first-run block works.
+"""The README: short, its links and the docs' links resolve, and its first-run block works.
 
 The first-run block (the one ``sh`` block under the heading holding "First run") is run
 verbatim under ``bash -e`` from the repository root against a live relay (gunicorn and a

@@ -1,4 +1,4 @@
-"""The REST transport under ``/api/v1`` (DESIGN.md "REST"): tasks, transitions, audit,
+"""The REST transport under ``/api/v1`` (docs/api.md, "REST: `/api/v1`"): tasks, transitions, audit,
 blocks, keys, the one error shape, the OpenAPI document and the REST rate limit.
 
 REST calls the same services as JSON-RPC, so the rules are the same; these tests check
@@ -786,7 +786,7 @@ def test_rest_rate_limit_is_per_agent(base_env, make_agent):
 
 
 def test_rest_budget_is_one_per_agent_across_rest_routes(base_env, make_agent):
-    """DESIGN.md: "REST has its own budget" -- one per agent, not one per endpoint."""
+    """REST has its own budget: one per agent, not one per endpoint (docs/api.md, "Conventions")."""
     limited = limited_client(base_env)
     a_handle, a_key = make_agent("alice@acme")
     ok(limited.get(f"{API}/{a_handle}/a2a/messages", headers=bearer(a_key)))

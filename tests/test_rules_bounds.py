@@ -1,4 +1,4 @@
-"""Bounds named in the error (DESIGN.md: "Bound every size ... and say the bound in the error").
+"""Bounds named in the error: every size is bounded, and an error over a bound names the bound.
 
 One past each bound of ``message/send`` is refused with -32602 whose message names the
 field and the bound's number, and nothing is stored; the bound itself is accepted.

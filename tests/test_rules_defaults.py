@@ -1,7 +1,7 @@
 """Production defaults: every documented setting and request default, exactly.
 
 ``relay.config.load_settings()`` given only the two server URLs must yield the defaults
-of DESIGN.md / docs (the test fixtures override many of them, so nothing else checks
+of docs/operations.md and docs/api.md (the test fixtures override many of them, so nothing else checks
 them); the feed's ``limit`` and ``tasks/list``'s ``page.limit`` default to 50.
 """
 
@@ -43,9 +43,9 @@ def test_production_defaults_from_only_the_server_urls():
     assert s.env == "development"
     # The production-safe switches are off unless an operator turns them on.
     assert (s.webhook_allow_private, s.webhook_allow_http) == (False, False)
-    # Issue 14: waits and streams, and the pool that keeps their bursts off new backends.
+    # Waits and streams, and the pool that keeps their bursts off new backends.
     assert (s.streams_per_agent, s.stream_heartbeat) == (10, 15.0)
-    # Issue 27: the Procfile's default deploy fits a 20-connection database; direct, prepared.
+    # The Procfile's default deploy fits a 20-connection database; direct, prepared.
     assert (s.db_pool_size, s.db_max_overflow, s.db_pool_timeout) == (5, 0, 5.0)
     assert s.flask_config()["SQLALCHEMY_ENGINE_OPTIONS"] == {
         "pool_size": 5,

@@ -1,6 +1,6 @@
 """Nothing an agent sends is dropped in silence (docs/api.md, "Unknown members").
 
-- Every object of a seed-dialect request is closed: a member it does not name, at any
+- Every object of a ``POST /a2a`` request is closed: a member it does not name, at any
   depth (params, ``message``, a part, an artifact of each type, ``proposed_action``,
   tasks/list's ``filter`` and ``page``), is -32602 naming its path, and nothing is written.
 - The REST reply body shares the schemas: the same member is 422 naming the same path.

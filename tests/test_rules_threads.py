@@ -1,7 +1,7 @@
 """Rules of the thread service that a one-line change could break with the suite green.
 
 - A transition that loses the compare-and-set answers ``state_changed`` (-32010), not
-  ``invalid_transition`` (case C5): both racers are held until each has read the thread
+  ``invalid_transition``: both racers are held until each has read the thread
   (pending, version 1), so the loser is always a compare-and-set loser.
 - A read position never moves backwards (the ``greatest()`` of the mark-read upsert).
 """

@@ -1,4 +1,4 @@
-"""Any 2xx within the timeout is a delivery success (DESIGN.md, "Events, webhooks").
+"""Any 2xx within the timeout is a delivery success (docs/webhooks.md, "Delivery").
 
 A real Celery worker delivers to a real loopback receiver (tests/receiver.py) that
 answers 204 (no body), then 299 (the top of the range): both deliveries succeed at

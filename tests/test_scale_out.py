@@ -1,4 +1,4 @@
-"""Scale-out (issue 27): the connection budget, pool exhaustion, and PREPARE on or off.
+"""Scale-out (docs/decisions.md, "Scale-out"): the connection budget, pool exhaustion, and PREPARE on or off.
 
 Each rule is met on the real servers: ``relay config check`` as a subprocess against the
 session's PostgreSQL, a pool really emptied by holding its only connection, and the

@@ -1,4 +1,4 @@
-"""Full-text search over the feed (``q``) and the search-vector upkeep (DESIGN.md "Search", case C8).
+"""Full-text search over the feed (``q``) and the search-vector upkeep (docs/api.md, "Search").
 
 The worker writes each message's ``search_vector`` after commit; until it has, the
 query falls back to the row's own text, so search never lags a write. The vector

@@ -1,4 +1,4 @@
-"""One oversized message must not break search or indexing for anyone (DESIGN.md "Search").
+"""One oversized message must not break search or indexing for anyone (docs/api.md, "Search").
 
 The message: ~800 KB of unique tokens (two 200k-character text parts and a 400k-character
 diff artifact), accepted within RELAY_MAX_BODY_BYTES. Its body and its artifacts each

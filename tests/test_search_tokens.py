@@ -1,5 +1,5 @@
 """Search finds what agents write: paths, URLs, dotted names and identifiers by their parts
-as well as whole (relay.services.search, issue 17 item 3).
+as well as whole (relay.services.search).
 
 PostgreSQL's parser keeps ``src/api/users.py``, ``/users``, a URL or ``foo.bar`` as one
 token and ``getUserById`` as one word; the search document also indexes the body's

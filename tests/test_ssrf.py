@@ -1,4 +1,4 @@
-"""SSRF: every target that leads somewhere private is refused, on every surface (case C12).
+"""SSRF: every target that leads somewhere private is refused, on every surface (docs/webhooks.md, "Endpoints").
 
 One table of targets, each with what its refusal must say, checked at every place a URL
 is judged: the pure check (``outbound.resolve``), webhook registration and PATCH over

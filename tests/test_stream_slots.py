@@ -1,4 +1,5 @@
-"""Stream slots are freed when the client goes, not at the next write (issue 28, Deliver 3).
+"""Stream slots are freed when the client goes, not at the next write
+(docs/decisions.md, "Surviving the relay's own servers failing").
 
 Against a live gunicorn + Celery worker whose heartbeat is 30 s, so a wait writes nothing
 for 30 s: a slot freed sooner was freed because the relay noticed the closed socket
@@ -24,7 +25,7 @@ from tests.live import claimed_redis_db, live_relay
 
 CAP = 3  # RELAY_STREAMS_PER_AGENT for this module's relay
 HEARTBEAT = "30"  # seconds: far beyond the 2 s the slot must be back within
-FREED_WITHIN = 2.0  # seconds after the last close (issue 28)
+FREED_WITHIN = 2.0  # seconds after the last close (docs/decisions.md)
 LIVE_REDIS: list[str] = []
 
 
@@ -146,7 +147,7 @@ def test_an_open_stream_keeps_its_slot_while_its_client_stays(app, live, make_ag
     wait_for_slots(app, handle, 0, within=FREED_WITHIN)
 
 
-# --------------------------------------------------------------------------- revocation (issue 34, item 1)
+# --------------------------------------------------------------------------- revocation
 #
 # With a 30 s heartbeat, the only thing that makes these streams read before the test ends
 # is the wake-up of the message sent after the revocation: had they not re-checked the key

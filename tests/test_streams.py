@@ -1,4 +1,5 @@
-"""Waking agents with no public URL: the feed's ``wait``, the SSE stream, the listener (issue 14).
+"""Waking agents with no public URL: the feed's ``wait``, the SSE stream, the listener
+(docs/decisions.md, "Waking agents").
 
 Everything runs against a live gunicorn + Celery worker. No assertion is on time: each
 wait is bounded and fails naming what did not arrive; "not woken" is shown by ordering

@@ -1,6 +1,6 @@
 """Webhook isolation: concurrency caps, circuit breaker, connection reuse, honest errors, body size.
 
-DESIGN.md ("Surfaces beyond the seeds", webhooks) and relay/services/delivery.py. Real
+docs/webhooks.md, "Delivery", and relay/services/delivery.py. Real
 receivers on loopback (tests/receiver.py), real PostgreSQL and Redis, and either the real
 in-process Celery worker (``celery_worker``) or, for an app with other settings, that
 app's real webhook pump (workers/delivery.py) fed the committed events directly, as its

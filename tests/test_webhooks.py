@@ -1,9 +1,8 @@
 """Webhooks: CRUD, routing, Standard Webhooks signatures, retries, outbox sweeps, SSRF.
 
-DESIGN.md ("Events, webhooks, search vectors") and cases C10, C11, C12 of
-shared/cases/README.md. Everything runs on the real servers: PostgreSQL, Redis, a real
-Celery worker thread (``celery_worker``) and a real HTTP receiver on loopback
-(tests/receiver.py). Nothing HTTP is mocked; one test monkeypatches DNS
+The rules are docs/webhooks.md's (and, for SSRF, tests/test_ssrf.py's). Everything runs on
+the real servers: PostgreSQL, Redis, a real Celery worker thread (``celery_worker``) and a
+real HTTP receiver on loopback (tests/receiver.py). Nothing HTTP is mocked; one test monkeypatches DNS
 (``socket.getaddrinfo``) to make a fake host name resolve to 10.0.0.8.
 
 The periodic sweep is driven by calling the main app's ``workers.tasks.sweep_outbox``
@@ -751,7 +750,7 @@ def test_broker_down_send_succeeds_and_sweep_delivers_once(
 
 
 def test_a_lost_enqueue_is_fanned_out_by_a_running_pumps_poll(app, client, agents, rx, sql, app_down, celery_app):
-    """Issue 28: after Redis returns (or while it is away), an event whose enqueue was lost
+    """After Redis returns (or while it is away), an event whose enqueue was lost
     goes out on a pump's next poll (about 2 s), with no task and no outbox sweep."""
     from workers import delivery as pumps
 

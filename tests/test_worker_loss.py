@@ -1,4 +1,4 @@
-"""A worker killed mid-attempt (issue 28, Deliver 2): its claimed delivery is sent again as soon
+"""A worker killed mid-attempt: its claimed delivery is sent again as soon
 as a live worker notices its heartbeat stopped, not when the claim's lease runs out, and the
 delivery log shows the attempt the dead worker made.
 

@@ -112,7 +112,7 @@ def beat_schedule() -> dict:
         "index-pending-messages": {"task": "workers.tasks.index_pending_messages", "schedule": 10.0},
         "sweep-outbox": {"task": "workers.tasks.sweep_outbox", "schedule": 3.0},
         # Lapsed leases and expired handoffs recorded, with their webhooks, within 15 s
-        # (issue 29); reads and transitions see them at once without it.
+        # (docs/decisions.md, "The work lifecycle"); reads and transitions see them at once without it.
         "settle-due": {"task": "workers.tasks.settle_due", "schedule": 5.0},
     }
 

@@ -41,6 +41,14 @@ def index_message(message_id: str) -> bool:
 def message_committed(message_id: str, event_id: str) -> None:
     """After a message commits: hand it to this process's webhook pump (fan-out first, then indexing).
 
+    The web does not send this task: relay/services/dispatch.py publishes committed
+    messages in batches as :func:`messages_committed` (since commit 663fcb2). It is still
+    consumed so that a task published by an older web process during a rolling deploy is
+    not lost (docs/decisions.md). Until when: remove it in the first release after the one
+    whose deploy has drained every queue of it, i.e. once no web process older than 663fcb2
+    runs and the broker holds no ``workers.tasks.message_committed`` task (the package
+    carries no release numbers of its own, so the commit names the boundary).
+
     The pump batches the work of many tasks (workers/delivery.py); if the process dies
     before it is done, the outbox and index sweeps find it in PostgreSQL.
     """
@@ -106,7 +114,13 @@ def fan_out_event(event_id: str) -> None:
 
 @shared_task(name="workers.tasks.deliver_webhook", acks_late=True)
 def deliver_webhook(delivery_id: str) -> None:
-    """Have this process's pump look for due deliveries now (kept for tasks already queued)."""
+    """Have this process's pump look for due deliveries now, rather than at its next poll.
+
+    relay/services/webhooks.py sends it when deliveries become due outside the pump's own
+    schedule (an agent's held deliveries released, a redrive). ``delivery_id`` is not read:
+    the pump claims whatever is due, so an empty string is sent when there is no one id.
+    It is still sent, so it stays for as long as those callers do.
+    """
     pump_for(current_app).poll()
 
 

@@ -5,7 +5,7 @@ Revises: 0011
 Create Date: 2026-12-03 15:05:00.000000
 
 ``operators.role`` is ``admin`` or ``viewer`` (a CHECK constraint); every operator made
-before it is an admin, as every operator could do everything (issue 32, "Roles").
+before it is an admin, as every operator could do everything (docs/decisions.md, "Console roles").
 """
 
 from collections.abc import Sequence

@@ -4,7 +4,7 @@ Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-03 15:30:00.000000
 
-``redrive_jobs`` holds one row per bulk redrive confirmed in the console (issue 32): its
+``redrive_jobs`` holds one row per bulk redrive confirmed in the console (docs/console.md): its
 window, how many deliveries were failed then (``total``), how many it has redriven
 (``done``), its keyset position, and its state. A few rows per operator click: not a log.
 """

@@ -4,7 +4,7 @@ Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-03 15:40:00.000000
 
-The console charts an endpoint's circuit-open spans over the last 24 hours (issue 32);
+The console charts an endpoint's circuit-open spans over the last 24 hours (docs/console.md);
 ``webhook_endpoints`` keeps only the current one. One row per opening, written in the
 pump's transaction that opens it; retention deletes rows older than a week.
 """

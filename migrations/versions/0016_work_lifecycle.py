@@ -4,14 +4,15 @@ Revision ID: 0016
 Revises: 0015
 Create Date: 2026-12-03 18:00:00.000000
 
-Additive to seed 000 (issue 29). ``threads`` gains three terminal states (declined,
-failed, expired), a lease (``lease_expires_at``, ``lease_token``, ``lease_seconds``),
-``priority`` and ``expires_at``, the new states' times and the reason of a decline or
-fail. Every new column is nullable or has a constant default, so PostgreSQL adds it
-without rewriting the table. Two partial indexes find what is due for the sweep: only
-leased accepted rows and pending rows with an expiry are in them. ``messages.read_at``
-is the read receipt (null for messages read before this migration: when they were read
-was not recorded). ``audit_events.reason`` holds a transition's reason.
+Additive to the states of docs/api.md (docs/decisions.md, "The work lifecycle").
+``threads`` gains three terminal states (declined, failed, expired), a lease
+(``lease_expires_at``, ``lease_token``, ``lease_seconds``), ``priority`` and ``expires_at``,
+the new states' times and the reason of a decline or fail. Every new column is nullable or
+has a constant default, so PostgreSQL adds it without rewriting the table. Two partial
+indexes find what is due for the sweep: only leased accepted rows and pending rows with an
+expiry are in them. ``messages.read_at`` is the read receipt (null for messages read before
+this migration: when they were read was not recorded). ``audit_events.reason`` holds a
+transition's reason.
 """
 
 from collections.abc import Sequence
@@ -58,7 +59,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # The new terminal states have no seed equivalent: those threads end as cancelled.
+    # The new terminal states have no equivalent among the earlier ones: those threads end as cancelled.
     op.execute(
         "UPDATE threads SET state = 'cancelled', cancelled_at = coalesce(cancelled_at, updated_at)"
         " WHERE state IN ('declined','failed','expired')"

@@ -10,7 +10,7 @@ raises SQLSTATE ``RL001`` when the 'api_keys' generation is no longer ``g``; the
 process sends ``SELECT relay_check_key_generation(g);`` ahead of the first statement a
 request served from the key cache runs, in the same query message, so the check costs no
 round trip and the statement does not run when it fails (relay/extensions.py,
-``GuardedCursor``; issue 33).
+``GuardedCursor``; docs/decisions.md, "Authenticated keys are cached per process").
 """
 
 from collections.abc import Sequence

@@ -5,7 +5,7 @@ The client needs nothing but the standard library, ``requests`` and
 can be copied into an agent's own code base. (Importing it as ``relay.agent.client`` runs
 ``relay/__init__.py``, which imports Flask; the client itself does not use it.)
 
-JSON-RPC 2.0 methods of seed 000 (``POST /a2a``)::
+The relay's JSON-RPC 2.0 dialect (``POST /a2a``, docs/api.md)::
 
     with RelayClient("http://127.0.0.1:8000", "ah_live_...") as bob:
         sent = bob.send("frank@acme", "Refactored /users; new shape {items, next_cursor}")
@@ -17,9 +17,9 @@ JSON-RPC 2.0 methods of seed 000 (``POST /a2a``)::
             frank.reply(task.task_id, "on it")
             frank.complete(task.task_id, "client updated")
 
-The messages feed of seed 004 (``GET /api/v1/identities/{handle}/a2a/messages``):
+The messages feed (``GET /api/v1/identities/{handle}/a2a/messages``, docs/api.md):
 :meth:`RelayClient.messages`, :meth:`RelayClient.search` and
-:meth:`RelayClient.catch_up` (the seed's recovery loop after downtime).
+:meth:`RelayClient.catch_up` (the feed's recovery loop after downtime).
 
 Waking an agent that has no public URL (no webhook receiver): :meth:`RelayClient.wait`
 long-polls the feed until a message arrives after a position, and
@@ -254,7 +254,7 @@ def next_position(rows: Sequence[FeedRow], since: datetime | str, seen: Iterable
     """Where a catch-up loop resumes after ``rows`` (oldest first, as :meth:`RelayClient.catch_up` returns).
 
     Returns ``(since, seen_ids)`` for the next ``catch_up(since, seen=seen_ids)``: the
-    newest ``created_at`` of ``rows`` and the ids at exactly that time (seed 004's
+    newest ``created_at`` of ``rows`` and the ids at exactly that time (the feed's
     ``since`` is inclusive, so they would come back). When no row is newer than ``since``,
     the earlier ``seen`` ids are kept too.
     """
@@ -340,7 +340,7 @@ class WebhookVerificationError(RelayError):
 
 
 # symbol -> (JSON-RPC code, HTTP status): the relay's error table as it documents it
-# (seed 000's codes, DESIGN.md's statuses). Kept here rather than imported so the client
+# (docs/api.md, "Errors"). Kept here rather than imported so the client
 # never depends on server code; tests/test_client.py asserts it matches relay.errors.
 ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     "parse_error": (-32700, 400),
@@ -373,7 +373,7 @@ ERROR_SYMBOLS: dict[str, tuple[int, int]] = {
     "request_timeout": (-32600, 408),
     "request_line_too_long": (-32600, 414),
     "headers_too_large": (-32600, 431),
-    # The relay's A2A v1.0 binding only; the seed-000 endpoint this client calls never answers them.
+    # The relay's A2A v1.0 binding only; ``POST /a2a``, which this client calls, never answers them.
     "unsupported_operation": (-32018, 400),
     "version_not_supported": (-32019, 400),
     "content_type_not_supported": (-32021, 415),
@@ -566,7 +566,7 @@ def _state(obj: Mapping[str, Any]) -> str:
 
 
 def _lifecycle(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Issue 29's answer fields (tasks/get and every transition's answer), typed."""
+    """The work lifecycle's answer fields (tasks/get and every transition's answer), typed."""
     return {
         "priority": d.get("priority"),
         "expires_at": _ts(d.get("expires_at")),
@@ -621,7 +621,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class Message:
-    """One message of a thread as ``tasks/get`` lists it (seed 000's ``messages[]``).
+    """One message of a thread as ``tasks/get`` lists it (its ``messages[]``).
 
     ``author`` is the writer's handle (the wire's ``from``); ``role`` is ``caller`` when
     the thread's sender wrote it, ``agent`` when the recipient did; ``body`` is the text
@@ -660,7 +660,10 @@ class Message:
 
 @dataclass(frozen=True, kw_only=True)
 class _LifecycleFields:
-    """The work lifecycle's fields of a thread (issue 29), in ``tasks/get`` and every transition's answer."""
+    """The work lifecycle's fields of a thread, in ``tasks/get`` and every transition's answer.
+
+    The rules: docs/decisions.md, "The work lifecycle".
+    """
 
     priority: str | None = None
     expires_at: datetime | None = None
@@ -676,14 +679,14 @@ class _LifecycleFields:
 
 @dataclass(frozen=True)
 class Handoff(_LifecycleFields):
-    """A whole thread, from ``tasks/get`` (seed 000): its state, participants and messages.
+    """A whole thread, from ``tasks/get``: its state, participants and messages.
 
     ``task_id`` and ``thread_id`` are the same 26-character ULID; ``state`` is
     ``pending``, ``accepted``, ``input_required``, ``completed``, ``cancelled``,
     ``declined``, ``failed`` or ``expired`` (as of now: a lapsed lease reads ``pending``);
     ``artifacts`` collects every
     message's artifacts; ``messages`` are in ``sequence_no`` order. The lifecycle's fields
-    (issue 29): ``priority``; ``expires_at`` (a pending handoff's end, None for none);
+    (docs/decisions.md, "The work lifecycle"): ``priority``; ``expires_at`` (a pending handoff's end, None for none);
     ``lease_expires_at`` and ``lease_token`` while leased (the token is shown to the
     recipient only); ``declined_at``/``failed_at``/``expired_at``; ``reason`` (why it was
     declined or failed); ``question`` and ``input_requested_at`` (the recipient's open
@@ -858,13 +861,13 @@ class TransitionResult(_LifecycleFields):
 
 @dataclass(frozen=True)
 class FeedRow:
-    """One row of the messages feed (seed 004): a message plus the task around it.
+    """One row of the messages feed (docs/api.md): a message plus the task around it.
 
     ``author`` is the writer's handle (the wire's ``from``); ``role`` is ``caller`` or
     ``agent`` (who wrote it); ``task_state`` is the task's state *now*, not when the
     message was written; ``caller``/``target`` are the task's requester and worker;
     ``metadata`` is what the message was sent with, minus ``client_idempotency_key``;
-    ``priority`` is the task's and ``read_at`` the message's read receipt (issue 29).
+    ``priority`` is the task's and ``read_at`` the message's read receipt.
     """
 
     id: str
@@ -1088,7 +1091,7 @@ class RelayClient:
         leases: where the client keeps the lease tokens its accepts and renews got,
             ``task_id -> token`` (default: a dict of its own, for this process only).
 
-    Leases (issue 29). ``accept(..., lease_seconds=N)`` answers a ``lease_token``; the
+    Leases (docs/decisions.md, "The work lifecycle"). ``accept(..., lease_seconds=N)`` answers a ``lease_token``; the
     client remembers it per task and sends it on :meth:`complete`, :meth:`fail`,
     :meth:`release` and :meth:`renew` unless the call gives ``lease_token`` itself. Only
     tokens this client got from its own accept or renew are remembered (a :meth:`get`
@@ -1110,7 +1113,7 @@ class RelayClient:
     * ``send``/``reply`` are safe to retry because every call carries a
       ``client_idempotency_key`` (generated unless given) that stays the same across
       the client's retries of that call; the relay answers a replay with the first
-      result (DESIGN.md, "Idempotency"), so a retry never makes a second thread.
+      result (docs/api.md, "Conventions"), so a retry never makes a second thread.
     * transitions (``accept``, ``complete``, ``cancel``, ``decline``, ``fail``,
       ``release``, ``renew``) are not idempotent at the relay. If an attempt
       was carried out but its answer was lost, the retry answers
@@ -1178,7 +1181,7 @@ class RelayClient:
     def __repr__(self) -> str:
         return f"RelayClient({self.base_url!r}, handle={self._handle!r})"
 
-    # ------------------------------------------------------------------ JSON-RPC methods (seed 000)
+    # ------------------------------------------------------------------ JSON-RPC methods (POST /a2a)
 
     def send(
         self,
@@ -1205,7 +1208,7 @@ class RelayClient:
         repeat: the same key with the same params returns the first result.
         ``priority`` is ``low``, ``normal`` (the relay's default), ``high`` or ``urgent``;
         ``expires_in_seconds`` (10-2,592,000) makes a handoff still pending after that
-        long ``expired`` (issue 29). Left out (None), neither is sent.
+        long ``expired``. Left out (None), neither is sent.
 
         Returns :class:`SendResult` (``state`` ``pending``, ``sequence_no`` 1).
         Raises :class:`RecipientNotFound`, :class:`TeammateBlocked`,
@@ -1488,7 +1491,7 @@ class RelayClient:
     def block(self, handle: str) -> None:
         """Block ``handle``: its new handoffs to the caller fail with ``teammate_blocked``.
 
-        Existing threads carry on (DESIGN.md, "Decisions"). Raises :class:`IdentityNotFound`
+        Existing threads carry on (docs/decisions.md). Raises :class:`IdentityNotFound`
         / :class:`InvalidParams` for a handle that names no agent / is malformed.
         """
         self._rest("PUT", f"{self._identity_path(None)}/blocks/{quote(handle, safe='@')}")
@@ -1511,7 +1514,7 @@ class RelayClient:
         worker_handle: str | None = None,
         limit: int = 100,
     ) -> Iterator[FeedRow]:
-        """Every feed row matching the filters, newest first, across all pages (seed 004).
+        """Every feed row matching the filters, newest first, across all pages.
 
         ``GET /api/v1/identities/{handle}/a2a/messages``, following ``next_cursor`` until
         it is null (a short page is not the end: pages also stop at a byte budget).
@@ -1557,9 +1560,9 @@ class RelayClient:
         return self.messages(q=q, **filters)
 
     def catch_up(self, since: datetime | str, *, seen: Iterable[str] = (), **filters: Any) -> list[FeedRow]:
-        """Every message at or after ``since``, each once, **oldest first** (seed 004, "Catching up after downtime").
+        """Every message at or after ``since``, each once, **oldest first** (docs/api.md, "Catching up after downtime").
 
-        The seed's recovery loop: page the feed with ``since`` (inclusive, so the message
+        The feed's recovery loop: page the feed with ``since`` (inclusive, so the message
         at the saved time comes back: pass ids already processed in ``seen`` to drop
         them), follow ``next_cursor`` until it is null (a short page does not mean the
         end), and deduplicate on message ``id``. The feed walks newest first; the result
@@ -1642,7 +1645,7 @@ class RelayClient:
             if items:
                 rows = [FeedRow.from_json(r) for r in items]
                 cursor, used = body.get("next_cursor"), set()
-                while cursor:  # a short page is not the end (seed 004)
+                while cursor:  # a short page is not the end
                     cursor = _next_cursor(cursor, used)
                     page = self._rest("GET", path, params={**query, "cursor": cursor})
                     rows += [FeedRow.from_json(r) for r in page.get("items") or []]
@@ -1906,7 +1909,7 @@ class RelayClient:
             body = self._rest("GET", path, params={**query, **({"cursor": cursor} if cursor else {})})
             for r in body.get("items", []):
                 yield FeedRow.from_json(r)
-            if not body.get("next_cursor"):  # null only on the last page (seed 004): a short page is not the end
+            if not body.get("next_cursor"):  # null only on the last page: a short page is not the end
                 return
             cursor = _next_cursor(body["next_cursor"], used)
 
@@ -2099,7 +2102,7 @@ def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes | str) -
     ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``); ``body`` the raw request
     body exactly as received (bytes or str; re-serialised JSON will not verify).
 
-    The relay signs per Standard Webhooks (DESIGN.md, "Events, webhooks"): HMAC-SHA256
+    The relay signs per Standard Webhooks (docs/webhooks.md): HMAC-SHA256
     over ``id.timestamp.body``, ``v1,<base64>``, and during a secret rotation with both
     secrets (either verifies). A timestamp more than 5 minutes from now is refused, which
     stops replays. Dedupe deliveries on ``webhook-id``: it is the same on every attempt.

@@ -1,8 +1,9 @@
 """A2A v1.0 shapes: load schemas for its JSON-RPC params and dumps of tasks, messages, cards.
 
 The A2A binding (relay/transport/a2a.py) translates, it does not re-decide: a ``SendMessage`` is
-turned into seed 000's ``message/send`` params and loaded by ``MessageSendParams``, so
-every bound and artifact rule is the seed dialect's own. The mapping (docs/a2a.md):
+turned into ``message/send`` params of the relay's JSON-RPC dialect (``POST /a2a``,
+docs/api.md) and loaded by ``MessageSendParams``, so every bound and artifact rule is that
+dialect's own. The mapping (docs/a2a.md):
 
 =================  ==========================================
 relay              A2A v1.0
@@ -52,7 +53,7 @@ from relay.services.a2a_view import DIGEST_CHARS, MEDIA_JSON, STATES, message_id
 
 PROTOCOL_VERSION = "1.0"
 SEED_PROTOCOL_VERSION = "0.3"  # the relay's own dialect at POST /a2a: A2A 0.3's JSON-RPC method names
-# A2A state -> the relay states shown as it (CANCELED is cancelled or expired, issue 29).
+# A2A state -> the relay states shown as it (CANCELED is cancelled or expired).
 RELAY_STATES: dict[str, list[str]] = {}
 for _relay, _a2a in STATES.items():
     RELAY_STATES.setdefault(_a2a, []).append(_relay)
@@ -63,7 +64,7 @@ MAX_PAGE_SIZE = 100
 MAX_TOKEN = 1024
 MAX_A2A_PARTS = MAX_PARTS + MAX_ARTIFACTS  # text parts plus data/url parts (artifacts)
 MAX_LIST = 64  # extensions, referenceTaskIds, acceptedOutputModes: the relay reads none of them
-KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; seed keys may not use it
+KEY_PREFIX = RESERVED_KEY_PREFIX  # a messageId's idempotency key; JSON-RPC dialect keys may not use it
 MAX_MESSAGE_ID = MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX) - DIGEST_CHARS - 1
 
 
@@ -284,7 +285,7 @@ def context_id(value: str, field: str = "message.contextId") -> uuid.UUID:
 
 
 def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]:
-    """Split A2A parts into seed text parts and artifacts; return them and a path map back."""
+    """Split A2A parts into the JSON-RPC dialect's text parts and artifacts; return them and a path map back."""
     texts: list[dict] = []
     artifacts: list[dict] = []
     paths: dict[str, str] = {}
@@ -337,7 +338,7 @@ def _relay_parts(message: dict) -> tuple[list[dict], list[dict], dict[str, str]]
     return texts, artifacts, paths
 
 
-# seed param path -> A2A path, for the fields the translation moves
+# JSON-RPC dialect param path -> A2A path, for the fields the translation moves
 _MOVED = {
     "message.parts": "message.parts",
     "artifacts": "message.parts",
@@ -354,7 +355,7 @@ _MOVED = {
 
 
 def a2a_path(path: str, parts_map: dict[str, str]) -> str:
-    """Name a seed param path (``artifacts.2.path``) as the A2A field it came from."""
+    """Name a JSON-RPC dialect param path (``artifacts.2.path``) as the A2A field it came from."""
     for seed in sorted(parts_map, key=len, reverse=True):
         if path == seed or path.startswith(seed + "."):
             return parts_map[seed] + path[len(seed) :]
@@ -407,11 +408,11 @@ def message_key(params: dict, request: dict, message_id: str, retry_key: str | N
 
 
 def send_params(request: dict, recipient: str, retry_key: str | None = None) -> tuple[dict, dict[str, str]]:
-    """Translate a loaded SendMessageRequest into seed 000 ``message/send`` params.
+    """Translate a loaded SendMessageRequest into ``message/send`` params of the JSON-RPC dialect.
 
     ``retry_key``: the request's ``Idempotency-Key`` header, if any (see :func:`message_key`).
 
-    Returns the params (loaded by MessageSendParams, so every seed rule applies) and the
+    Returns the params (loaded by MessageSendParams, so every rule of that dialect applies) and the
     path map used to name errors by their A2A fields. Raises invalid_params.
     """
     message = request["message"]
@@ -441,7 +442,7 @@ def send_params(request: dict, recipient: str, retry_key: str | None = None) -> 
         params = load_or_invalid(MessageSendParams(), seed)
     except RelayError as exc:
         raise renamed(exc, paths) from None
-    # Set after loading: the seed schema refuses the reserved prefix from seed clients.
+    # Set after loading: MessageSendParams refuses the reserved prefix from the JSON-RPC dialect's clients.
     params["metadata"]["client_idempotency_key"] = message_key(params, request, message["messageId"], retry_key)
     push_task = ((request.get("configuration") or {}).get("taskPushNotificationConfig") or {}).get("taskId")
     if push_task and (

@@ -246,14 +246,6 @@ def iter_field_errors(messages: Any, prefix: str = "") -> Iterator[tuple[str, li
         yield prefix or "params", [str(messages)]
 
 
-def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
-    """Turn marshmallow's nested error dict into ``{"a.0.b": [reasons]}`` (every error, uncapped)."""
-    flat: dict[str, list[str]] = {}
-    for path, reasons in iter_field_errors(messages, prefix):
-        flat.setdefault(path, []).extend(reasons)
-    return flat
-
-
 UNSTORABLE = "must not contain U+0000 or unpaired surrogate characters"
 
 

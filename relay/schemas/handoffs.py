@@ -1,4 +1,4 @@
-"""Load schemas for handoff requests (seed 000) and dump helpers for their responses.
+"""Load schemas for handoff requests (``POST /a2a``, docs/api.md) and dump helpers for their responses.
 
 Every object of a request is closed: ``message``, each of its ``parts``, each artifact
 (by its ``type``), ``proposed_action``, a list's ``filter`` and ``page``; a member none
@@ -17,7 +17,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 from relay.models import INTENTS, PRIORITIES, RESERVED_KEY_PREFIX, THREAD_STATES
 from relay.schemas.common import AwareDateTime, BoundedList, Cursor, StrictSchema, Ulid, WebUrl
 
-# Bounds (DESIGN.md: "Bound every size ... and say the bound in the error").
+# Bounds: every size is bounded, and an error over a bound names the bound.
 MAX_PARTS = 20
 MAX_TEXT = 262_144
 MAX_ARTIFACTS = 50
@@ -200,7 +200,7 @@ class ProposedAction(StrictSchema):
 
 
 class MessageSendParams(StrictSchema):
-    """``message/send`` params (seed 000): create when ``task_id`` is null, else append."""
+    """``message/send`` params (docs/api.md): create when ``task_id`` is null, else append."""
 
     class Meta:
         unknown = RAISE
@@ -217,7 +217,7 @@ class MessageSendParams(StrictSchema):
     artifacts = BoundedList(Artifact(), load_default=list, max_items=MAX_ARTIFACTS, noun="artifacts")
     proposed_action = fields.Nested(ProposedAction, load_default=None, allow_none=True)
     metadata = Metadata(load_default=dict)
-    # Issue 29, create only: how urgent, and how long a pending handoff waits before it expires.
+    # The work lifecycle, create only: how urgent, and how long a pending handoff waits before it expires.
     priority = fields.String(load_default=None, allow_none=True, validate=PRIORITY_CHOICE)
     expires_in_seconds = fields.Integer(load_default=None, allow_none=True, strict=True, validate=EXPIRY_RANGE)
 
@@ -238,7 +238,10 @@ MESSAGES_AFTER_RANGE = validate.Range(min=0, max=MAX_SEQUENCE_NO, error="must be
 
 
 class MessagesPage(StrictSchema):
-    """A thread read's optional page of messages (issue 34): ``messages_limit`` 1-1000, ``messages_after`` >= 0."""
+    """A thread read's optional page of messages: ``messages_limit`` 1-1000, ``messages_after`` >= 0.
+
+    The rules: docs/decisions.md, "Paged reads and bounded answers".
+    """
 
     class Meta:
         unknown = RAISE
@@ -262,7 +265,7 @@ class TransitionFields(StrictSchema):
     )
     session_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=255))
     result_summary = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=MAX_SHORT))
-    # Issue 29: why (decline and fail require it), a lease's length, and the lease's fence.
+    # The work lifecycle: why (decline and fail require it), a lease's length, and the lease's fence.
     reason = fields.String(
         load_default=None,
         allow_none=True,

@@ -35,7 +35,7 @@ class QueryTime(AwareDateTime):
 
 
 class FeedFilters(StrictSchema):
-    """The filters of the messages feed (seed 004), shared by a page, a wait and a stream."""
+    """The filters of the messages feed (docs/api.md), shared by a page, a wait and a stream."""
 
     class Meta:
         unknown = RAISE
@@ -48,7 +48,7 @@ class FeedFilters(StrictSchema):
     role = fields.String(validate=validate.OneOf(("caller", "agent")))
     q = fields.String(validate=validate.Length(min=1, max=500, error="must be 1-500 characters"))
     since = QueryTime()
-    # A message id of this feed: only rows after it (a stream's position; issue 14).
+    # A message id of this feed: only rows after it (a stream's position).
     after = fields.UUID(error_messages={"invalid_uuid": "is not a message id"})
 
 
@@ -56,7 +56,7 @@ MAX_WAIT_SECONDS = 60
 
 
 class FeedQuery(FeedFilters):
-    """Query parameters of ``GET /identities/{handle}/a2a/messages`` (seed 004, plus ``after`` and ``wait``)."""
+    """Query parameters of ``GET /identities/{handle}/a2a/messages`` (docs/api.md, "The messages feed")."""
 
     cursor = Cursor()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=100, error="must be 1-100"))

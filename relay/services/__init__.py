@@ -112,7 +112,7 @@ class Prepared:
 
     With ``RELAY_DB_PREPARE`` off (``auto`` behind DATABASE_CONNECTION_POOL_URL) the plain
     text is sent instead: a transaction-mode pooler gives each transaction any server
-    session, where a name prepared on another is missing, or already taken (issue 27).
+    session, where a name prepared on another is missing, or already taken (docs/decisions.md, "Scale-out").
     """
 
     __slots__ = ("name", "sql", "prepare_sql", "execute_sql")

@@ -20,7 +20,7 @@ STATES = {
     "accepted": "TASK_STATE_WORKING",
     "completed": "TASK_STATE_COMPLETED",
     "cancelled": "TASK_STATE_CANCELED",
-    # Issue 29's ends: A2A has REJECTED and FAILED for the first two; a handoff nobody took
+    # The work lifecycle's ends: A2A has REJECTED and FAILED for the first two; a handoff nobody took
     # in time is CANCELED (by the clock), and its status carries the relay's state.
     "declined": "TASK_STATE_REJECTED",
     "failed": "TASK_STATE_FAILED",
@@ -64,7 +64,7 @@ def artifact_part(artifact: dict) -> dict:
 
 
 def message_out(row: dict, task: dict, *, opening: bool = False) -> dict:
-    """A2A ``Message`` from a seed message row (``tasks/get`` shape) of ``task``."""
+    """A2A ``Message`` from a message row of the JSON-RPC dialect (``tasks/get`` shape) of ``task``."""
     parts: list[dict[str, Any]] = [{"text": p.get("text", "")} for p in row.get("parts") or [] if p.get("text")]
     parts += [artifact_part(a) for a in row.get("artifacts") or []]
     metadata: dict[str, Any] = {
@@ -140,7 +140,7 @@ def artifacts_out(task: dict, messages: list[dict]) -> list[dict]:
 
 
 def task_out(task: dict, *, history_length: int | None = None, include_artifacts: bool = True) -> dict:
-    """A2A ``Task`` from a seed thread dict with ``messages`` (tasks/get, or a list item with messages).
+    """A2A ``Task`` from a JSON-RPC dialect thread dict with ``messages`` (tasks/get, or a list item with them).
 
     ``history_length``: None keeps every message, 0 none, N the newest N (A2A GetTask).
     """

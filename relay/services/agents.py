@@ -76,7 +76,7 @@ def _refused(raw: str, field: str, problem: str | None) -> RelayError:
 
 
 def normalize_handle(raw: object, field: str = "handle") -> str:
-    """Lower-case a handle used to look an agent up (DESIGN.md, "Identities and keys").
+    """Lower-case a handle used to look an agent up (docs/api.md, "Conventions": handles are lower-cased).
 
     Accepts every handle an existing row may have (LEGACY_HANDLE_RE); a new agent or a
     recipient must also pass check_handle. Raises RelayError(invalid_params) naming
@@ -262,7 +262,7 @@ def authenticate(raw_key: str | None, *, cached: bool = True) -> Agent:
     """Return the agent owning an active key; raise unauthenticated saying why not.
 
     Missing, malformed, unknown or revoked keys and disabled agents are all refused
-    (DESIGN.md, "Identities and keys"). A key that authenticated lately is answered from
+    (docs/api.md, "Conventions"). A key that authenticated lately is answered from
     an in-process cache checked against the key generation (see ``_Cached``): the
     revocation rule is the same as without it. ``cached=False`` reads the key whatever
     the cache holds, and owes no guard: a view run again after KeyGenerationMoved must

@@ -1,4 +1,4 @@
-"""Blocks: an agent refuses new handoffs from a sender (DESIGN.md, "Identities and keys")."""
+"""Blocks: an agent refuses new handoffs from a sender (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The webhook delivery pipeline, in batches: fan out, claim under caps, prepare, attempt, record.
 
-DESIGN.md, "Events, webhooks" and "Surfaces beyond the seeds" (per-endpoint concurrency
+docs/webhooks.md, "Delivery" (per-endpoint concurrency
 cap and circuit breaker; a slow or dead endpoint delays only itself). The worker's pump
 (``workers/delivery.py``) drives these steps for many deliveries at once; ``webhooks.deliver``
 drives them for one.

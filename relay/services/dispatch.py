@@ -1,7 +1,7 @@
 """Hand committed work to the Celery workers, by task name (services never import workers).
 
 A failed enqueue (broker down) is logged and left to the beat sweeps, which find the
-unindexed messages and unsent events in PostgreSQL (DESIGN.md, transactional outbox).
+unindexed messages and unsent events in PostgreSQL (a transactional outbox: ARCHITECTURE.md).
 
 Wake-ups for waiting requests ride the same batches, as one Redis ``PUBLISH`` each.
 

@@ -1,8 +1,8 @@
-"""The messages feed of seed 004: every message an identity can see, newest first.
+"""The messages feed (docs/api.md, "The messages feed"): every message an identity can see, newest first.
 
 Keyset paging on (created_at, id) so rows sharing a timestamp are neither skipped nor
 repeated; a page stops early at the byte budget but always holds one row, and
-``next_cursor`` is null only on the last page (seed 004, "Catching up after downtime").
+``next_cursor`` is null only on the last page (docs/api.md, "Catching up after downtime").
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from relay.services.agents import get_agent, normalize_handle
 
 
 def resolve_identity(caller: Agent, handle: str) -> Agent:
-    """Return the identity ``handle`` names for ``caller`` (seed 004 error table).
+    """Return the identity ``handle`` names for ``caller`` (401/403/404: docs/api.md, "The messages feed").
 
     Visible identities are the caller's own org plus any agent that shares a thread
     with the caller; anything else is identity_not_found (404) so existence does not
@@ -111,7 +111,7 @@ def _agent_of(column):
 def _build_row_select(m):
     """The feed row's columns of ``m`` (the messages table, or a page of its ``_MESSAGE_COLUMNS``)
     as the row shows them: the id, the time and the JSON documents as text, the metadata
-    without its idempotency key (DESIGN.md), so that Python copies them as they come."""
+    without its idempotency key (docs/api.md), so that Python copies them as they come."""
     c = m.c
     author, caller, target = _agent_of(c.author_id), _agent_of(c.caller_id), _agent_of(c.target_id)
     return (
@@ -126,7 +126,7 @@ def _build_row_select(m):
             iso_text(c.created_at).label("created_at"),
             cast(c.thread_id, Text).label("thread_id"),
             cast(Thread.context_id, Text).label("context_id"),
-            # The state now, recorded by the sweep or not (issue 29).
+            # The state now, recorded by the sweep or not (docs/decisions.md, "The work lifecycle").
             literal_column(effective_state_sql("threads"), String).label("state"),
             author.c.handle.label("author_handle"),
             caller.c.handle.label("caller_handle"),
@@ -172,11 +172,6 @@ def _feed_row(r, json_value: Callable[[str], Any] = raw_json) -> dict[str, Any]:
         "priority": r[18],
         "read_at": r[19],
     }
-
-
-def message_feed_row(message_id: uuid.UUID) -> dict[str, Any] | None:
-    """The feed row of one message (what a ``message.created`` webhook carries), or None if gone."""
-    return message_feed_rows([message_id]).get(message_id)
 
 
 def message_feed_rows(message_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
@@ -303,7 +298,7 @@ _PAGES = Shapes(
 
 
 class Filters(NamedTuple):
-    """A feed query's filters (seed 004's query parameters, handles resolved), shared by a page, a wait and a stream."""
+    """A feed query's filters (the feed's query parameters, handles resolved), shared by a page, a wait and a stream."""
 
     direction: str = "both"
     requester: uuid.UUID | None = None
@@ -398,7 +393,7 @@ def page_rows(
 
 
 def feed_row(columns: tuple) -> dict[str, Any]:
-    """The feed row (seed 004's shape) of ``page_rows`` columns."""
+    """The feed row (docs/api.md's shape) of ``page_rows`` columns."""
     return _feed_row(columns)
 
 
@@ -415,7 +410,7 @@ def list_messages(
     limit: int = 50,
     **filter_params: Any,
 ) -> dict[str, Any]:
-    """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (seed 004).
+    """Return one page of ``identity``'s feed: ``{"items": [...], "next_cursor": str | None}`` (docs/api.md).
 
     ``identity`` comes from :func:`resolve_identity`; ``filter_params`` are :func:`filters`'
     keywords; ``after`` (a message id) keeps only rows after that message. Raises

@@ -1,6 +1,6 @@
 """Client idempotency keys: the first answer to a keyed call is kept and replayed.
 
-DESIGN.md, "Idempotency": scoped to the calling agent, kept 24 hours; the same key with
+docs/api.md, "Conventions": scoped to the calling agent, kept 24 hours; the same key with
 the same params returns the first result, with different params -32011; concurrent
 requests with one key create exactly one thread.
 """
@@ -63,15 +63,14 @@ def run_once(
 ) -> dict:
     """Run ``work(session)`` in one transaction unless ``key`` already answered; return the answer.
 
-    A replay is answered from the stored record before any other check (DESIGN.md,
-    "Decisions"). Otherwise the call takes a transaction-scoped advisory lock on (agent,
-    key), reads the record again, and claims it in the same transaction as the work: a
-    concurrent call with the same key waits on the lock until the first commits and then
-    replays its answer; if the first rolls back, the next one does the work. The lock
-    stands in for a unique constraint, which the partitioned table cannot have on (agent,
-    key) alone (migration 0009); it ends with the transaction, so it holds behind a
-    transaction-mode pooler. Raises RelayError(duplicate_idempotency_key) on a params
-    mismatch.
+    A replay is answered from the stored record before any other check (docs/decisions.md).
+    Otherwise the call takes a transaction-scoped advisory lock on (agent, key), reads the
+    record again, and claims it in the same transaction as the work: a concurrent call with
+    the same key waits on the lock until the first commits and then replays its answer; if
+    the first rolls back, the next one does the work. The lock stands in for a unique
+    constraint, which the partitioned table cannot have on (agent, key) alone (migration
+    0009); it ends with the transaction, so it holds behind a transaction-mode pooler.
+    Raises RelayError(duplicate_idempotency_key) on a params mismatch.
     """
     if key is None:
         with unit_of_work() as session:

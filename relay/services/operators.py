@@ -1,4 +1,4 @@
-"""Operators: the humans who sign in to the console, one org each (issue 15, "Operators").
+"""Operators: the humans who sign in to the console, one org each (docs/console.md).
 
 Passwords are generated here, shown once by the CLI and stored only as argon2 hashes
 (argon2-cffi's defaults, RFC 9106's low-memory profile); they are never logged. A wrong
@@ -33,7 +33,7 @@ MAX_PASSWORD = 1024  # argon2 hashes any length; a megabyte "password" would onl
 # local@domain with a dot-separated domain; enough to catch a typo, not RFC 5322.
 _EMAIL_RE = re.compile(r"[a-z0-9!#$%&'*+/=?^_`{|}~.-]+@[a-z0-9-]+(\.[a-z0-9-]+)*")
 PASSWORD_BYTES = 18  # 144 random bits, 24 URL-safe characters
-ROLES = ("admin", "viewer")  # issue 32: an admin acts, a viewer only looks
+ROLES = ("admin", "viewer")  # an admin acts, a viewer only looks (docs/decisions.md, "Console roles")
 
 T = TypeVar("T")
 _hasher = PasswordHasher()
@@ -238,7 +238,7 @@ def sign_out(operator: Operator, client_addr: str = "") -> None:
         )
 
 
-# --- the audit log of operator actions (issue 32) -------------------------------------
+# --- the audit log of operator actions (docs/console.md) ------------------------------------
 
 AUDIT_ACTIONS = (
     "sign_in",

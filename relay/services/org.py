@@ -1,4 +1,4 @@
-"""What an operator of one org may see and do (issue 15): the console's org-scoped use cases.
+"""What an operator of one org may see and do (docs/console.md): the console's org-scoped use cases.
 
 An operator of org ``acme`` sees the agents ``*@acme`` and the threads in which one of
 them takes part; nothing else exists for it: every lookup outside that answers the same

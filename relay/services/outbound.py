@@ -1,4 +1,4 @@
-"""Outbound webhook HTTP with SSRF protection (DESIGN.md, "Events, webhooks"; case C12).
+"""Outbound webhook HTTP with SSRF protection (docs/webhooks.md, "Endpoints").
 
 The target host is resolved once, every address is checked, and the connection goes
 to the address that was checked — there is no second DNS lookup between check and
@@ -25,7 +25,7 @@ from relay.errors import invalid
 from relay.urls import BadUrl, parse_web_url
 
 EVENT_TYPES = ("message.created", "task.updated", "message.read")
-# What an endpoint hears when it names no events: message.read (a read receipt, issue 29)
+# What an endpoint hears when it names no events: message.read (a read receipt)
 # is opt-in, as it fires on every read that moves a position.
 DEFAULT_EVENTS = ("message.created", "task.updated")
 USER_AGENT = "handoff-relay-webhooks/1.0"

@@ -1,6 +1,6 @@
 """Full-text search over messages: one definition of a message's search document.
 
-DESIGN.md, "Search": a message's tsvector covers its own body (weight A) and its
+docs/api.md, "Search": a message's tsvector covers its own body (weight A) and its
 artifacts' text (weight B) — never the thread summary. The worker writes it after
 commit; until then queries fall back to computing it on the fly for unindexed rows,
 so search never lags a write. Queries use ``websearch_to_tsquery``, so any user text

@@ -1,6 +1,7 @@
-"""Waiting on the feed: the long-poll (``wait``) and the stream of new messages (issue 14).
+"""Waiting on the feed: the long-poll (``wait``) and the stream of new messages
+(docs/decisions.md, "Waking agents").
 
-Both re-read the feed of seed 004 with the caller's filters whenever this process's
+Both re-read the messages feed (docs/api.md) with the caller's filters whenever this process's
 listener says the identity's feed may have moved (services/wakeup.py), and on a slow
 tick (``RELAY_STREAM_HEARTBEAT`` seconds) whatever it says. Between reads they hold no
 database connection: the session is closed before every wait.
@@ -32,7 +33,8 @@ STREAM_BATCH = 100
 # Seconds a client is told to wait when its agent holds RELAY_STREAMS_PER_AGENT waits already.
 RETRY_AFTER_SECONDS = 5
 # A wait asks whether its client has gone at least this often (seconds), so a closed stream's
-# slot is free again within about this long (issue 28: within 2 s of the disconnect).
+# slot is free again within about this long (within 2 s of the disconnect: docs/decisions.md,
+# "Surviving the relay's own servers failing").
 GONE_CHECK_SECONDS = 0.5
 
 
@@ -52,7 +54,7 @@ def take_slot(identity: Agent) -> wakeup.Slot:
 
 
 def _release_connection() -> None:
-    # The waiter must hold no pool slot while it sleeps (issue 14, "A waiting request holds no database connection").
+    # The waiter must hold no pool slot while it sleeps (docs/decisions.md, "Waking agents").
     db.session.close()
 
 

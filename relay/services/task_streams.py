@@ -15,7 +15,7 @@ database connection. It counts against ``RELAY_STREAMS_PER_AGENT`` with the feed
 and streams (one ``wakeup.Slot`` set per agent).
 
 Its position is the task's state and the newest message sequence number it has seen.
-Both only move forward (states along seed 000's machine, ``sequence_no`` gapless), so a
+Both only move forward (states along the state machine, ``sequence_no`` gapless), so a
 re-read names exactly what is new: the transitions between the two states and the
 messages after that number. The thread row is read before the messages: a message is
 committed before any transition that follows it (an append locks the row a transition
@@ -63,8 +63,8 @@ _ROW = (
 def path(source: str, target: str) -> list[tuple[str, str, str]]:
     """The fewest transitions ``(name, from, to)`` that lead from state ``source`` to ``target`` (none if equal).
 
-    Seed 000's machine was a tree; issue 29's release and lapsed leases lead back from
-    accepted to pending, so a stream that re-reads a task sees only the shortest way
+    The state machine is not a tree: a release and a lapsed lease (docs/decisions.md, "The work
+    lifecycle") lead back from accepted to pending, so a stream that re-reads a task sees only the shortest way
     between the two states it read (a round trip between two reads is not shown). A
     state a re-read can never reach from ``source`` is an error.
     """

@@ -1,4 +1,4 @@
-"""Handoff threads: create, append, read, list and transition (seed 000).
+"""Handoff threads: create, append, read, list and transition (docs/api.md, "JSON-RPC: `POST /a2a`").
 
 Each public function is one use case and one transaction. Callers pass loaded params
 (see relay.schemas.handoffs); results are plain dicts ready for any transport.
@@ -107,7 +107,7 @@ def feed_lock_key(agent_id: uuid.UUID) -> int:
 def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
     """Take the participants' feed locks so messages commit in ``created_at`` order per identity.
 
-    Seed 004's catch-up loop pages ``since`` the newest time a client saw. If two
+    The feed's catch-up loop (docs/api.md, "The messages feed") pages ``since`` the newest time a client saw. If two
     messages to one identity could commit in the opposite order of their timestamps,
     the later-committing one would carry an older time and be skipped forever. Holding
     a transaction-scoped advisory lock per participant (taken in sorted order, so no
@@ -118,7 +118,7 @@ def _serialize_feed_writes(session: Session, *agent_ids: uuid.UUID) -> None:
         session.execute(select(func.pg_advisory_xact_lock(feed_lock_key(agent_id))))
 
 
-# seed 000 create, one round trip: read the recipient and whether it may receive from the
+# message/send's create, one round trip: read the recipient and whether it may receive from the
 # caller (r), and only if it may (go): take both participants' feed locks in sorted order
 # (the keys of _serialize_feed_writes, computed here), read the clock after them (the aggregate over
 # `locks` makes the clock wait for every lock; see _serialize_feed_writes), then write the
@@ -180,7 +180,7 @@ def _body(parts: list[dict[str, Any]]) -> str:
 
 
 def _payload(metadata: dict[str, Any]) -> dict[str, Any]:
-    """A message's ``payload``: its metadata minus ``client_idempotency_key`` (DESIGN.md)."""
+    """A message's ``payload``: its metadata minus ``client_idempotency_key`` (docs/api.md, "Thread")."""
     return {k: v for k, v in metadata.items() if k != "client_idempotency_key"}
 
 
@@ -208,7 +208,7 @@ def _load_thread(
         raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")  # the id as the caller sent it
     side = _participant_role(thread, caller)
     if side is None:
-        # Say nothing about the thread itself: not its state, not its participants (case C3).
+        # Say nothing about the thread itself: not its state, not its participants, to a non-participant.
         raise RelayError("not_a_participant", "you are neither the sender nor the recipient of this thread")
     return thread, side
 
@@ -275,7 +275,7 @@ def _intent_problem(params: dict) -> RelayError | None:
 
 
 def _refuse_create(found, caller: Agent, handle: str, params: dict) -> None:
-    """Raise the first of the create's checks that ``found`` (the recipient row) fails, in seed order.
+    """Raise the first of the create's checks that ``found`` (the recipient row) fails, in the documented order.
 
     recipient_not_found (unknown or disabled), invalid_params (yourself),
     invalid_intent_payload, teammate_blocked.
@@ -299,7 +299,7 @@ def _create(
 
     With ``own_transaction`` (nothing else in the use case) the statement is its own
     transaction: no BEGIN/COMMIT round trips. A ``context_id`` needs its checks first,
-    after the recipient's (seed order), so that case reads the recipient before.
+    after the recipient's (the documented order), so that case reads the recipient before.
     """
     if params.get("recipient") is None:
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
@@ -356,7 +356,7 @@ def _create(
             },
         )
         found = cur.fetchone()
-    if found is None or found[4] is None:  # nothing written: say why, in seed order
+    if found is None or found[4] is None:  # nothing written: say why, in the documented order
         _refuse_create(found, caller, handle, params)
         raise RelayError("state_changed", "the recipient changed while the handoff was created; retry")
     after_commit(partial(dispatch.message_committed, message_id, event_id, (caller.id, found[0])))
@@ -408,7 +408,7 @@ def _append(session: Session, caller: Agent, params: dict, peer: Agent | None = 
     thread.last_sequence_no += 1
     thread.updated_at = now
     if caller.id == thread.recipient_id and thread.state == "accepted" and thread.lease_seconds is not None:
-        # The worker is working: its message renews the lease (issue 29), as renew does.
+        # The worker is working: its message renews the lease, as renew does (docs/decisions.md, "The work lifecycle").
         thread.lease_expires_at = now + timedelta(seconds=thread.lease_seconds)
     if caller.id == thread.sender_id and thread.state == "input_required":
         _provide_input(session, thread, now)
@@ -448,7 +448,7 @@ def send_message(
     adopt_context: bool = False,
     then: Callable[[Session, dict], None] | None = None,
 ) -> dict:
-    """Create a handoff (``task_id`` null) or append to one (seed 000, ``message/send``).
+    """Create a handoff (``task_id`` null) or append to one (``message/send``, docs/api.md).
 
     Create raises invalid_params (recipient missing, yourself, unknown context_id),
     recipient_not_found, invalid_intent_payload, teammate_blocked. Append raises
@@ -479,7 +479,7 @@ def send_message(
 
 
 def message_row(message: Message) -> dict[str, Any]:
-    """A message as ``tasks/get`` lists it (seed 000): id, sequence_no, from, body, payload...
+    """A message as ``tasks/get`` lists it (docs/api.md, "Thread"): id, sequence_no, from, body, payload...
 
     A message sent over the A2A binding also carries ``a2a_message_id``, the messageId
     its author chose (its idempotency key, minus the reserved prefix).
@@ -523,9 +523,9 @@ def get_thread(
     messages_after: int | None = None,
     messages_last: int | None = None,
 ) -> dict:
-    """Return the thread with its messages and mark them read for the caller (seed 000, ``tasks/get``).
+    """Return the thread with its messages and mark them read for the caller (``tasks/get``, docs/api.md).
 
-    Without paging, every message, as the seed says. ``messages_limit`` (1-1000) and/or
+    Without paging, every message. ``messages_limit`` (1-1000) and/or
     ``messages_after`` (a ``sequence_no``; 0 is the start) return one page: the messages
     after it, oldest first, at most ``messages_limit`` (default 1000), and the answer has
     ``messages_next``, the ``messages_after`` of the next page (None when none remain).
@@ -656,7 +656,7 @@ def _mark_read(
     """Move the agent's read position forward to ``seq`` (never backwards) and write the receipts.
 
     Each of ``author``'s messages the position passes for the first time gets ``read_at``
-    (issue 29), and one ``message.read`` outbox event goes to ``author`` for the read.
+    (docs/decisions.md, "The work lifecycle"), and one ``message.read`` outbox event goes to ``author`` for the read.
     Returns the receipts' time (ISO 8601), or None when no message was newly read.
     """
     with statement_cursor(session) as cur:
@@ -707,7 +707,7 @@ SELECT (SELECT id FROM event), (SELECT at FROM summary)
 
 
 def thread_summary(t: Thread) -> dict[str, Any]:
-    """A thread as lists and ``task.updated`` webhooks show it (seed 000, tasks/list item)."""
+    """A thread as lists and ``task.updated`` webhooks show it (a tasks/list item: docs/api.md, "Thread list")."""
     s, r = t.sender, t.recipient
     return _summary(
         (str(t.id), str(t.context_id), t.state, s.handle, s.name, s.role, r.handle, r.name, r.role, t.summary, t.intent,
@@ -738,7 +738,8 @@ def _summary(r: Any) -> dict[str, Any]:
 
 
 _SENDER, _RECIPIENT = aliased(Agent), aliased(Agent)
-# The state a list shows and filters on: as of now, recorded by the sweep or not (issue 29).
+# The state a list shows and filters on: as of now, recorded by the sweep or not
+# (docs/decisions.md, "The work lifecycle").
 _EFFECTIVE_STATE = literal_column(effective_state_sql("threads"), String)
 # A page of tasks/list as plain columns (_summary's order, then the unread count): 50
 # Thread entities with two joined agents each cost more to build as ORM objects than the
@@ -864,7 +865,7 @@ def list_threads(
     messages: int | str | None = None,
     priority: list[str] | None = None,
 ) -> dict:
-    """Return one page of the caller's inbox or sent threads (seed 000, ``tasks/list``).
+    """Return one page of the caller's inbox or sent threads (``tasks/list``, docs/api.md).
 
     Newest activity first; keyset cursor on (updated_at, id); ``since`` is inclusive on
     the last activity; ``unread_messages`` counts the other side's messages after the
@@ -1018,7 +1019,7 @@ def settle_due(limit: int = SWEEP_BATCH) -> int:
 
 
 def _refuse(name: str, thread: Thread, side: str, lease_token: str | None) -> None:
-    """Raise why ``side`` may not ``name`` ``thread`` now, in seed order, else nothing.
+    """Raise why ``side`` may not ``name`` ``thread`` now, in docs/api.md's order ("Errors"), else nothing.
 
     not_authorized_transition (wrong side) -> invalid_transition (wrong state) ->
     state_changed (a ``lease_token`` that is not the thread's current one, leased or not;
@@ -1106,7 +1107,7 @@ def transition(
             raise invalid("lease_seconds", "is required to renew a handoff that has no lease (it starts one)")
         source = thread.state  # the state _refuse allowed: the compare-and-set's
         values = _transition_values(thread, name, now, result_summary, reason, lease_seconds, question)
-        # Seed 000's compare-and-set on the state and version read above: a loser answers
+        # A compare-and-set on the state and version read above: a loser answers
         # state_changed. A lease that lapses meanwhile loses it too, so a complete at the
         # lease's last instant and the lease's end have one winner (the sweep, or a later
         # call, records the end).
@@ -1179,7 +1180,7 @@ def _transition_values(
 
 
 def _state_fields(thread: Thread, side: str) -> dict:
-    """A transition's answer: seed 000's fields, then issue 29's (lease, priority, expiry, reason).
+    """A transition's answer: docs/api.md's "Transition result" (state, then lease, priority, expiry, reason).
 
     ``lease_token`` is the recipient's alone (the sender cannot use it), and shown only
     while leased (an unleased accept's token only makes earlier ones stale); both see when

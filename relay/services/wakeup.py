@@ -1,4 +1,5 @@
-"""Wake-ups: tell the requests waiting in this process that an agent's feed or tasks moved (issue 14).
+"""Wake-ups: tell the requests waiting in this process that an agent's feed or tasks moved
+(docs/decisions.md, "Waking agents").
 
 A write that commits a message (or a task transition) names its participants' agent ids;
 after commit the process's publisher (``services/dispatch.py``) sends them, batched, as

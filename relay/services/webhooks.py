@@ -1,6 +1,6 @@
 """Webhooks: subscriptions, fan-out from the outbox, signed delivery with retries.
 
-DESIGN.md, "Events, webhooks": one delivery per (event, endpoint); the Standard
+docs/webhooks.md: one delivery per (event, endpoint); the Standard
 Webhooks headers with ``webhook-id`` = the event's id on every endpoint and attempt;
 2xx within the timeout is success; redirects are not followed; retries follow
 ``RELAY_WEBHOOK_SCHEDULE``; 410 disables the endpoint; an endpoint failing for
@@ -319,6 +319,11 @@ def due_deliveries(limit: int = 200) -> list[uuid.UUID]:
 def deliver(delivery_id: uuid.UUID) -> str | None:
     """Make one attempt of a due delivery now, in this thread; return its status afterwards.
 
+    For tests and one-off use from a shell: in a running relay the worker's pump
+    (workers/delivery.py) sends every delivery. This runs the pump's own steps (claim,
+    prepare, attempt, record; relay/services/delivery.py) for one delivery, synchronously,
+    so a test can assert on the attempt's outcome without a worker.
+
     None if it was not attempted: not due, leased by someone else, its endpoint at its
     concurrency cap or its circuit open, its endpoint disabled (the delivery is failed)
     or its agent disabled (held). The next attempt, if any, is the row's
@@ -373,7 +378,7 @@ def release_held(session, agent_id: uuid.UUID) -> list[uuid.UUID]:
     return held
 
 
-# --- redrive and recover (the console: issue 15) ------------------------------------------
+# --- redrive and recover (the console: docs/console.md) ------------------------------------------
 
 
 def _poke_pump() -> None:
@@ -508,7 +513,7 @@ def recover(agent: Agent, endpoint_id: str | uuid.UUID, since: datetime) -> dict
     return {"requeued": len(failed), "created": len(created)}
 
 
-# --- bulk redrive (the console: issue 32) ----------------------------------------------
+# --- bulk redrive (the console: docs/console.md) ----------------------------------------------
 
 REDRIVE_BATCH = 200
 # A running job whose row has not moved for this long lost its task (a killed worker, a
@@ -686,7 +691,7 @@ def resume_redrives() -> list[str]:
     return [str(j) for j in stale]
 
 
-# --- delivery health by the hour (the console: issue 32) -----------------------------
+# --- delivery health by the hour (the console: docs/console.md) -----------------------------
 
 # One endpoint's last 24 hours (the DB's clock), by hour: deliveries delivered and given
 # up (by completed_at), attempts that failed (each retried unless it was the last), and

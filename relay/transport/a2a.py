@@ -1,4 +1,5 @@
-"""A2A v1.0 binding: agent cards and ``POST /a2a/agents/{handle}``, beside the seed dialect.
+"""A2A v1.0 binding: agent cards and ``POST /a2a/agents/{handle}``, beside ``POST /a2a``
+(the relay's JSON-RPC dialect, docs/api.md).
 
 A stock A2A client (``a2a-sdk``) talks to one relay agent as if it were an A2A server:
 the caller (bearer key) is the client and sender, ``{handle}`` the agent and recipient.
@@ -258,7 +259,8 @@ def _subscribe(caller: Agent, peer: Agent, req: dict) -> Streamed:
 
 
 def _get(caller: Agent, peer: Agent, req: dict) -> dict:
-    # historyLength reads only that many messages (issue 34); without it, every one.
+    # historyLength reads only that many messages; without it, every one (docs/decisions.md,
+    # "Paged reads and bounded answers").
     task = threads.get_thread(caller, shapes.task_id(req["id"], "id"), peer=peer, messages_last=req["historyLength"])
     return view.task_out(task, history_length=req["historyLength"])
 

@@ -271,7 +271,7 @@ def _spend_failure() -> None:
 
 
 def rate_limit_key() -> str:
-    """Key rate limits by the authenticated agent, never by the client address (DESIGN.md)."""
+    """Key rate limits by the authenticated agent, never by the client address (docs/api.md, "Conventions")."""
     agent = try_current_agent()
     return f"agent:{agent.id}" if agent is not None else "unauthenticated"
 

@@ -1,4 +1,5 @@
-"""Noticing, while a feed wait or stream sleeps, that its client has gone (issue 28).
+"""Noticing, while a feed wait or stream sleeps, that its client has gone
+(docs/decisions.md, "Surviving the relay's own servers failing").
 
 A waiting request writes only on a wake-up or a heartbeat, so a client that hung up is
 otherwise found out only by the next write, up to ``RELAY_STREAM_HEARTBEAT`` seconds

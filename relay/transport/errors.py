@@ -5,7 +5,7 @@ A path belongs to one surface, each with its own error envelope (docs/api.md, "E
 =============================================  ========  ==========================================
 path                                           surface   envelope
 =============================================  ========  ==========================================
-``/a2a``                                       seed      JSON-RPC error object (the seed's codes)
+``/a2a``                                       seed      JSON-RPC error object (the relay's codes)
 ``/a2a/agents/{handle}``                       a2a       JSON-RPC error object (A2A codes, ErrorInfo)
 ``/a2a/agents/{handle}/http/...``              a2a_http  ``google.rpc.Status``
 ``/console/...``                               console   a plain HTML page

@@ -1,7 +1,7 @@
 """JSON-RPC 2.0 transport: envelope, batches, notifications and a dispatch table per dialect.
 
-The envelope rules are JSON-RPC 2.0's; the HTTP statuses and error symbols are
-DESIGN.md's ("JSON-RPC endpoint"). A dialect is a table of methods plus a way to shape
+The envelope rules are JSON-RPC 2.0's; the HTTP statuses and error symbols are the
+relay's (docs/api.md, "JSON-RPC: `POST /a2a`" and "Errors"). A dialect is a table of methods plus a way to shape
 errors, so a second dialect (A2A v1.0) is a new table, not a change to these methods.
 
 A streaming method (A2A's SendStreamingMessage, SubscribeToTask) answers a
@@ -86,9 +86,10 @@ class Streamed:
 class Dialect:
     """A table of methods and the shape of their errors.
 
-    Every error is first built the seed's way (a code and a ``data`` object holding the
-    relay's ``symbol``); ``code_for(symbol, code)`` and ``shape_data(code, data)`` let a
-    dialect answer with its own codes and ``data`` shape (A2A v1.0: relay/transport/a2a.py).
+    Every error is first built as ``POST /a2a`` (the relay's JSON-RPC dialect) builds it: a code
+    and a ``data`` object holding the relay's ``symbol``. ``code_for(symbol, code)`` and
+    ``shape_data(code, data)`` let a dialect answer with its own codes and ``data`` shape
+    (A2A v1.0: relay/transport/a2a.py).
     """
 
     methods: dict[str, Method]
@@ -97,7 +98,7 @@ class Dialect:
 
 
 def error_data(exc: RelayError) -> dict:
-    """The seed's ``error.data`` for a relay error: its symbol, then field errors or details.
+    """The ``POST /a2a`` dialect's ``error.data`` for a relay error: its symbol, then field errors or details.
 
     Field errors are capped (relay/errors.py): ``errors`` holds the first MAX_FIELD_ERRORS
     and ``errors_omitted``, present only when some were left out, counts the rest.
@@ -201,7 +202,7 @@ def max_batch() -> int:
 
 
 def batch_cost() -> int:
-    """Rate-limit cost of this request: one per batch element (DESIGN.md, "Decisions")."""
+    """Rate-limit cost of this request: one per batch element (docs/api.md, "Conventions")."""
     try:
         doc = parse_body()
     except BodyTooLarge:
@@ -458,7 +459,7 @@ def _no_content() -> Response:
 
 
 def rate_limited(limit, dialect: Dialect = SEED_DIALECT) -> Response:
-    """429 with -32003 and a whole-second Retry-After (DESIGN.md, "JSON-RPC endpoint")."""
+    """429 with -32003 and a whole-second Retry-After (docs/api.md, "JSON-RPC: `POST /a2a`")."""
     retry = errors.retry_later(retry_after_seconds(limit))
     try:
         doc = parse_body()
@@ -481,5 +482,8 @@ bp = Blueprint("a2a", __name__)
 
 @bp.post("/a2a")
 def a2a() -> Response:
-    """The seed-000 dialect: message/send, tasks/get, tasks/list, tasks/update, tasks/cancel."""
+    """The relay's JSON-RPC dialect (``POST /a2a``, docs/api.md).
+
+    Its methods: message/send, tasks/get, tasks/list, tasks/update, tasks/cancel.
+    """
     return serve(SEED_DIALECT)

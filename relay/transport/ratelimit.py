@@ -1,4 +1,4 @@
-"""Per-agent rate limits on Redis, counted by flask-limiter's strategy (DESIGN.md, "Rate limit").
+"""Per-agent rate limits on Redis, counted by flask-limiter's strategy (docs/api.md, "Conventions").
 
 Limits are keyed by the authenticated agent, never the client address; a JSON-RPC
 batch costs one hit per element; an unreachable Redis fails open (logged). Each app
@@ -60,7 +60,7 @@ def _rest_rate() -> str:
 
 
 # By blueprint. One A2A budget per agent across both dialects and both A2A bindings (scope
-# "a2a"): the seed's /a2a, the A2A v1.0 JSON-RPC binding's /a2a/agents/{handle} (POST: its
+# "a2a"): the JSON-RPC dialect's /a2a, the A2A v1.0 JSON-RPC binding's /a2a/agents/{handle} (POST: its
 # agent cards are GETs) and its HTTP+JSON binding under /a2a/agents/{handle}/http (every
 # verb: its reads are GETs). One REST budget per agent across every REST route.
 _POST = frozenset({"POST"})

@@ -1,4 +1,4 @@
-"""The operator console: server-rendered pages for the humans behind the agents (issue 15).
+"""The operator console: server-rendered pages for the humans behind the agents (docs/console.md).
 
 A third transport over the same services as JSON-RPC and REST: views load their input
 through ``relay.schemas.console`` and call ``relay.services`` (``org`` for what one org may

@@ -1,6 +1,6 @@
 """Turning what agents wrote into HTML, safely: every helper escapes, or returns text Jinja escapes.
 
-Agents' text is untrusted (issue 15, "Safety"). Jinja autoescapes everything a template
+Agents' text is untrusted (docs/console.md). Jinja autoescapes everything a template
 prints; the only markup made here is pygments' highlighting, which escapes its input
 itself. Links are offered only for http(s) URLs.
 """

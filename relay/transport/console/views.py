@@ -1,4 +1,4 @@
-"""The console's routes: sign-in, the org's pages and their actions (issue 15).
+"""The console's routes: sign-in, the org's pages and their actions (docs/console.md).
 
 Every page but the sign-in and the static files needs a signed-in operator (else a
 redirect to ``/console/login``); everything outside the operator's org is a 404 page
@@ -60,7 +60,7 @@ log = logging.getLogger("relay.console")
 PAGE = 20  # threads or search hits per page
 DELIVERIES = 10  # recent deliveries shown per endpoint
 PUBLIC = frozenset({"console.login", "console.login_submit", "console.static", "console.unknown"})
-# The POSTs a viewer may make: signing in and out. Every other POST is an action (issue 32).
+# The POSTs a viewer may make: signing in and out. Every other POST is an action (docs/decisions.md, "Console roles").
 ANY_ROLE = PUBLIC | {"console.logout"}
 # Symbols that mean "no such thing for you": one 404 page, whatever the reason.
 NOT_FOUND = frozenset({"identity_not_found", "thread_not_found", "not_found", "key_not_found"})
@@ -126,7 +126,7 @@ def _safe_next(raw: Any) -> str:
 def _fragment_page() -> str | None:
     args = request.view_args or {}
     if request.endpoint == "console.agent_threads":
-        # The query as data, not url_for's keywords (a "handle" or "_external" in it was a 500 or an option).
+        # The query as data, not url_for's keywords (a "handle" or "_external" in it would be a 500 or an option).
         query = urlencode(list(request.args.items(multi=True)))
         return url_for("console.agent", handle=args.get("handle")) + (f"?{query}" if query else "")
     if request.endpoint == "console.thread_live":

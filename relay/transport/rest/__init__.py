@@ -53,7 +53,7 @@ def rest_rate_limited(limit):
 
 
 def identity(handle: str) -> Agent:
-    """Return the caller if ``handle`` names it; 401/403/404 otherwise (seed 004 errors)."""
+    """Return the caller if ``handle`` names it; 401/403/404 otherwise (docs/api.md, "The messages feed")."""
     from relay.services.feed import resolve_identity
 
     return resolve_identity(current_agent(), handle)

@@ -1,4 +1,5 @@
-"""``GET /api/v1/identities/{handle}/a2a/messages/stream``: the feed as Server-Sent Events (issue 14).
+"""``GET /api/v1/identities/{handle}/a2a/messages/stream``: the feed as Server-Sent Events
+(docs/decisions.md, "Waking agents").
 
 Each committed message matching the feed's filters is one event, oldest first::
 
@@ -8,7 +9,7 @@ Each committed message matching the feed's filters is one event, oldest first::
 
 A comment (``: heartbeat``) goes out every ``RELAY_STREAM_HEARTBEAT`` seconds. A client
 that reconnects with ``Last-Event-ID`` (or ``after``) resumes after that message, with
-nothing skipped and nothing repeated (seed 004's catch-up rule); without either, and
+nothing skipped and nothing repeated (the feed's catch-up rule); without either, and
 without ``since``, it starts at the newest message. When the key is revoked or the agent
 disabled, or the stream fails (``internal_error`` or ``service_unavailable``, with the
 request id in the log), a last ``event: error`` carries the problem and the stream ends.

@@ -25,7 +25,7 @@ def _task_id(raw: str):
 
 @bp.get("/identities/<handle>/a2a/messages")
 def list_messages(handle: str):
-    """List the identity's messages newest first (seed 004); with ``wait``, wait for one (issue 14)."""
+    """List the identity's messages newest first; with ``wait``, wait for one (docs/api.md)."""
     caller = identity(handle)
     params = load_query(_FEED_QUERY)
     wait = params.pop("wait", None)
@@ -72,7 +72,7 @@ def reply(handle: str, task_id: str):
 
 @bp.post("/identities/<handle>/a2a/tasks/<task_id>/transitions")
 def transition(handle: str, task_id: str):
-    """Move a thread: accept, complete, cancel (seed 000), decline, fail, release, renew (issue 29)."""
+    """Move a thread: accept, complete, cancel, decline, fail, release, renew (docs/api.md)."""
     caller = identity(handle)
     body = load_json(TransitionBody())
     return threads.transition(caller, _task_id(task_id), **transition_args(body))
