@@ -161,6 +161,9 @@ def main() -> None:
     plans_p.add_argument("--sizes", default="500,25000,100000", help="threads at each step (500,25000,100000)")
     plans_p.add_argument("--calls", type=int, default=200, help="serial calls per p50 (200)")
     plans_p.add_argument("--repeats", type=int, default=3, help="rounds of the relay's requests per size (3)")
+    plans_p.add_argument(
+        "--analyze-each", action="store_true", help="ANALYZE after every size (default: the first only)"
+    )
     sub.add_parser(
         "mcp-conformance",
         parents=[common],
@@ -285,9 +288,9 @@ def main() -> None:
         from bench.plans import plans_bench, print_plans
 
         sizes = tuple(int(n) for n in args.sizes.split(","))
-        results = plans_bench(sizes, args.calls, args.repeats, folder)
+        results = plans_bench(sizes, args.calls, args.repeats, folder, args.analyze_each)
         print_plans(results)
-        name = f"{results['date'][:10]}-{results['commit']}-plans.json"
+        name = f"{results['date'][:10]}-{results['commit']}-plans{'-analyzed' if args.analyze_each else ''}.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit

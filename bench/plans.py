@@ -1,12 +1,13 @@
 """``python -m bench plans``: the feed's first page and tasks/list as the ledger grows, and their plans.
 
 On one fresh database the ledger grows to each of ``--sizes`` threads (``INSERT ... SELECT``
-in SQL: a ring of agents, each thread one message, every fourth three, a second apart,
-``ANALYZE`` after each step as autovacuum would). At each size, for the feed's first page
+in SQL: a ring of agents, each thread one message, every fourth three, a second apart;
+``ANALYZE`` after the first size, or after each with ``--analyze-each``). At each size, for the feed's first page
 and a tasks/list page (the statements the relay runs, with its parameters):
 
 - ``EXPLAIN (ANALYZE, BUFFERS)`` of the prepared statement's custom plan and of its generic
-  plan (``SET LOCAL plan_cache_mode``), saved under ``RESULTS/plans/``;
+  plan (``SET LOCAL plan_cache_mode``), and of the plan a connection that prepared it at the
+  first size runs, saved under ``RESULTS/plans/{grown,analyzed}/``;
 - the statement alone on a bare psycopg2 connection, serially: its plain text, and the
   prepared one as ``Prepared`` runs it (PostgreSQL's choice after five runs), on a
   connection that prepared it at the first size and on a fresh one, with how many
@@ -57,14 +58,15 @@ FROM t, generate_series(1, t.last_sequence_no) s
 """
 
 
-def _grow(url: str, first: int, last: int) -> float:
+def _grow(url: str, first: int, last: int, analyze: bool) -> float:
     conn, _ = harness._admin(url)
     try:
         t0 = time.monotonic()
         if last >= first:
             with conn.cursor() as cur:
                 cur.execute(_GROW, {"epoch": EPOCH, "first": first, "last": last})
-        harness.analyze(url)
+        if analyze:
+            harness.analyze(url)
         return round(time.monotonic() - t0, 1)
     finally:
         conn.close()
@@ -173,9 +175,15 @@ def _bare(url: str, kept: dict, statements: dict, calls: int, folder: Path, size
             prepared = Prepared(sql)
             for conn in (fresh, kept["conn"]):
                 _ensure_prepared(conn, prepared)
-            for mode in ("force_custom_plan", "force_generic_plan"):
-                plan = _explain(fresh, prepared, params, mode)
-                (folder / f"{size}-{name}-{mode.split('_')[1]}.txt").write_text(plan + "\n")
+            # The custom and generic plans of now, and the plan the connection prepared at the
+            # first size runs (its cached generic plan, unless PostgreSQL planned it again).
+            for label, conn, mode in (
+                ("custom", fresh, "force_custom_plan"),
+                ("generic", fresh, "force_generic_plan"),
+                ("kept", kept["conn"], "auto"),
+            ):
+                plan = _explain(conn, prepared, params, mode)
+                (folder / f"{size}-{name}-{label}.txt").write_text(plan + "\n")
             entry = {}
             with fresh.cursor() as cur:
                 entry["plain_p50_ms"] = _serial(cur, sql, params, calls)
@@ -194,15 +202,22 @@ def _bare(url: str, kept: dict, statements: dict, calls: int, folder: Path, size
     return out
 
 
-def plans_bench(sizes=SIZES, calls: int = 200, repeats: int = 3, results: Path | None = None) -> dict:
-    """Grow one fresh database through ``sizes`` (threads); at each, the plans and p50s above."""
+def plans_bench(
+    sizes=SIZES, calls: int = 200, repeats: int = 3, results: Path | None = None, analyze_each: bool = False
+) -> dict:
+    """Grow one fresh database through ``sizes`` (threads); at each, the plans and p50s above.
+
+    ``ANALYZE`` runs after the first size only (as bench run's seed does; this server's
+    autovacuum is off, and a production one analyzes a table only after a tenth of it
+    changed), or with ``analyze_each`` after every size.
+    """
     from relay.services import agents
 
     psycopg2.extras.register_uuid()
-    folder = (results or harness.ROOT / "bench" / "results") / "plans"
+    folder = (results or harness.ROOT / "bench" / "results") / "plans" / ("analyzed" if analyze_each else "grown")
     folder.mkdir(parents=True, exist_ok=True)
     out: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": git_commit(), "calls": calls}
-    out |= {"repeats": repeats, "agents": AGENTS, "sizes": {}}
+    out |= {"repeats": repeats, "agents": AGENTS, "analyze_each": analyze_each, "sizes": {}}
     with harness.fresh_database("relay_bench_plans") as url:
         apps = {"prepare_on": _app(url, "1"), "prepare_off": _app(url, "0")}
         with apps["prepare_off"].app_context():
@@ -214,7 +229,7 @@ def plans_bench(sizes=SIZES, calls: int = 200, repeats: int = 3, results: Path |
         done = 0
         try:
             for size in sizes:
-                grew_s = _grow(url, done, size - 1)
+                grew_s = _grow(url, done, size - 1, analyze=analyze_each or not done)
                 done = size
                 for calls_of_mode in clients.values():  # warm: the first calls prepare and settle
                     for fn in calls_of_mode.values():
