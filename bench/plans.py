@@ -191,11 +191,10 @@ def _bare(url: str, kept: dict, statements: dict, calls: int, folder: Path, size
                 with conn.cursor() as cur:
                     entry[f"{label}_p50_ms"] = _serial(cur, prepared.execute_sql, params, calls)
                 entry[f"{label}_plans"] = _counts(conn, prepared)
+            # As the relay sends a read planned on each call: SET LOCAL and EXECUTE in one message.
             with fresh.cursor() as cur:
-                cur.execute("BEGIN")
-                cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-                entry["prepared_custom_p50_ms"] = _serial(cur, prepared.execute_sql, params, calls)
-                cur.execute("ROLLBACK")
+                custom = Prepared(sql, custom_plan=True).execute_sql
+                entry["prepared_custom_p50_ms"] = _serial(cur, custom, params, calls)
             out[name] = entry
     finally:
         fresh.close()
