@@ -109,8 +109,9 @@ class Prepared:
     PostgreSQL then parses it once per connection instead of on every call, and by default
     plans it once too: after five runs it settles on a generic plan, which that connection
     keeps until a table's statistics or definition change. Only for statements whose
-    parameters PostgreSQL can type from where they are used. ``PREPARE`` is not undone by a
-    rollback, so a name once prepared stays usable.
+    parameters PostgreSQL can type from where they are used, and, planned once, whose best
+    plan does not hang on their values (not a text search, whose selectivity does).
+    ``PREPARE`` is not undone by a rollback, so a name once prepared stays usable.
 
     With ``custom_plan`` each EXECUTE is planned for its values and the tables' sizes now
     (``SET LOCAL plan_cache_mode = force_custom_plan`` in the same query message: an
@@ -118,8 +119,9 @@ class Prepared:
     over tables that grow: a generic plan made while they were small (a hash join over a
     sequential scan of threads) stays on the connection as they grow, because nothing
     invalidates it until ``ANALYZE`` runs: at 100,000 threads a feed page's statement took
-    10 ms on it, and 0.9 ms planned for the call (docs/performance.md, "Plans as the ledger
-    grows"). Planning each call costs what the generic plan saved, less the parse.
+    10.5 ms on the plan made at 500, and 0.8 ms planned for the call (docs/performance.md,
+    "Plans as the ledger grows"). Planning each call costs what the generic plan saved,
+    less the parse.
 
     With ``RELAY_DB_PREPARE`` off (``auto`` behind DATABASE_CONNECTION_POOL_URL) the plain
     text is sent instead: a transaction-mode pooler gives each transaction any server
