@@ -290,7 +290,12 @@ def main() -> None:
         sizes = tuple(int(n) for n in args.sizes.split(","))
         results = plans_bench(sizes, args.calls, args.repeats, folder, args.analyze_each)
         print_plans(results)
-        name = f"{results['date'][:10]}-{results['commit']}-plans{'-analyzed' if args.analyze_each else ''}.json"
+        stem = f"{results['date'][:10]}-{results['commit']}-plans{'-analyzed' if args.analyze_each else ''}"
+        # Runs are repeated on one commit (their medians are the figures): none overwrites another.
+        name, n = f"{stem}.json", 1
+        while (folder / name).exists():
+            n += 1
+            name = f"{stem}-run{n}.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit
