@@ -1,5 +1,5 @@
 """``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
-``pools-probe``, ``nodes``, ``retention``, ``faults [--quick] [--only S] [--failover]``,
+``pools-probe``, ``nodes``, ``retention``, ``plans [--sizes 500,25000,100000]``, ``faults [--quick] [--only S] [--failover]``,
 ``tck --kit PATH [--transport jsonrpc,http_json] [-- KIT_ARGS]``, ``mcp-conformance``.
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
@@ -155,6 +155,15 @@ def main() -> None:
     ret_p.add_argument("--days", type=int, default=30, help="days of delivery log before the expired ones (30)")
     ret_p.add_argument("--per-day", type=int, default=10_000, help="events a day, one delivery and attempt each")
     ret_p.add_argument("--queries", type=int, default=200, help="timed calls per query and phase (200)")
+    plans_p = sub.add_parser(
+        "plans", parents=[common], help="feed first page and tasks/list as the ledger grows: custom vs generic plans"
+    )
+    plans_p.add_argument("--sizes", default="500,25000,100000", help="threads at each step (500,25000,100000)")
+    plans_p.add_argument("--calls", type=int, default=200, help="serial calls per p50 (200)")
+    plans_p.add_argument("--repeats", type=int, default=3, help="rounds of the relay's requests per size (3)")
+    plans_p.add_argument(
+        "--analyze-each", action="store_true", help="ANALYZE after every size (default: the first only)"
+    )
     sub.add_parser(
         "mcp-conformance",
         parents=[common],
@@ -275,6 +284,18 @@ def main() -> None:
         results = retention_bench(args.days, args.per_day, args.queries)
         print_retention(results)
         name = f"{results['date'][:10]}-{results['commit']}-retention.json"
+    elif args.command == "plans":
+        from bench.plans import plans_bench, print_plans
+
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+        results = plans_bench(sizes, args.calls, args.repeats, folder, args.analyze_each)
+        print_plans(results)
+        stem = f"{results['date'][:10]}-{results['commit']}-plans{'-analyzed' if args.analyze_each else ''}"
+        # Runs are repeated on one commit (their medians are the figures): none overwrites another.
+        name, n = f"{stem}.json", 1
+        while (folder / name).exists():
+            n += 1
+            name = f"{stem}-run{n}.json"
     elif args.command == "dialects":
         from bench.dialects import dialects, print_dialects
         from bench.run import git_commit

@@ -450,10 +450,14 @@ def _timed(fn, n: int) -> dict:
 
 def _explain_sql(sql: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of ``sql``; of an ``EXECUTE`` of a prepared statement, its generic plan
-    (the plan a connection settles on), prepared first on the explaining connection."""
+    (the plan a connection settles on), prepared first on the explaining connection, or its custom
+    plan when ``sql`` asks for one (``services.CUSTOM_PLAN``: the feed's and tasks/list's pages)."""
     from relay.extensions import db
-    from relay.services import Prepared
+    from relay.services import CUSTOM_PLAN, Prepared
 
+    mode = "force_generic_plan"
+    if sql.startswith(CUSTOM_PLAN + "; "):
+        sql, mode = sql[len(CUSTOM_PLAN) + 2 :], "force_custom_plan"
     with db.engine.connect() as conn:
         if sql.lstrip().upper().startswith("EXECUTE "):
             prepared = Prepared.named[sql.split()[1].split("(")[0]]
@@ -461,7 +465,7 @@ def _explain_sql(sql: str) -> str:
             if prepared.name not in done:
                 conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
                 done.add(prepared.name)
-            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+            conn.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
         rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + sql.replace("%", "%%")).all()
         conn.rollback()
     return "\n".join(r[0] for r in rows)
@@ -469,8 +473,9 @@ def _explain_sql(sql: str) -> str:
 
 def _statement_text(sql: str) -> str:
     """The SQL a captured statement runs: an ``EXECUTE``'s prepared text, else itself."""
-    from relay.services import Prepared
+    from relay.services import CUSTOM_PLAN, Prepared
 
+    sql = sql.removeprefix(CUSTOM_PLAN + "; ")
     if sql.lstrip().upper().startswith("EXECUTE "):
         prepared = Prepared.named.get(sql.split()[1].split("(")[0])
         return prepared.prepare_sql if prepared else ""
@@ -492,7 +497,9 @@ def _explain(app, fn) -> str:
         fn()
     finally:
         event.remove(engine, "before_cursor_execute", grab)
-    queries = [s for s in captured if s.lstrip().upper().startswith(("SELECT", "EXECUTE "))]
+    queries = [
+        s for s in captured if s.lstrip().upper().startswith(("SELECT", "EXECUTE ", "SET LOCAL PLAN_CACHE_MODE"))
+    ]
     main_sql = max(queries, key=lambda s: len(_statement_text(s)))
     return _explain_sql(main_sql)
 

@@ -222,6 +222,43 @@ def test_prepared_statements_follow_relay_db_prepare(base_env, celery_app, redis
         assert relay_names == []
 
 
+def test_feed_and_list_pages_are_planned_on_every_call(base_env, celery_app, redis_url, alice, bob):
+    """The feed's page and tasks/list are PREPAREd but never run a cached generic plan: a plan
+    made while the tables were small would stay on the connection as they grow
+    (docs/performance.md, "Plans as the ledger grows"). Sends keep PostgreSQL's choice."""
+    from relay.services import feed as feed_service
+    from relay.services import threads
+
+    direct = {k: v for k, v in base_env.items() if k != "DATABASE_CONNECTION_POOL_URL"}
+    with extra_app(direct, celery_app, redis_url, RELAY_DB_PREPARE="1", RELAY_DB_POOL_SIZE="1") as other:
+        client = other.test_client()
+        send = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "plans"}]}},
+        }
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {"page": {"limit": 50}}}
+        # More than five runs each: past them PostgreSQL settles on a generic plan when it may.
+        for _ in range(8):
+            assert "result" in client.post("/a2a", json=send, headers=bearer(alice[1])).get_json()
+            assert client.get(feed(bob[0]), headers=bearer(bob[1])).status_code == 200
+            assert "result" in client.post("/a2a", json=listing, headers=bearer(bob[1])).get_json()
+        with other.app_context():
+            # The pool's one connection: the one every request ran on.
+            rows = db.session.execute(text("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"))
+            counts = {name: (generic, custom) for name, generic, custom in rows}
+            db.session.rollback()
+    for shapes in (feed_service._PAGES, threads._LIST_PAGES):
+        names = {c.prepared.name for c in shapes._compiled.values() if c.prepared is not None}
+        ran = {name: counts[name] for name in names if name in counts}
+        assert ran, f"no page statement of {shapes.build.__name__} prepared: {sorted(counts)}"
+        # Each parsed once, planned for each call's values and the tables of now.
+        for name, (generic, custom) in ran.items():
+            assert generic == 0 and custom >= 8, (shapes.build.__name__, name, generic, custom)
+    assert threads._CREATE.name in counts, "the send's statement was not prepared"
+
+
 @pytest.mark.parametrize("surface", ["feed", "send"])
 def test_a_connection_cut_mid_request_answers_503_not_500(app, database_url, alice, bob, surface):
     """A backend killed while the request's statement runs (a restart, a failover, a pooler's

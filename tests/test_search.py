@@ -15,6 +15,7 @@ from sqlalchemy import event, select
 
 from relay.extensions import db
 from relay.models import Agent
+from relay.services import CUSTOM_PLAN
 from relay.services import feed as feed_service
 from relay.services import search as search_service
 from tests.conftest import bearer, rpc, sql
@@ -411,7 +412,7 @@ def _explain_feed(app, handle, **params):
     captured: list[tuple[str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
-        if ("FROM messages" in statement and "ORDER BY" in statement) or statement.startswith("EXECUTE relay_"):
+        if ("FROM messages" in statement and "ORDER BY" in statement) or "EXECUTE relay_" in statement:
             captured.append((statement, parameters))
 
     with app.app_context():
@@ -425,8 +426,12 @@ def _explain_feed(app, handle, **params):
         assert len(captured) == 1, [s for s, _ in captured]
         statement, parameters = captured[0]
         with engine.connect() as conn:
-            if statement.startswith("EXECUTE "):
-                # A prepared page: explain the generic plan it settles on, not a custom one.
+            if "EXECUTE relay_" in statement:
+                # A prepared page: explain the plan it runs with, planned for the call when it
+                # sets that (services.CUSTOM_PLAN), else the generic plan it settles on.
+                mode = "force_generic_plan"
+                if statement.startswith(CUSTOM_PLAN + "; "):
+                    statement, mode = statement[len(CUSTOM_PLAN) + 2 :], "force_custom_plan"
                 name = statement.split()[1].split("(")[0]
                 prepared = next(
                     c.prepared for c in feed_service._PAGES._compiled.values() if c.prepared and c.prepared.name == name
@@ -434,7 +439,7 @@ def _explain_feed(app, handle, **params):
                 if name not in conn.connection.info.get("relay_prepared", ()):
                     conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
                     conn.connection.info.setdefault("relay_prepared", set()).add(name)
-                conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+                conn.exec_driver_sql(f"SET plan_cache_mode = {mode}")
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
             conn.exec_driver_sql("RESET plan_cache_mode")
     return page, plan

@@ -98,17 +98,30 @@ def iso_text(column: Any) -> Any:
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# Sent before a read's EXECUTE in the same message (Prepared's custom_plan).
+CUSTOM_PLAN = "SET LOCAL plan_cache_mode = force_custom_plan"
 _PREPARED = "relay_prepared"  # connection info: the names this connection has prepared
 
 
 class Prepared:
     """psycopg2 SQL text (``%(name)s`` parameters) that each connection PREPAREs once, then EXECUTEs.
 
-    PostgreSQL then plans it once per connection (and settles on a generic plan) instead
-    of on every call: planning a feed page took four times as long as running it. Only
-    for statements whose best plan does not hang on their values (not a text search,
-    whose selectivity does), and whose parameters PostgreSQL can type from where they are
-    used. ``PREPARE`` is not undone by a rollback, so a name once prepared stays usable.
+    PostgreSQL then parses it once per connection instead of on every call, and by default
+    plans it once too: after five runs it settles on a generic plan, which that connection
+    keeps until a table's statistics or definition change. Only for statements whose
+    parameters PostgreSQL can type from where they are used, and, planned once, whose best
+    plan does not hang on their values (not a text search, whose selectivity does).
+    ``PREPARE`` is not undone by a rollback, so a name once prepared stays usable.
+
+    With ``custom_plan`` each EXECUTE is planned for its values and the tables' sizes now
+    (``SET LOCAL plan_cache_mode = force_custom_plan`` in the same query message: an
+    implicit transaction when alone, else it lasts to the end of the open one). For reads
+    over tables that grow: a generic plan made while they were small (a hash join over a
+    sequential scan of threads) stays on the connection as they grow, because nothing
+    invalidates it until ``ANALYZE`` runs: at 100,000 threads a feed page's statement took
+    10.5 ms on the plan made at 500, and 0.8 ms planned for the call (docs/performance.md,
+    "Plans as the ledger grows"). Planning each call costs what the generic plan saved,
+    less the parse.
 
     With ``RELAY_DB_PREPARE`` off (``auto`` behind DATABASE_CONNECTION_POOL_URL) the plain
     text is sent instead: a transaction-mode pooler gives each transaction any server
@@ -118,7 +131,7 @@ class Prepared:
     __slots__ = ("name", "sql", "prepare_sql", "execute_sql")
     named: dict[str, Prepared] = {}  # every one by name: what an EXPLAIN of an ``EXECUTE`` needs (bench, tests)
 
-    def __init__(self, sql: str):
+    def __init__(self, sql: str, *, custom_plan: bool = False):
         order: list[str] = []
 
         def positional(match: re.Match) -> str:
@@ -133,6 +146,8 @@ class Prepared:
         self.prepare_sql = f"PREPARE {self.name} AS {body}"
         args = ", ".join(f"%({n})s" for n in order)
         self.execute_sql = f"EXECUTE {self.name}({args})" if order else f"EXECUTE {self.name}"
+        if custom_plan:
+            self.execute_sql = f"{CUSTOM_PLAN}; {self.execute_sql}"
         Prepared.named[self.name] = self
 
     def ready(self, session: Session) -> str:
@@ -158,18 +173,19 @@ class Compiled:
     shape (which filters are present) with named ``bindparam``s, keep it here, and run
     it with :meth:`execute`. Literal values the statement holds (a search config, bounds)
     are kept as its default parameters. Expanding ``IN`` lists are not supported: use
-    ``= ANY(:array)``. With ``prepared`` it runs as a :class:`Prepared` statement.
+    ``= ANY(:array)``. With ``prepared`` it runs as a :class:`Prepared` statement, planned
+    for each call's values with ``custom_plan``.
     """
 
     __slots__ = ("sql", "defaults", "prepared")
 
-    def __init__(self, statement: Any, *, prepared: bool = False):
+    def __init__(self, statement: Any, *, prepared: bool = False, custom_plan: bool = False):
         from sqlalchemy.dialects.postgresql import psycopg2 as pg
 
         compiled = statement.compile(dialect=pg.dialect())
         self.sql = str(compiled)
         self.defaults = dict(compiled.params)
-        self.prepared = Prepared(self.sql) if prepared else None
+        self.prepared = Prepared(self.sql, custom_plan=custom_plan) if prepared else None
 
     def execute(self, session: Session, **params: Any) -> Any:
         """Run in ``session`` with ``params`` over the defaults; return the result (rows by position).
@@ -186,7 +202,8 @@ class Shapes:
 
     A shape is the fixed arguments (a direction, a role, a search config...) plus which of
     the ``optional`` parameters are present (not None); ``build(*fixed, present)`` returns
-    the SQLAlchemy statement for it, with a named ``bindparam`` per parameter.
+    the SQLAlchemy statement for it, with a named ``bindparam`` per parameter. With
+    ``custom_plan`` every prepared shape is planned on each call (see :class:`Prepared`).
     """
 
     def __init__(
@@ -194,8 +211,10 @@ class Shapes:
         optional: tuple[str, ...],
         build: Callable[..., Any],
         prepared: Callable[[frozenset[str]], bool] = lambda present: False,
+        *,
+        custom_plan: bool = False,
     ):
-        self.optional, self.build, self.prepared = optional, build, prepared
+        self.optional, self.build, self.prepared, self.custom_plan = optional, build, prepared, custom_plan
         self._compiled: dict[tuple, Compiled] = {}
 
     def get(self, params: dict[str, Any], *fixed: Any) -> Compiled:
@@ -205,5 +224,7 @@ class Shapes:
         key = (fixed, present)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = Compiled(self.build(*fixed, present), prepared=self.prepared(present))
+            statement = self.build(*fixed, present)
+            compiled = Compiled(statement, prepared=self.prepared(present), custom_plan=self.custom_plan)
+            self._compiled[key] = compiled
         return compiled

@@ -290,10 +290,13 @@ def _page_statement(direction: str, _search_shape: tuple, ascending: bool, rows:
 
 # The page statement of each shape (direction, search document, which filters are present),
 # compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
+# Planned on each call: a plan kept from when the tables were small joins a page to a
+# sequential scan of threads (services.Prepared).
 _PAGES = Shapes(
     ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at", "after_at"),
     _page_statement,
     prepared=lambda present: "q" not in present,  # a search's best plan depends on its words
+    custom_plan=True,
 )
 
 

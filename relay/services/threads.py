@@ -835,9 +835,13 @@ def _list_statement(role: str, rows: int, present: set[str]):
     return stmt.order_by(Thread.updated_at.desc(), Thread.id.desc()).limit(literal_column(str(int(rows))))
 
 
-# The tasks/list page statement of each shape (role, which filters are present), compiled once.
+# The tasks/list page statement of each shape (role, which filters are present), compiled once,
+# and planned on each call, as the feed's page is (services.Prepared).
 _LIST_PAGES = Shapes(
-    ("peer", "context_id", "status", "priority", "since", "cursor_at"), _list_statement, prepared=lambda present: True
+    ("peer", "context_id", "status", "priority", "since", "cursor_at"),
+    _list_statement,
+    prepared=lambda present: True,
+    custom_plan=True,
 )
 
 
