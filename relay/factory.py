@@ -13,15 +13,15 @@ from flask import Flask
 
 from relay import transport
 from relay.context import create_base_app
-from relay.transport import mcp
 
 
 def create_app(env: Mapping[str, str] | None = None, **overrides: Any) -> Flask:
     """Build the web app from environment variables (``env`` defaults to ``os.environ``).
 
+    The base context (settings, logging, the database, Celery), then the transports'
+    registration steps, one flat named list in order (``relay.transport.steps``).
     Raises relay.config.ConfigError naming a missing or malformed variable.
     """
     app = create_base_app(env, **overrides)
     transport.init_app(app)
-    app.register_blueprint(mcp.bp)
     return app

@@ -281,3 +281,10 @@ def test_a_connection_the_server_closed_is_replaced_at_checkout(app, client, ali
     time.sleep(0.2)  # the FATAL message and the close reach the pooled connection's socket
     for _ in range(3):
         assert _tasks_list(client, key).status_code == 200
+
+
+def test_the_key_guard_wraps_every_view_but_mcps_own(app):
+    """Registration order (relay/transport/__init__.py steps): the guard wraps each view registered
+    before it, and /mcp, registered after it, runs no statement of its own."""
+    unguarded = sorted(name for name, view in app.view_functions.items() if not hasattr(view, "__wrapped__"))
+    assert unguarded == ["mcp.not_served", "mcp.post"], unguarded
