@@ -1,5 +1,5 @@
 """``python -m bench run [--quick]``, ``scale [--messages N --threads T --agents A]``, ``dialects``, ``hostile [--duration S]``, ``webhooks``, ``wake``, ``modes [--set prepare|pools|all]``, ``budget``,
-``pools-probe``, ``nodes``, ``retention``, ``plans [--sizes 500,25000,100000]``, ``faults [--quick] [--only S] [--failover]``,
+``pools-probe``, ``nodes``, ``retention``, ``plans [--sizes 500,25000,100000]``, ``grow [--rounds 3 | --sizes 0,25000,100000,1000000] [--pooled]``, ``faults [--quick] [--only S] [--failover]``,
 ``tck --kit PATH [--transport jsonrpc,http_json] [-- KIT_ARGS]``, ``mcp-conformance``.
 
 - ``modes``: the run bench's paths on variants of one deploy in the same run (PREPARE on/off,
@@ -155,6 +155,18 @@ def main() -> None:
     ret_p.add_argument("--days", type=int, default=30, help="days of delivery log before the expired ones (30)")
     ret_p.add_argument("--per-day", type=int, default=10_000, help="events a day, one delivery and attempt each")
     ret_p.add_argument("--queries", type=int, default=200, help="timed calls per query and phase (200)")
+    grow_p = sub.add_parser(
+        "grow", parents=[common], help="send, tasks/list and the feed beside the ceiling while the ledger grows"
+    )
+    grow_p.add_argument(
+        "--rounds", type=int, default=3, help="measured rounds after a warm-up (3); sends grow the data"
+    )
+    grow_p.add_argument("--sizes", help="grow in SQL to these thread counts instead, e.g. 0,25000,100000,1000000")
+    grow_p.add_argument("--workers", type=int, default=2, help="gunicorn workers (2)")
+    grow_p.add_argument("--users", type=int, default=8, help="closed-loop clients (8)")
+    grow_p.add_argument("--duration", type=float, default=10.0, help="seconds a run (10)")
+    grow_p.add_argument("--pooled", action="store_true", help="relay and ceiling behind a private PgBouncer")
+    grow_p.add_argument("--profile", action="store_true", help="profile each path once more at the end (py-spy)")
     plans_p = sub.add_parser(
         "plans", parents=[common], help="feed first page and tasks/list as the ledger grows: custom vs generic plans"
     )
@@ -284,6 +296,15 @@ def main() -> None:
         results = retention_bench(args.days, args.per_day, args.queries)
         print_retention(results)
         name = f"{results['date'][:10]}-{results['commit']}-retention.json"
+    elif args.command == "grow":
+        from bench.grow import grow_bench, print_grow
+
+        sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else None
+        results = grow_bench(
+            args.rounds, sizes, args.workers, args.users, args.duration, args.pooled, folder if args.profile else None
+        )
+        print_grow(results)
+        name = f"{results['date'][:10]}-{results['commit']}-grow-{results['grown_by']}-{results['mode']}.json"
     elif args.command == "plans":
         from bench.plans import plans_bench, print_plans
 
