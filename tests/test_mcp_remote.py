@@ -395,3 +395,25 @@ def test_bad_json_and_a_batch_are_clean_json_rpc_errors(relay_url, keys):
     assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600, batch.text
     unknown = post(relay_url, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, **bearer(keys["alice"]))
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == -32601, unknown.text
+
+
+def test_a_web_process_loads_the_mcp_face_on_its_first_mcp_request_only(base_env):
+    """The app starts without the MCP SDK or the agent kit; the first POST /mcp loads them."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from relay.factory import create_app\n"
+        "app = create_app()\n"
+        "heavy = ('mcp', 'mcp_types', 'relay.agent.mcp', 'relay.agent.client')\n"
+        "print('loaded', sorted(m for m in heavy if m in sys.modules))\n"
+        "app.test_client().post('/mcp', json={'jsonrpc': '2.0', 'id': 1, 'method': 'ping'})\n"
+        "print('loaded', sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=base_env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    before, after = [line.removeprefix("loaded ") for line in out if line.startswith("loaded ")]
+    assert before == "[]"
+    assert after == str(sorted(["mcp", "mcp_types", "relay.agent.mcp", "relay.agent.client"]))

@@ -36,6 +36,7 @@ import time
 
 import gevent
 from gunicorn.http import errors as http_errors
+from gunicorn.http import wsgi as gunicorn_wsgi
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -171,6 +172,34 @@ def _path(req, sock) -> str:
     return target.split(b"?", 1)[0].decode("latin-1")
 
 
+class OneWriteResponse(gunicorn_wsgi.Response):
+    """gunicorn's response, with a whole small body sent in the same write as its head.
+
+    gunicorn writes the head, then each body chunk: two ``send`` calls, and on loopback
+    two passes through the TCP stack, for every JSON answer. When the first chunk is the
+    whole body of a response of known length (a Flask JSON answer always is), head and
+    body go out as one ``sendall``. Anything else (streams, chunked answers, files,
+    bodiless answers) is gunicorn's own path.
+    """
+
+    def write(self, arg):
+        if (
+            self.headers_sent
+            or self.chunked
+            or self._omits_body
+            or not isinstance(arg, bytes)
+            or self.response_length is None
+            or len(arg) != self.response_length
+        ):
+            return super().write(arg)
+        head = self.default_headers()
+        head.extend([f"{name}: {value}\r\n" for name, value in self.headers])
+        head.append("\r\n")
+        self.headers_sent = True
+        self.sent += len(arg)
+        self.sock.sendall("".join(head).encode("latin-1") + arg)
+
+
 class RelayWorker(GeventWorker):
     """gunicorn's gevent worker with per-connection header, body and idle deadlines."""
 
@@ -181,6 +210,9 @@ class RelayWorker(GeventWorker):
         patch_psycopg()
 
     def init_process(self) -> None:
+        # gunicorn builds each request's response from this module global (wsgi.create's
+        # default response class); set in the worker process only.
+        gunicorn_wsgi.Response = OneWriteResponse
         self.header_timeout = _seconds("RELAY_HEADER_TIMEOUT")
         self.body_timeout = _seconds("RELAY_BODY_TIMEOUT")
         self.idle_timeout = _seconds("RELAY_CLIENT_IDLE_TIMEOUT")
