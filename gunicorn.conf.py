@@ -1,6 +1,7 @@
 """gunicorn settings, all from environment variables (Heroku-style)."""
 
 import os
+import resource
 
 from relay.config import ConfigError, process_integer, web_host
 
@@ -27,6 +28,30 @@ workers = _int("WEB_CONCURRENCY")
 # memory for the same wake latency (docs/performance.md).
 worker_class = "relay.transport.server.RelayWorker"
 worker_connections = _int("WEB_CONNECTIONS")
+
+
+def _open_files_for(connections: int) -> None:
+    """Raise this process's open-file limit (workers inherit it) to fit ``connections`` sockets.
+
+    Each held connection (a long-poll or a stream waiting for a wake-up) is a file
+    descriptor; many systems start processes with a soft limit of 1,024. The soft limit
+    goes up to what the connections need plus room for the pools and logs, never past the
+    hard limit, which only the system can raise (docs/operations.md, "Many waiting agents").
+    """
+    want = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        if ceiling < want:
+            print(
+                f"relay: open files are limited to {ceiling} (hard limit), below the {want} that "
+                f"WEB_CONNECTIONS={connections} needs; raise the hard limit (ulimit -Hn) or lower WEB_CONNECTIONS",
+                flush=True,
+            )
+
+
+_open_files_for(worker_connections)
 timeout = _int("GUNICORN_TIMEOUT")
 graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT")
 # Seconds an idle kept-alive connection waits for its next request. Longer than the idle

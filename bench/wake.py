@@ -68,6 +68,17 @@ def _top_cpu(before: dict, after: dict, wall: float, n: int = 8) -> list[tuple[s
     return [(cmd, round(s / wall, 3)) for cmd, s in sorted(used.items(), key=lambda kv: -kv[1])[:n]]
 
 
+def _web_rss(relay: harness.Proc) -> int:
+    """Resident bytes of the web workers (not the master), summed."""
+    total = 0
+    for proc in relay.tree()[1:]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 def _slots_held(client: redis.Redis) -> int:
     now = time.time()
     return sum(client.zcount(key, now, "+inf") for key in client.scan_iter("relay:waits:*", count=1000))
@@ -149,7 +160,7 @@ def wake(
     with harness.fresh_database() as database_url, harness.claimed_redis_db() as redis_url:
         env = harness.base_env(
             database_url,
-            {"REDIS_URL": redis_url, "RELAY_STREAMS_PER_AGENT": str(per_agent), "WEB_CONNECTIONS": "2000"},
+            {"REDIS_URL": redis_url, "RELAY_STREAMS_PER_AGENT": str(per_agent)},
         )
         keys = harness.create_agents(env, recipients + senders + quiet)
         relay, relay_url = harness.gunicorn("app:app", env, workers, extra_args)
@@ -207,6 +218,7 @@ def wake(
             )
             spec.close()
             out = spec.name + ".out"
+            rss_before = _web_rss(relay)
             clients = subprocess.Popen([sys.executable, "-m", "bench.wake_clients", spec.name, out], cwd=harness.ROOT)
             deadline = time.monotonic() + 180
             while not Path(out + ".ready").exists():
@@ -217,6 +229,9 @@ def wake(
             while (held := _slots_held(slots)) < waiters and time.monotonic() < deadline:
                 time.sleep(0.2)
             results["waiters_held_before"] = held
+            rss_held = _web_rss(relay)
+            results["memory_per_waiter_kib"] = round((rss_held - rss_before) / 1024 / max(held, 1), 1)
+            results["web_rss_mib_before_and_holding"] = [round(rss_before / 2**20, 1), round(rss_held / 2**20, 1)]
             # Phases in this order so that none runs while the worker drains another's backlog
             # (thousands of messages to index and fan out would take the cores from it).
             with harness.RssSampler({"web_worker": relay}) as rss:
@@ -293,6 +308,10 @@ def print_wake(results: dict) -> None:
             )
     print(f"  waiters held: {results['waiters_held_before']} before, {results['waiters_held_after']} after")
     print(f"  web worker peak RSS: {results['peak_rss_mib']['web_worker']} MiB")
+    print(
+        f"  web workers' RSS before the waiters and holding them: {results['web_rss_mib_before_and_holding']} MiB, "
+        f"{results['memory_per_waiter_kib']} KiB a waiter"
+    )
     print(f"  deliveries: {results['deliveries']}")
     for key in ("send_without_waiters", "send_with_waiters"):
         fig = results[key]

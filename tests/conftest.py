@@ -8,6 +8,7 @@ server it was not given.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -36,33 +37,33 @@ _TMP = Path(tempfile.mkdtemp(prefix="relay-tests-"))
 # after the other on one worker, never beside each other.
 RUN_TOGETHER = "drills and bench"
 TOGETHER = {"tests/test_drills.py": RUN_TOGETHER, "tests/test_bench_smoke.py": RUN_TOGETHER}
-# By their serial durations, longest first; modules not named keep their order after these.
-LONGEST_FIRST = (
-    "tests/test_drills.py",
-    "tests/test_bench_smoke.py",
-    "tests/test_mcp.py",
-    "tests/test_fuzz.py",
-    "tests/test_agent_cli.py",
-    "tests/test_webhooks.py",
-    "tests/test_console_browser.py",
-    "tests/test_cli.py",
-    "tests/test_client.py",
-    "tests/test_webhook_isolation.py",
-    "tests/test_procfile.py",
-    "tests/test_a2a_protocol.py",
-    "tests/test_relay_up.py",
-    "tests/test_a2a_sdk.py",
-)
+# Each test's duration in a whole run, as pytest-split stores them (docs/operations.md#tests:
+# ``--store-durations --durations-path tests/durations.json``). A module takes the sum of its
+# tests; a module the file does not know yet is scheduled first, as if it were the longest.
+DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def module_seconds(durations: dict[str, float]) -> dict[str, float]:
+    """Seconds per module (or per group run together) from per-test ``durations``."""
+    seconds: dict[str, float] = {}
+    for nodeid, spent in durations.items():
+        scope = TOGETHER.get(_module(nodeid), _module(nodeid))
+        seconds[scope] = seconds.get(scope, 0.0) + spent
+    return seconds
+
+
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
-        rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))
+        try:
+            seconds = module_seconds(json.loads(DURATIONS.read_text()))
+        except FileNotFoundError:
+            return
+        unknown = float("inf")
+        items.sort(key=lambda item: -seconds.get(TOGETHER.get(_module(item.nodeid), _module(item.nodeid)), unknown))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -77,7 +78,7 @@ def pytest_xdist_make_scheduler(config, log):
             module = _module(nodeid)
             return TOGETHER.get(module, module)
 
-    config.option.loadscopereorder = False  # keep LONGEST_FIRST, not the count of tests
+    config.option.loadscopereorder = False  # keep the stored durations' order, not the count of tests
     return ByModule(config, log)
 
 

@@ -188,3 +188,17 @@ def test_an_a2a_task_stream_of_a_revoked_key_ends_before_the_next_update(live, m
     rest = stream.rest()
     assert [kind for kind, _ in rest] == ["error"], rest
     assert rest[0][1]["error"]["data"][0]["metadata"]["symbol"] == "unauthenticated", rest
+
+
+def test_a_revoked_keys_stream_ends_at_once_with_nothing_else_written(live, make_agent):
+    """The revocation wakes the agent's waiters: the stream ends long before its 30 s tick."""
+    from tests.sse import SSE
+
+    bob, bob_key = make_agent("rev-now-bob@acme")
+    stream = SSE(f"{live}/api/v1/identities/{bob}/a2a/messages/stream", headers=bearer(bob_key), read_timeout=25)
+    stream.until_ready()
+    revoked_at = time.monotonic()
+    _revoke_only_key(live, bob, bob_key)
+    kinds = [e.event for e in stream.events() if e.event != "comment"]  # to the end of the stream
+    assert kinds == ["error"], kinds
+    assert time.monotonic() - revoked_at < 10, "ended by a tick, not by the revocation's wake-up"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
@@ -537,3 +538,51 @@ def test_the_listener_resubscribes_after_redis_restarts_and_waiters_get_their_me
         wait_until(lambda: slots_held(app, b) == 1, what="bob's second long-poll waiting")
         sent = send(base, a_key, b, "after the restart")
         assert [row["id"] for row in again.result().json()["items"]] == [sent["message_id"]]
+
+
+def test_a_stream_keeps_its_slot_past_the_slots_own_lifetime(app, live, pair):
+    """The process's keeper refreshes the slot and its set: held 2x its ttl, it is still counted."""
+    a, a_key, b, b_key = pair
+    ttl = 2 * float(HEARTBEAT) + 5  # streams.take_slot's
+    stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key), read_timeout=3 * ttl)
+    stream.until_ready()
+    try:
+        wait_until(lambda: slots_held(app, b) == 1, what="bob's stream holding its slot")
+        deadline = time.monotonic() + 2 * ttl
+        while time.monotonic() < deadline:
+            assert slots_held(app, b) == 1
+            time.sleep(0.5)
+    finally:
+        stream.close()
+
+
+def test_a_tick_reads_only_every_few_ticks_while_the_listener_stays_subscribed(app, make_agent):
+    """A wake-up reads; a tick only heartbeats, and reads every RECHECK_TICKS-th (the safety net)."""
+    from relay.services import streams, wakeup
+    from relay.services.agents import get_agent
+
+    handle, _ = make_agent("ticks@acme")
+    reads = []
+
+    def read():
+        reads.append(time.monotonic())
+        return [], False
+
+    with app.app_context():
+        # Subscribed first: a (re)subscription wakes every waiter, which would be one more read.
+        listener = wakeup.listener()
+        listener.unregister(listener.register((uuid.uuid4(),)))
+        assert listener.subscribed.wait(10), "the listener did not subscribe"
+        held = streams.Held(get_agent(handle), still_allowed=lambda: None)
+        try:
+            held.tick = held.first_tick = 0.05
+            beats = 0
+            for item in held.rounds(read):
+                if item is streams.HEARTBEAT:
+                    beats += 1
+                    if beats == 3 * streams.RECHECK_TICKS:
+                        break
+        finally:
+            held.close()
+    # The first read, then one at the 4th and 8th ticks; the 12th's would come after the break.
+    assert len(reads) == 3, reads

@@ -18,7 +18,7 @@ from sqlalchemy.orm import make_transient_to_detached
 from relay.errors import RelayError, invalid
 from relay.extensions import KeyGenerationMoved, db, expect_key_generation, key_guard_pending
 from relay.models import Agent, ApiKey, Generation
-from relay.services import statement_cursor, unit_of_work
+from relay.services import after_commit, dispatch, statement_cursor, unit_of_work
 
 # A handle is ``local@org`` (docs/decisions.md, "Handles"): new agents and recipients follow
 # the grammar of handle_problem; LEGACY_HANDLE_RE (also the database's handle_format check)
@@ -174,6 +174,8 @@ def disable_agent(handle: str) -> Agent:
         agent = require_agent(handle)
         if agent.disabled_at is None:
             agent.disabled_at = datetime.now(UTC)
+            # Its waits and streams re-authenticate at once and end (services/streams.py).
+            after_commit(lambda agent_id=agent.id: dispatch.wake([agent_id]))
     return agent
 
 
@@ -224,6 +226,8 @@ def revoke_key(key_id: str | uuid.UUID, owner: Agent | None = None) -> ApiKey:
             raise RelayError("key_not_found", f"no key {kid}")
         if key.revoked_at is None:
             key.revoked_at = datetime.now(UTC)
+            # Waits and streams on the key re-authenticate at once and end (services/streams.py).
+            after_commit(lambda agent_id=key.agent_id: dispatch.wake([agent_id]))
     return key
 
 

@@ -149,6 +149,11 @@ def message_committed(message_id: uuid.UUID, event_id: uuid.UUID, participants: 
     _publisher().add(message_id, event_id, participants)
 
 
+def wake(agent_ids: Iterable[uuid.UUID]) -> None:
+    """Wake the requests waiting on these agents' feeds (after a commit that changes what they may read)."""
+    _publisher().add(None, None, agent_ids)
+
+
 def event_committed(event_id: uuid.UUID, participants: Iterable[uuid.UUID] = ()) -> None:
     """Fan a committed outbox event out to the webhook endpoints; wake the ``participants``' waiters."""
     if participants:

@@ -36,6 +36,9 @@ RETRY_AFTER_SECONDS = 5
 # slot is free again within about this long (within 2 s of the disconnect: docs/decisions.md,
 # "Surviving the relay's own servers failing").
 GONE_CHECK_SECONDS = 0.5
+# A waiter whose listener stayed subscribed reads on a tick only every this many ticks: the
+# safety net for a wake-up whose publish failed in another process (services/wakeup.py).
+RECHECK_TICKS = 4
 
 
 def take_slot(identity: Agent) -> wakeup.Slot:
@@ -118,45 +121,56 @@ class Held:
     def rounds(self, read: Callable[[], tuple[list, bool]]) -> Iterator[Any]:
         """Yield the items of each ``read()`` (``(items, read_again_at_once)``), waiting between reads.
 
-        A read follows every wake-up and every tick; each tick also yields
-        :data:`HEARTBEAT` and refreshes the slot. The caller is re-authenticated before
-        every read after the first (a wake-up's or a tick's), so a revoked key or a
-        disabled agent is never sent another event: the check is a cache hit unless a key
-        changed (the key generation). A RelayError (from ``read`` or the
-        re-authentication) is yielded last and ends it.
-        A read or check that cannot reach PostgreSQL is tried again on the next round.
-        The session is closed after each, so no connection is held while waiting.
+        A read follows every wake-up. A tick (every ``RELAY_STREAM_HEARTBEAT`` seconds)
+        yields :data:`HEARTBEAT`, and reads only when a wake-up may have been missed:
+        the process's listener re-subscribed (or is down) since the last read, the last
+        read failed, or :data:`RECHECK_TICKS` ticks passed without one (a publish that
+        failed in another process is caught there). The caller is re-authenticated
+        before every read after the first, so a revoked key or a disabled agent is never
+        sent another event; a revocation wakes the agent's waiters, so it ends their
+        streams at once. A RelayError (from ``read`` or the re-authentication) is yielded
+        last and ends it. A read or check that cannot reach PostgreSQL is tried again on
+        the next round. The session is closed after each, so no connection is held
+        while waiting.
         """
         next_beat = time.monotonic() + self.first_tick
         check = False  # the request itself was just authenticated
+        read_now, ticks_unread, subscription = True, 0, None
         while True:
             items, again = [], False
-            try:
-                if check:
-                    self.still_allowed()
-                items, again = read()
-            except DATABASE_ERRORS as exc:
-                if not is_connection_error(exc):
-                    raise
-                db.session.rollback()  # PostgreSQL restarting: checked and read again next round
-            except RelayError as exc:
-                yield exc
-                return
-            finally:
-                _release_connection()
-            check = not again  # the next page of this round needs no second check
+            if read_now:
+                try:
+                    if check:
+                        self.still_allowed()
+                    subscription = self.listener.subscription()
+                    items, again = read()
+                    read_now, ticks_unread = False, 0
+                except DATABASE_ERRORS as exc:
+                    if not is_connection_error(exc):
+                        raise
+                    db.session.rollback()  # PostgreSQL restarting: checked and read again next round
+                except RelayError as exc:
+                    yield exc
+                    return
+                finally:
+                    _release_connection()
+                check = not again  # the next page of this round needs no second check
             yield from items
             if self.finished():
                 return
             if again:
+                read_now = True
                 continue
             remaining = next_beat - time.monotonic()
             if remaining > 0 and self.wait(remaining):
+                read_now = True
                 continue
             if self.gone:
                 return  # nobody to write to: the response closes and the slot goes back now
             next_beat = time.monotonic() + self.tick
-            self.slot.refresh()
+            ticks_unread += 1
+            if subscription is None or self.listener.subscription() != subscription or ticks_unread >= RECHECK_TICKS:
+                read_now = True
             yield HEARTBEAT
 
     def close(self) -> None:
@@ -241,6 +255,7 @@ def wait_for_page(
     # read wakes it; the slot (a Redis round trip) is taken only if the page is empty.
     listener = wakeup.listener()
     early = listener.register((identity.id,))
+    subscription = listener.subscription()
     try:
         result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
         if result["items"]:
@@ -249,7 +264,7 @@ def wait_for_page(
     except BaseException:
         listener.unregister(early)
         raise
-    failed = False
+    failed, ticks_unread = False, 0
     try:
         while True:
             _release_connection()
@@ -258,15 +273,23 @@ def wait_for_page(
                 if failed:
                     raise RelayError("service_unavailable", "the database is unavailable; retry shortly")
                 return result
-            held.wait(min(remaining, held.first_tick))
+            woken = held.wait(min(remaining, held.first_tick))
             if held.gone:
                 return result  # nobody reads it; the slot goes back now
             held.first_tick = held.tick
-            held.slot.refresh()
+            if not woken and not failed:  # a tick (or the end): read only as Held.rounds says
+                ticks_unread += 1
+                if (
+                    subscription is not None
+                    and listener.subscription() == subscription
+                    and ticks_unread < RECHECK_TICKS
+                ):
+                    continue
             try:
                 still_allowed()
+                subscription = listener.subscription()
                 result = feed.page(identity, flt, cursor=cursor, after=after, limit=limit)
-                failed = False
+                failed, ticks_unread = False, 0
             except DATABASE_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise

@@ -21,6 +21,7 @@ a process that dies frees its slots by itself.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -110,6 +111,14 @@ class Listener:
                     if not waiters:
                         del self._waiters[agent_id]
 
+    def subscription(self) -> int | None:
+        """The current subscription's number, or None while unsubscribed.
+
+        A waiter that read under subscription ``n`` and still sees ``n`` has missed no
+        wake-up the channel carried since: every (re)subscription numbers itself anew.
+        """
+        return self.subscriptions if self.subscribed.is_set() else None
+
     def waiting(self) -> int:
         """How many waiters are registered now."""
         with self._lock:
@@ -197,11 +206,77 @@ return 1
 """
 
 
+class Keeper:
+    """This process's held slots, refreshed together: one pipeline of ``ZADD XX`` every ``every`` seconds.
+
+    A slot lasts ``ttl`` seconds unrefreshed (longer than ``every``), so the slots of a
+    process that dies free themselves; while it lives, one round trip keeps all of them,
+    however many waits and streams it holds.
+    """
+
+    def __init__(self, redis_url: str, every: float):
+        self.redis_url, self.every = redis_url, every
+        self._lock = threading.Lock()
+        self._slots: set[Slot] = set()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def keep(self, slot: Slot) -> None:
+        with self._lock:
+            self._slots.add(slot)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="relay-slots", daemon=True)
+                self._thread.start()
+
+    def drop(self, slot: Slot) -> None:
+        with self._lock:
+            self._slots.discard(slot)
+
+    def refresh(self, client: redis.Redis) -> int:
+        """Refresh every kept slot now; return how many."""
+        with self._lock:
+            slots = list(self._slots)
+        if slots:
+            pipe = client.pipeline(transaction=False)
+            now = time.time()
+            for slot in slots:
+                pipe.zadd(slot.key, {slot.member: now + slot.ttl}, xx=True)
+            # The set itself outlives its newest member by a second, as taking a slot sets it.
+            for key, ttl in {slot.key: slot.ttl for slot in slots}.items():
+                pipe.expire(key, math.ceil(ttl) + 1)
+            pipe.execute()
+        return len(slots)
+
+    def _run(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=1, socket_timeout=5)
+        while True:
+            time.sleep(self.every)
+            try:
+                self.refresh(client)
+            except Exception as exc:  # never let the thread die: the next round tries again
+                log.warning("wait slots not refreshed (%s); retrying in %g s", type(exc).__name__, self.every)
+
+
+def keeper() -> Keeper:
+    """The current app's slot keeper (one per app and process), refreshing every stream heartbeat."""
+    app = current_app._get_current_object()
+    found = app.extensions.get("relay_slot_keeper")
+    if found is None:
+        settings = app.config["RELAY"]
+        with _listeners_lock:
+            found = app.extensions.setdefault(
+                "relay_slot_keeper", Keeper(settings.redis_url, settings.stream_heartbeat)
+            )
+    return found
+
+
 class Slot:
     """One of an agent's concurrent waits or streams, held in Redis until released or expired.
 
-    ``ttl`` (seconds) is how long it lasts unrefreshed: a holder refreshes it on every tick.
-    If Redis cannot be reached the slot is granted (fail open, as the rate limits are).
+    ``ttl`` (seconds) is how long it lasts unrefreshed: the process's :class:`Keeper`
+    refreshes every slot it holds once a stream heartbeat. If Redis cannot be reached the
+    slot is granted (fail open, as the rate limits are).
     """
 
     def __init__(self, agent_id: uuid.UUID, ttl: float):
@@ -209,24 +284,23 @@ class Slot:
         self.member = uuid.uuid4().hex
         self.ttl = ttl
         self.client = redis_client()
+        self.keeper = keeper()
 
     def acquire(self, cap: int) -> bool:
         """Take the slot if the agent holds fewer than ``cap``; False when it is full."""
         now = time.time()
         try:
             script = self.client.register_script(_ACQUIRE)
-            return bool(script(keys=[self.key], args=[now, now + self.ttl, cap, self.member]))
+            taken = bool(script(keys=[self.key], args=[now, now + self.ttl, cap, self.member]))
         except redis.RedisError as exc:
             log.warning("wait slots unavailable (%s); allowing the wait", type(exc).__name__)
-            return True
-
-    def refresh(self) -> None:
-        try:
-            self.client.zadd(self.key, {self.member: time.time() + self.ttl}, xx=True)
-        except redis.RedisError:
-            pass
+            taken = True
+        if taken:
+            self.keeper.keep(self)
+        return taken
 
     def release(self) -> None:
+        self.keeper.drop(self)
         try:
             self.client.zrem(self.key, self.member)
         except redis.RedisError:
