@@ -1,4 +1,4 @@
-"""relay-agent (relay/agent/cli.py) as a real subprocess against a live relay.
+"""relay-agent (relay/agent/cli/) as a real subprocess against a live relay.
 
 An agent's CLI on the public API only. Every test runs the command
 the way an agent would (``python -m relay.agent.cli`` or the installed ``relay-agent``
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.agent.cli import OneLineUsage, file_ref_artifact, split_diff
+from relay.agent.cli.artifacts import file_ref_artifact, split_diff
+from relay.agent.cli.errors import OneLineUsage
 from relay.agent.client import RelayClient
 from tests.conftest import sql
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from relay.agent.client import FeedRow, InvalidParams, TaskSummary
+from relay.agent.client.errors import InvalidParams
+from relay.agent.client.models import FeedRow, TaskSummary
 
 #: every tool's answer, the whole JSON-RPC response as sent, stays under this many characters
 #: (Claude Code's default tool-output limit is 25,000 tokens)

@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel, ValidationError
 
-from relay.agent.client import RelayError, lease_refused
+from relay.agent.client.errors import RelayError, lease_refused
 from relay.agent.mcp.budget import MAX_OUTPUT, bounded_answer, size
 
 log = logging.getLogger("relay.mcp")

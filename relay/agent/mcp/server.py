@@ -36,7 +36,10 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 
-from relay.agent.client import ConfigurationError, FeedRow, InvalidParams, RelayClient, RelayError, next_position
+from relay.agent.client.errors import ConfigurationError, InvalidParams, RelayError
+from relay.agent.client.feed import next_position
+from relay.agent.client.models import FeedRow
+from relay.agent.client.relay_client import RelayClient
 from relay.agent.mcp.core import UnknownTool, call_tool, error_line, tool_definitions
 from relay.agent.mcp.tools import BEGINNING, TOOLS, WAIT_SLICE, take_theirs
 

@@ -17,7 +17,9 @@ import itertools
 import time
 from typing import Any
 
-from relay.agent.client import FeedRow, InvalidParams, next_position
+from relay.agent.client.errors import InvalidParams
+from relay.agent.client.feed import next_position
+from relay.agent.client.models import FeedRow
 from relay.agent.mcp import models as m
 from relay.agent.mcp.budget import (
     BULKY_ARTIFACT_FIELDS,
