@@ -188,3 +188,46 @@ def test_relay_up_refuses_a_home_that_is_a_file_a_path_with_a_space_and_a_busy_p
         f"error: port {port} is in use on 127.0.0.1; stop what uses it, or pass --port"
     ), done.stderr
     assert "serving" not in done.stdout
+
+
+def _limits_after_conf(base_env: dict, soft: int, hard: int, connections: str) -> tuple[tuple[int, int], str]:
+    """Run gunicorn.conf.py under an open-file limit of (soft, hard); return the limit it leaves and its output."""
+    import resource
+
+    probe = (
+        "import resource, runpy\n"
+        "runpy.run_path('gunicorn.conf.py')\n"
+        "print('limit', *resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**base_env, "WEB_CONNECTIONS": connections},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+    )
+    line = next(line for line in done.stdout.splitlines() if line.startswith("limit "))
+    got_soft, got_hard = (int(n) for n in line.split()[1:])
+    return (got_soft, got_hard), done.stdout
+
+
+def test_the_open_file_limit_is_raised_to_fit_web_connections(base_env):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 6000:
+        pytest.skip(f"this machine's hard open-file limit is {hard}")
+    (soft, kept_hard), out = _limits_after_conf(base_env, 1024, min(hard, 20000), "5000")
+    assert soft >= 5000 + 256, out
+    assert kept_hard == min(hard, 20000)
+    assert "open files are limited" not in out
+
+
+def test_a_hard_limit_below_web_connections_is_said_in_one_line(base_env):
+    (soft, hard), out = _limits_after_conf(base_env, 1024, 2048, "5000")
+    assert (soft, hard) == (2048, 2048)
+    [line] = [line for line in out.splitlines() if "open files are limited" in line]
+    assert "WEB_CONNECTIONS=5000" in line and "2048" in line
