@@ -8,8 +8,9 @@ import uuid
 from celery import shared_task
 from flask import current_app
 
-from relay.services import delivery, maintenance, search, threads, webhooks
+from relay.services import delivery, maintenance, search, webhooks
 from relay.services import retention as retention_service
+from relay.services.threads import clock
 from workers.delivery import pump_for
 
 # One INFO line per sweep that did something, none for an idle one (celery's own
@@ -156,9 +157,9 @@ def sweep_outbox() -> dict:
 @shared_task(name="workers.tasks.settle_due")
 def settle_due() -> dict:
     """Record lapsed leases (back to pending) and expired handoffs, in batches, until none is due."""
-    settled = total = threads.settle_due()
-    while settled == threads.SWEEP_BATCH:
-        settled = threads.settle_due()
+    settled = total = clock.settle_due()
+    while settled == clock.SWEEP_BATCH:
+        settled = clock.settle_due()
         total += settled
     if total:
         log.info("settle sweep: %d handoffs settled", total, extra={"sweep": "settle_due", "settled": total})
