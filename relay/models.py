@@ -416,7 +416,7 @@ class WebhookEndpoint(db.Model):
     disabled_at: Mapped[datetime | None] = mapped_column(TZ)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    # Health, written by the delivery pipeline (relay/services/delivery.py): failures in a
+    # Health, written by the delivery pipeline (relay/services/delivery/circuit.py): failures in a
     # row, the circuit breaker (how often it opened in a row, until when, why) and the
     # last attempt's outcome.
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -8,8 +8,9 @@ import uuid
 from celery import shared_task
 from flask import current_app
 
-from relay.services import delivery, maintenance, search, webhooks
+from relay.services import maintenance, search, webhooks
 from relay.services import retention as retention_service
+from relay.services.delivery import fanout
 from relay.services.threads import clock
 from workers.delivery import pump_for
 
@@ -133,7 +134,7 @@ def sweep_outbox() -> dict:
     webhook until the next sweep, never loses it.
     """
     events = webhooks.pending_events()
-    fanned = len(delivery.fan_out_many(events))
+    fanned = len(fanout.fan_out_many(events))
     due = webhooks.due_deliveries()
     if fanned or due:
         pump_for(current_app).poll()

@@ -23,8 +23,9 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, encode_cursor, format_ulid, iso
 from relay.models import Agent, Message, Thread, WebhookEndpoint, effective_state_sql, expired_at_sql
-from relay.services import delivery, search, unit_of_work
+from relay.services import search, unit_of_work
 from relay.services.agents import LEGACY_HANDLE_RE, MAX_HANDLE
+from relay.services.delivery import circuit
 from relay.services.threads import listing, read, transitions
 
 SNIPPET_CHARS = 300
@@ -90,7 +91,7 @@ def overview(org: str) -> list[dict[str, Any]]:
     slow_ms = current_app.config["RELAY"].webhook_slow_ms
     worst: dict[uuid.UUID, dict[str, Any]] = {}
     for endpoint in endpoints:
-        health = delivery.health(endpoint, slow_ms)
+        health = circuit.health(endpoint, slow_ms)
         seen = worst.setdefault(endpoint.agent_id, {"count": 0, "state": None, "reason": None})
         seen["count"] += 1
         if seen["state"] is None or HEALTH_ORDER.index(health["state"]) < HEALTH_ORDER.index(seen["state"]):
