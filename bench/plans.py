@@ -118,9 +118,10 @@ def _statements(app, calls: dict) -> dict:
     from sqlalchemy import event
 
     from relay.extensions import db
-    from relay.services import feed, threads
+    from relay.services import feed
+    from relay.services.threads.listing import _LIST_PAGES
 
-    pages = {"feed": feed._PAGES, "tasks_list": threads._LIST_PAGES}
+    pages = {"feed": feed._PAGES, "tasks_list": _LIST_PAGES}
     out = {}
     with app.app_context():
         engine = db.engine

@@ -11,10 +11,10 @@ Each gets ``--per-day`` events a day over that span (one delivery each, to one o
 endpoints, delivered, with one attempt; created by ``generate_series`` in SQL, not the
 API), a few hundred threads made through the services, and 200 deliveries due now; the
 partitioned one then has its pending floors raised, as each worker's first retention pass
-does (relay/services/delivery.py, "Floors"). Then:
+does (relay/services/delivery/bounds.py). Then:
 
 1. the hot queries, timed in process through the relay's own service calls: the webhook
-   claim (``delivery._claim``, rolled back each time), the delivery log's first page
+   claim (``delivery.claims._claim``, rolled back each time), the delivery log's first page
    (``webhooks.list_deliveries``), a create (``threads.send_message``, committed: its
    event row goes into the partitioned outbox), the feed's first page and tasks/list;
 2. retention: on the partitioned database one ``retention.drop_expired()`` pass at the
@@ -240,7 +240,8 @@ def _setup_relay(app):
 def _hot(app, sender_id, receiver_id, endpoints, n: int) -> dict:
     from relay.extensions import db
     from relay.models import Agent, WebhookEndpoint
-    from relay.services import delivery, feed, threads, webhooks
+    from relay.services import feed, threads, webhooks
+    from relay.services.delivery.claims import _claim
 
     with app.app_context():
         sender, receiver = db.session.get(Agent, sender_id), db.session.get(Agent, receiver_id)
@@ -251,7 +252,7 @@ def _hot(app, sender_id, receiver_id, endpoints, n: int) -> dict:
 
         def claim():
             try:
-                assert delivery._claim(db.session, endpoints, 50)
+                assert _claim(db.session, endpoints, 50)
             finally:
                 db.session.rollback()
 

@@ -856,7 +856,7 @@ def scale(
                     fn()  # warm
                     results["queries"][name] = _timed(fn, queries)
                     if name.startswith("tasks/get"):
-                        from relay.services.threads import _GET_MESSAGES_SQL, _GET_PAGE, _GET_THREAD_SQL
+                        from relay.services.threads.read import _GET_MESSAGES_SQL, _GET_PAGE, _GET_THREAD_SQL
 
                         if "messages_limit" in name:
                             after = big_thread - 50 if "after" in name else 0

@@ -39,7 +39,7 @@ def effective_state_sql(t: str = "threads", now: str = "now()") -> str:
 
     A leased ``accepted`` handoff past ``lease_expires_at`` is ``pending`` again, and a
     ``pending`` one past ``expires_at`` (also one whose lease just lapsed) is ``expired``
-    (at once, in every read: docs/decisions.md, "The work lifecycle"). relay.services.threads.settle writes the same
+    (at once, in every read: docs/decisions.md, "The work lifecycle"). relay.services.threads.clock.settle writes the same
     rule; tests/test_lifecycle.py holds the two equal.
     """
     return (
@@ -56,7 +56,7 @@ def expired_at_sql(t: str = "threads", now: str = "now()") -> str:
 
     That moment is its ``expires_at``, or later when it was pending again only after that
     (a lease that lapsed after ``expires_at``: its ``lease_expires_at``; a release after
-    it: the release's ``updated_at``). relay.services.threads.settle records the same
+    it: the release's ``updated_at``). relay.services.threads.clock.settle records the same
     moment, whenever it runs.
     """
     return (
@@ -416,7 +416,7 @@ class WebhookEndpoint(db.Model):
     disabled_at: Mapped[datetime | None] = mapped_column(TZ)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
-    # Health, written by the delivery pipeline (relay/services/delivery.py): failures in a
+    # Health, written by the delivery pipeline (relay/services/delivery/circuit.py): failures in a
     # row, the circuit breaker (how often it opened in a row, until when, why) and the
     # last attempt's outcome.
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -290,18 +290,18 @@ def test_json_fragments_survive_the_standard_library_fallback():
 
 def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
     """A create computes the participants' advisory lock keys in SQL, an append in Python
-    (threads._serialize_feed_writes): one identity must have one lock, or the feed's
+    (threads.common._serialize_feed_writes): one identity must have one lock, or the feed's
     commit-order rule (docs/api.md, "Catching up after downtime") would not hold between the two."""
 
     from relay.extensions import db
-    from relay.services import threads
+    from relay.services.threads import common, create
 
     ids = [uuid.uuid4() for _ in range(200)] + [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), uuid.UUID(int=2**127)]
     # The expression _CREATE_SQL uses for each participant.
-    assert "('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint" in threads._CREATE_SQL
+    assert "('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint" in create._CREATE_SQL
     sql_key = text("SELECT ('x' || left(replace(CAST(:u AS uuid)::text, '-', ''), 16))::bit(64)::bigint")
     with app.app_context():
         for u in ids:
             [(key,)] = db.session.execute(sql_key, {"u": str(u)}).all()
-            assert key == threads.feed_lock_key(u), u
+            assert key == common.feed_lock_key(u), u
         db.session.rollback()

@@ -463,7 +463,7 @@ def test_a_pass_raises_each_floor_to_its_oldest_pending_row_at_most_raise_cap_ba
     q(app, "UPDATE events SET fanned_out_at = now()")
     _raise(app)
     # Nothing pending: RAISE_CAP back, so a writer still in flight is above it.
-    from relay.services.delivery import RAISE_CAP
+    from relay.services.delivery.bounds import RAISE_CAP
 
     for name in ("webhook_deliveries", "events"):
         assert now - RAISE_CAP - timedelta(minutes=5) < _floor(app, name) <= _db_now(app) - RAISE_CAP
@@ -587,6 +587,7 @@ def test_a_raise_waits_for_a_writer_lowering_the_floor_and_then_sees_its_row(pri
 
 def test_the_pump_plans_only_the_partitions_between_the_floor_and_the_ceiling(private):
     from relay.services import delivery
+    from relay.services.delivery.claims import _PICK_ANY
 
     app = private
     today = _midnight(_db_now(app))
@@ -604,7 +605,7 @@ def test_the_pump_plans_only_the_partitions_between_the_floor_and_the_ceiling(pr
     with app.app_context():
         bounds = delivery.floors(db.session).of_deliveries()
         params = {"eids": [str(uuid.uuid4())], "limits": [5], **bounds}
-        plan = "\n".join(r[0] for r in db.session.execute(text("EXPLAIN " + delivery._PICK_ANY.text), params).all())
+        plan = "\n".join(r[0] for r in db.session.execute(text("EXPLAIN " + _PICK_ANY.text), params).all())
         db.session.remove()
     planned = set(re.findall(r"\bwebhook_deliveries_p\d{8}\b(?!_)", plan))
     # Only the days that meet [floor, ceiling): today, and yesterday or tomorrow near midnight;

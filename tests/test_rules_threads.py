@@ -12,7 +12,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.ids import parse_ulid
-from relay.services import threads, unit_of_work
+from relay.services import unit_of_work
+from relay.services.threads import read, transitions
 from tests.conftest import bearer, rpc, sql
 
 
@@ -31,7 +32,7 @@ def _send(client, key, params):
 def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, bob, monkeypatch):
     _a, a_key = alice
     b_handle, b_key = bob
-    original_now = threads._now
+    original_now = transitions._now
     for round_ in range(3):
         task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
         # transition() reads the thread, checks its state, then asks _now() just before its
@@ -42,7 +43,7 @@ def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, 
             _barrier.wait()
             return original_now(session)
 
-        monkeypatch.setattr(threads, "_now", held_now)
+        monkeypatch.setattr(transitions, "_now", held_now)
         calls = {
             "cancel": lambda c: _call(c, a_key, "tasks/cancel", {"task_id": task_id}),
             "accept": lambda c: _call(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"}),
@@ -50,7 +51,7 @@ def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, 
         with ThreadPoolExecutor(max_workers=2) as pool:
             futures = {name: pool.submit(call, app.test_client()) for name, call in calls.items()}
             answers = {name: f.result(timeout=60) for name, f in futures.items()}
-        monkeypatch.setattr(threads, "_now", original_now)
+        monkeypatch.setattr(transitions, "_now", original_now)
 
         winners = [name for name, a in answers.items() if "result" in a]
         assert len(winners) == 1, answers
@@ -90,7 +91,7 @@ def test_read_position_never_moves_backwards(app, client, alice, bob):
 
         reader, author = get_agent(b_handle), get_agent(_a)
         with unit_of_work() as session:
-            threads._mark_read(session, parse_ulid(task_id), reader.id, 1, author=author.id)
+            read._mark_read(session, parse_ulid(task_id), reader.id, 1, author=author.id)
     assert _position(app, task_id, b_handle) == [3]
     inbox = rpc(client, b_key, "tasks/list", {})["items"]
     assert [(i["task_id"], i["unread_messages"]) for i in inbox] == [(task_id, 0)]

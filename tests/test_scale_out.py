@@ -227,7 +227,8 @@ def test_feed_and_list_pages_are_planned_on_every_call(base_env, celery_app, red
     made while the tables were small would stay on the connection as they grow
     (docs/performance.md, "Plans as the ledger grows"). Sends keep PostgreSQL's choice."""
     from relay.services import feed as feed_service
-    from relay.services import threads
+    from relay.services.threads.create import _CREATE
+    from relay.services.threads.listing import _LIST_PAGES
 
     direct = {k: v for k, v in base_env.items() if k != "DATABASE_CONNECTION_POOL_URL"}
     with extra_app(direct, celery_app, redis_url, RELAY_DB_PREPARE="1", RELAY_DB_POOL_SIZE="1") as other:
@@ -249,14 +250,14 @@ def test_feed_and_list_pages_are_planned_on_every_call(base_env, celery_app, red
             rows = db.session.execute(text("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"))
             counts = {name: (generic, custom) for name, generic, custom in rows}
             db.session.rollback()
-    for shapes in (feed_service._PAGES, threads._LIST_PAGES):
+    for shapes in (feed_service._PAGES, _LIST_PAGES):
         names = {c.prepared.name for c in shapes._compiled.values() if c.prepared is not None}
         ran = {name: counts[name] for name in names if name in counts}
         assert ran, f"no page statement of {shapes.build.__name__} prepared: {sorted(counts)}"
         # Each parsed once, planned for each call's values and the tables of now.
         for name, (generic, custom) in ran.items():
             assert generic == 0 and custom >= 8, (shapes.build.__name__, name, generic, custom)
-    assert threads._CREATE.name in counts, "the send's statement was not prepared"
+    assert _CREATE.name in counts, "the send's statement was not prepared"
 
 
 @pytest.mark.parametrize("surface", ["feed", "send"])

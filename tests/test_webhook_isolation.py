@@ -1,6 +1,6 @@
 """Webhook isolation: concurrency caps, circuit breaker, connection reuse, honest errors, body size.
 
-docs/webhooks.md, "Delivery", and relay/services/delivery.py. Real
+docs/webhooks.md, "Delivery", and relay/services/delivery/. Real
 receivers on loopback (tests/receiver.py), real PostgreSQL and Redis, and either the real
 in-process Celery worker (``celery_worker``) or, for an app with other settings, that
 app's real webhook pump (workers/delivery.py) fed the committed events directly, as its

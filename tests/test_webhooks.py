@@ -410,7 +410,7 @@ def test_rolled_back_send_is_never_announced(app, client, agents, rx, sql, sweep
     from relay.extensions import db
     from relay.models import Agent, Event
     from relay.services import unit_of_work, webhooks
-    from relay.services.threads import _append
+    from relay.services.threads.append import _append
 
     a, b = agents[ALICE], agents[BOB]
     create_hook(client, BOB, b, rx.url("/bob"))

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from relay.services.delivery import IN_FLIGHT, OUTCOME_UNKNOWN
+from relay.services.delivery.common import IN_FLIGHT, OUTCOME_UNKNOWN
 from tests.test_drills import _query, drill_stack, poll, private_redis, send, shared_database, stack_env
 
 __all__ = ["private_redis", "shared_database"]  # fixtures, used by name

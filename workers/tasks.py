@@ -8,8 +8,10 @@ import uuid
 from celery import shared_task
 from flask import current_app
 
-from relay.services import delivery, maintenance, search, threads, webhooks
+from relay.services import maintenance, search, webhooks
 from relay.services import retention as retention_service
+from relay.services.delivery import fanout
+from relay.services.threads import clock
 from workers.delivery import pump_for
 
 # One INFO line per sweep that did something, none for an idle one (celery's own
@@ -132,7 +134,7 @@ def sweep_outbox() -> dict:
     webhook until the next sweep, never loses it.
     """
     events = webhooks.pending_events()
-    fanned = len(delivery.fan_out_many(events))
+    fanned = len(fanout.fan_out_many(events))
     due = webhooks.due_deliveries()
     if fanned or due:
         pump_for(current_app).poll()
@@ -156,9 +158,9 @@ def sweep_outbox() -> dict:
 @shared_task(name="workers.tasks.settle_due")
 def settle_due() -> dict:
     """Record lapsed leases (back to pending) and expired handoffs, in batches, until none is due."""
-    settled = total = threads.settle_due()
-    while settled == threads.SWEEP_BATCH:
-        settled = threads.settle_due()
+    settled = total = clock.settle_due()
+    while settled == clock.SWEEP_BATCH:
+        settled = clock.settle_due()
         total += settled
     if total:
         log.info("settle sweep: %d handoffs settled", total, extra={"sweep": "settle_due", "settled": total})

@@ -24,7 +24,7 @@ Schema changes (docs/decisions.md, "Time partitions"):
 - Primary keys become ``(id, <time column>)``: a partitioned table's unique constraints
   must include the partition key. The ORM still maps ``id`` alone (relay/models.py).
 - ``uq_webhook_deliveries_event_endpoint`` becomes ``(event_id, endpoint_id, created_at)``;
-  a delivery's created_at is now its event's (relay/services/delivery.py), so it is the
+  a delivery's created_at is now its event's (relay/services/delivery/fanout.py), so it is the
   same constraint for every delivery written from now on.
 - ``uq_idempotency_agent_key`` is gone (it cannot include created_at and stay unique per
   key); relay/services/idempotency.py serialises a key's calls on a transaction-scoped

@@ -8,7 +8,7 @@ Create Date: 2026-12-02 23:30:00.000000
 ``heartbeat_at`` written every ``RELAY_WORKER_HEARTBEAT`` seconds. A claim records its
 pump in ``webhook_deliveries.claimed_by``; a live pump that finds another's heartbeat
 older than ``RELAY_WORKER_STALE`` seconds deletes that row and makes the dead pump's
-claims due at once (relay/services/delivery.py, "Workers"). The column is added to the
+claims due at once (relay/services/delivery/pump.py). The column is added to the
 partitioned parent, so every partition (and every one made later) has it; it is NULL on
 existing rows, which costs no rewrite. The index is partial (only leased deliveries) and
 is built on each partition, which reads each partition once.

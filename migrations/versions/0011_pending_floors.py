@@ -8,7 +8,7 @@ Create Date: 2026-12-03 12:30:00.000000
 delivery has an older ``created_at``) and ``events`` (no event not yet fanned out has an
 older ``created_at``). The pump's scans for pending rows name the floor as a constant,
 so PostgreSQL plans only the partitions from it on instead of every day retention keeps
-(relay/services/delivery.py, "Floors"; docs/decisions.md, "Pending floors"). Both start
+(relay/services/delivery/bounds.py; docs/decisions.md, "Pending floors"). Both start
 at ``-infinity``, which prunes nothing; the first retention pass (each worker runs one
 at its start) raises them.
 """

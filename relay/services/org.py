@@ -23,8 +23,10 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, encode_cursor, format_ulid, iso
 from relay.models import Agent, Message, Thread, WebhookEndpoint, effective_state_sql, expired_at_sql
-from relay.services import delivery, search, threads, unit_of_work
+from relay.services import search, unit_of_work
 from relay.services.agents import LEGACY_HANDLE_RE, MAX_HANDLE
+from relay.services.delivery import circuit
+from relay.services.threads import listing, read, transitions
 
 SNIPPET_CHARS = 300
 # Worst first: an agent's webhook health on the overview is that of its worst endpoint.
@@ -89,7 +91,7 @@ def overview(org: str) -> list[dict[str, Any]]:
     slow_ms = current_app.config["RELAY"].webhook_slow_ms
     worst: dict[uuid.UUID, dict[str, Any]] = {}
     for endpoint in endpoints:
-        health = delivery.health(endpoint, slow_ms)
+        health = circuit.health(endpoint, slow_ms)
         seen = worst.setdefault(endpoint.agent_id, {"count": 0, "state": None, "reason": None})
         seen["count"] += 1
         if seen["state"] is None or HEALTH_ORDER.index(health["state"]) < HEALTH_ORDER.index(seen["state"]):
@@ -132,9 +134,9 @@ def thread_view(org: str, task_id: uuid.UUID) -> dict[str, Any]:
     with unit_of_work():
         thread, sender, recipient = _thread_sides(org, task_id)
     reader = sender or recipient
-    view = threads.get_thread(reader, task_id, mark_read=False)
+    view = read.get_thread(reader, task_id, mark_read=False)
     view.pop("lease_token", None)
-    view["audit"] = threads.audit_trail(reader, task_id)
+    view["audit"] = read.audit_trail(reader, task_id)
     view["can_cancel"] = sender is not None and view["status"]["state"] == "pending"
     return view
 
@@ -167,7 +169,7 @@ def cancel(org: str, task_id: uuid.UUID) -> dict[str, Any]:
             "only the sender may cancel a handoff, and its sender is not in your org",
             {"transition": "cancel", "required_role": "sender"},
         )
-    return threads.transition(sender, task_id, "cancel")
+    return transitions.transition(sender, task_id, "cancel")
 
 
 def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.UUID] | None = None) -> dict[str, Any]:
@@ -218,7 +220,7 @@ def search_feed(org: str, q: str, limit: int = 50, cursor: tuple[datetime, uuid.
             "task_state": r.state,
             "caller": r.caller,
             "target": r.target,
-            "summary_preview": r.summary[: threads.PREVIEW_CHARS],
+            "summary_preview": r.summary[: listing.PREVIEW_CHARS],
         }
         for r in page
     ]

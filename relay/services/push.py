@@ -20,9 +20,11 @@ from relay.errors import RelayError, invalid
 from relay.extensions import db
 from relay.ids import as_sent, format_ulid
 from relay.models import Agent, Event, Message, Thread, WebhookEndpoint
-from relay.services import a2a_view, threads, unit_of_work
+from relay.services import a2a_view, unit_of_work
 from relay.services.outbound import DEFAULT_EVENTS, check_url, new_secret
-from relay.services.threads import message_row, thread_summary
+from relay.services.threads.common import load_thread
+from relay.services.threads.listing import thread_summary
+from relay.services.threads.read import message_row
 
 KIND = "a2a_push"
 MAX_CONFIGS_PER_TASK = 10
@@ -113,14 +115,14 @@ def create_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config: dict) 
     """
     check_target(config)
     with unit_of_work() as session:
-        thread, _side = threads.load_thread(session, task_id, caller, peer=peer, lock=True)
+        thread, _side = load_thread(session, task_id, caller, peer=peer, lock=True)
         return add_config(session, caller, thread.id, config)
 
 
 def get_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -> dict:
     """Return one config of the task; raise thread_not_found or not_found."""
     with unit_of_work() as session:
-        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        thread, _side = load_thread(session, task_id, caller, peer=peer)
         endpoint = session.scalar(_configs(thread.id).where(WebhookEndpoint.push_config_id == config_id))
         if endpoint is None:
             raise RelayError("not_found", f"task {as_sent(task_id)} has no push notification config {config_id}")
@@ -130,7 +132,7 @@ def get_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -
 def list_configs(caller: Agent, peer: Agent, task_id: uuid.UUID) -> list[dict]:
     """Return the task's configs, oldest first (at most MAX_CONFIGS_PER_TASK, so one page)."""
     with unit_of_work() as session:
-        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        thread, _side = load_thread(session, task_id, caller, peer=peer)
         rows = session.scalars(_configs(thread.id).order_by(WebhookEndpoint.created_at, WebhookEndpoint.id))
         return [config_view(e) for e in rows]
 
@@ -138,7 +140,7 @@ def list_configs(caller: Agent, peer: Agent, task_id: uuid.UUID) -> list[dict]:
 def delete_config(caller: Agent, peer: Agent, task_id: uuid.UUID, config_id: str) -> None:
     """Delete one config of the task and its delivery log, if it is there (idempotent); raise thread_not_found."""
     with unit_of_work() as session:
-        thread, _side = threads.load_thread(session, task_id, caller, peer=peer)
+        thread, _side = load_thread(session, task_id, caller, peer=peer)
         endpoint = session.scalar(
             _configs(thread.id).where(WebhookEndpoint.push_config_id == config_id).with_for_update()
         )

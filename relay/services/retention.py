@@ -40,7 +40,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from relay.models import PARTITIONED
-from relay.services import delivery, unit_of_work
+from relay.services import unit_of_work
+from relay.services.delivery import bounds
 
 log = logging.getLogger("relay.retention")
 
@@ -80,7 +81,7 @@ class PassReport:
 
     def as_dict(self) -> dict:
         """``{"created": [name], "dropped": [name], "skipped": [{"name", "reason"}], "threads_deleted": n,
-        "floors": {table: ISO 8601}}`` (the pending floors after the pass, relay/services/delivery.py)."""
+        "floors": {table: ISO 8601}}`` (the pending floors after the pass, relay/services/delivery/bounds.py)."""
         return {
             "created": self.created,
             "dropped": self.dropped,
@@ -349,7 +350,7 @@ def run_pass(now: datetime | None = None) -> PassReport:
     drop_expired(now, report)
     report.threads_deleted = delete_closed_threads(now)
     delete_old_openings(now)
-    report.floors = delivery.raise_floors()
+    report.floors = bounds.raise_floors()
     if report.created or report.dropped or report.skipped or report.threads_deleted:
         log.info(
             "retention: %d partitions created, %d dropped, %d skipped, %d closed threads deleted",

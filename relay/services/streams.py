@@ -8,7 +8,7 @@ database connection: the session is closed before every wait.
 
 A stream's position is a message id (the SSE ``id:``); it resumes strictly after that
 message's ``(created_at, id)``. That is exact, not approximate: every write of a message
-takes its participants' feed locks before it reads the clock (services/threads.py), so
+takes its participants' feed locks before it reads the clock (services/threads/common.py), so
 within one identity's feed a message never commits behind one with a later position.
 """
 

@@ -38,7 +38,8 @@ from relay.extensions import db
 from relay.ids import as_sent, format_ulid, iso
 from relay.models import TERMINAL_STATES, Agent, AuditEvent, Message, Thread
 from relay.services import a2a_view as view
-from relay.services import own_transaction, streams, threads, unit_of_work
+from relay.services import own_transaction, streams, unit_of_work
+from relay.services.threads import read, rules
 
 # One event of a stream: a StreamResponse (dict), a heartbeat (None), or the error that ends it.
 Event = dict | RelayError | None
@@ -77,16 +78,16 @@ def path(source: str, target: str) -> list[tuple[str, str, str]]:
 # Steps no transition call takes: a lease that lapsed and an expiry (the clock's), and the
 # requester's answer to an input_required handoff (a message).
 _CLOCK_STEPS = (
-    (threads.LEASE_EXPIRED, "accepted", "pending"),
-    (threads.EXPIRED, "pending", "expired"),
-    (threads.INPUT_PROVIDED, "input_required", "accepted"),
+    (rules.LEASE_EXPIRED, "accepted", "pending"),
+    (rules.EXPIRED, "pending", "expired"),
+    (rules.INPUT_PROVIDED, "input_required", "accepted"),
 )
 
 
 def _path(source: str, target: str) -> list[tuple[str, str, str]] | None:
-    steps = [(name, src, dst) for name, (src, dst, _who) in threads.TRANSITIONS.items() if src != dst]
-    steps += [(name, src, threads.TRANSITIONS[name][1]) for name, more in threads.ALSO_FROM.items() for src in more]
-    steps += [step for step in _CLOCK_STEPS if step[0] not in threads.TRANSITIONS]
+    steps = [(name, src, dst) for name, (src, dst, _who) in rules.TRANSITIONS.items() if src != dst]
+    steps += [(name, src, rules.TRANSITIONS[name][1]) for name, more in rules.ALSO_FROM.items() for src in more]
+    steps += [step for step in _CLOCK_STEPS if step[0] not in rules.TRANSITIONS]
     frontier, seen = [(source, [])], {source}
     while frontier:  # breadth first: the shortest path, and no loop through a cycle
         following = []
@@ -133,7 +134,7 @@ class TaskStream(streams.Held):
         SubscribeToTask serves only tasks that can still change).
         """
         try:
-            task = threads.get_thread(self.caller, task_id, peer=self.peer, mark_read=False)
+            task = read.get_thread(self.caller, task_id, peer=self.peer, mark_read=False)
         finally:
             db.session.close()  # no connection held while the stream waits
         state = task["status"]["state"]
@@ -205,7 +206,7 @@ class TaskStream(streams.Held):
                 "question": row.question,
                 "updated_at": iso(row.updated_at),
             }
-            stamps = {state: getattr(row, column) for state, column in threads.STAMP_COLUMN.items()}
+            stamps = {state: getattr(row, column) for state, column in rules.STAMP_COLUMN.items()}
             # (terminal last, time, order): a transition's time is read before it waits for the
             # row lock an append holds, so it can be older than a message committed before it.
             taken = path(self.state, row.state)
@@ -227,7 +228,7 @@ class TaskStream(streams.Held):
                 (
                     (
                         dst in TERMINAL_STATES,
-                        (stamps.get(dst) if name != threads.INPUT_PROVIDED else None) or row.updated_at,
+                        (stamps.get(dst) if name != rules.INPUT_PROVIDED else None) or row.updated_at,
                         1,
                     ),
                     "transition",
@@ -250,7 +251,7 @@ class TaskStream(streams.Held):
                 self.seen = max(self.seen, item.sequence_no)
                 if item.role == "caller":
                     continue  # the client's own message (the caller is the thread's sender): not echoed
-                message = threads.message_row(item)
+                message = read.message_row(item)
                 out.append(
                     view.status_event(
                         task, state, message["created_at"], message=view.message_out(message, task, opening=False)

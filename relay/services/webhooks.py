@@ -25,7 +25,7 @@ from relay.extensions import db
 from relay.ids import encode_cursor, iso, new_ulid
 from relay.models import Agent, Event, RedriveJob, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from relay.services import after_commit, agents, delivery, dispatch, outbound, unit_of_work
-from relay.services.delivery import TEST_EVENT, event_id_text
+from relay.services.delivery.common import TEST_EVENT, event_id_text
 from relay.services.outbound import DEFAULT_EVENTS, check_url, new_secret
 
 log = logging.getLogger("relay.webhooks")
@@ -282,7 +282,7 @@ def _events_of(deliveries: list[WebhookDelivery]) -> dict[uuid.UUID, Any]:
     return found
 
 
-# --- fan-out and delivery (run by the Celery workers; the pipeline is relay/services/delivery.py) ---
+# --- fan-out and delivery (run by the Celery workers; the pipeline is relay/services/delivery/) ---
 
 
 def fan_out(event_id: uuid.UUID) -> list[uuid.UUID]:
@@ -321,7 +321,7 @@ def deliver(delivery_id: uuid.UUID) -> str | None:
 
     For tests and one-off use from a shell: in a running relay the worker's pump
     (workers/delivery.py) sends every delivery. This runs the pump's own steps (claim,
-    prepare, attempt, record; relay/services/delivery.py) for one delivery, synchronously,
+    prepare, attempt, record; relay/services/delivery/) for one delivery, synchronously,
     so a test can assert on the attempt's outcome without a worker.
 
     None if it was not attempted: not due, leased by someone else, its endpoint at its

@@ -19,7 +19,7 @@ from pygments.lexers import DiffLexer, JsonLexer, YamlLexer
 from relay.ids import iso
 from relay.models import PRIORITIES, TERMINAL_STATES, THREAD_STATES
 from relay.services.a2a_view import STATES as A2A_STATES
-from relay.services.threads import EXPIRED, LEASE_EXPIRED
+from relay.services.threads.rules import EXPIRED, LEASE_EXPIRED
 from relay.urls import BadUrl, parse_web_url
 
 # Highlighting is CPU on the web worker: a diff may be 512 KiB. Past these bounds the rest
