@@ -204,6 +204,8 @@ def wake(
                     "host": host,
                     "port": port,
                     "wait": 30,
+                    # Seconds for every waiter to be in (a poll sent, a stream's ": ready" read).
+                    "ready_within": max(120, waiters / 40),
                     "timed_prefix": WAKE_PREFIX,
                     "waiters": [
                         {
@@ -220,7 +222,7 @@ def wake(
             out = spec.name + ".out"
             rss_before = _web_rss(relay)
             clients = subprocess.Popen([sys.executable, "-m", "bench.wake_clients", spec.name, out], cwd=harness.ROOT)
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + max(180, waiters / 40 + 60)
             while not Path(out + ".ready").exists():
                 if clients.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the waiters did not connect")

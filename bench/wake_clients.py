@@ -179,7 +179,13 @@ async def main_async(scenario: dict, out: str) -> None:
             await asyncio.sleep(0.05)  # a ramp, not a SYN flood at the listen backlog
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=120)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=scenario.get("ready_within", 120))
+    except TimeoutError:
+        ready_n = sum(r.is_set() for r in readies)
+        print(f"waiters: {ready_n} of {len(readies)} ready; connected {stats.connected}; errors {stats.errors}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise
     with open(out + ".ready", "w") as f:
         json.dump({"ready": time.time(), "connected": stats.connected}, f)
     await stop.wait()
