@@ -148,6 +148,7 @@ def main() -> None:
     wake_p.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
     wake_p.add_argument("--worker-class", help="override gunicorn's worker class (e.g. gthread), for comparison")
     wake_p.add_argument("--threads", type=int, help="threads per worker, with --worker-class gthread")
+    wake_p.add_argument("--ramp", type=float, default=0.0, help="seconds over which the waiters connect (0: 1,000/s)")
     wake_p.add_argument("--throughput-seconds", type=float, default=10.0, help="each send-throughput run (10)")
     ret_p = sub.add_parser(
         "retention", parents=[common], help="a retention pass (partition drop) vs the equivalent DELETE; hot queries"
@@ -286,6 +287,7 @@ def main() -> None:
             args.worker_class,
             args.threads,
             throughput_s=args.throughput_seconds,
+            ramp=args.ramp,
         )
         print_wake(results)
         klass = f"-{args.worker_class}" if args.worker_class else ""

@@ -129,8 +129,13 @@ def wake(
     threads: int | None = None,
     per_agent: int = 10,
     throughput_s: float = 10.0,
+    ramp: float = 0.0,
 ) -> dict:
-    """Run the wake bench; return the results document (see the module docstring)."""
+    """Run the wake bench; return the results document (see the module docstring).
+
+    ``ramp``: seconds over which the waiters connect (0: 1,000 a second); spread over the
+    long-polls' wait (30 s), their re-asks are spread as a fleet's are.
+    """
     agents_n = math.ceil(waiters / per_agent)
     recipients = [f"w{i}@bench" for i in range(agents_n)]
     senders = [f"s{i}@bench" for i in range(4)]
@@ -142,6 +147,7 @@ def wake(
         "commit": git_commit(),
         "waiters": waiters,
         "rate_per_s": rate,
+        "ramp_s": ramp,
         "duration_s": duration,
         "workers": workers,
         "worker_class": worker_class or "relay.transport.server.RelayWorker (gevent)",
@@ -205,7 +211,8 @@ def wake(
                     "port": port,
                     "wait": 30,
                     # Seconds for every waiter to be in (a poll sent, a stream's ": ready" read).
-                    "ready_within": max(120, waiters / 40),
+                    "ready_within": max(120, waiters / 40) + ramp,
+                    "ramp_seconds": ramp,
                     "timed_prefix": WAKE_PREFIX,
                     "waiters": [
                         {
@@ -222,7 +229,7 @@ def wake(
             out = spec.name + ".out"
             rss_before = _web_rss(relay)
             clients = subprocess.Popen([sys.executable, "-m", "bench.wake_clients", spec.name, out], cwd=harness.ROOT)
-            deadline = time.monotonic() + max(180, waiters / 40 + 60)
+            deadline = time.monotonic() + max(180, waiters / 40 + 60) + ramp
             while not Path(out + ".ready").exists():
                 if clients.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the waiters did not connect")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import resource
 import signal
 import sys
@@ -63,6 +64,17 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
     return status, headers
 
 
+def _retry_after(headers: dict[str, str]) -> float:
+    """Seconds to wait before asking again, as a well-behaved client does: the answer's
+    ``Retry-After`` (1 s without one), spread by up to half again so refused clients do
+    not come back together."""
+    try:
+        base = max(1.0, float(headers.get("retry-after", "1")))
+    except ValueError:
+        base = 1.0
+    return base * random.uniform(1.0, 1.5)
+
+
 def _request(host: str, path: str, key: str) -> bytes:
     return (
         f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\nConnection: keep-alive\r\n\r\n"
@@ -90,7 +102,7 @@ async def poll(host: str, port: int, waiter: dict, wait: int, stats: Stats, read
                     body = await reader.readexactly(int(headers.get("content-length", "0")))
                     if status != 200:
                         stats.error(f"poll HTTP {status}")
-                        await asyncio.sleep(1)
+                        await asyncio.sleep(_retry_after(headers))
                         continue
                     items = json.loads(body)["items"]
                     for row in reversed(items):
@@ -133,7 +145,7 @@ async def sse(host: str, port: int, waiter: dict, stats: Stats, ready: asyncio.E
             if status != 200:
                 stats.error(f"sse HTTP {status}")
                 writer.close()
-                await asyncio.sleep(1)
+                await asyncio.sleep(_retry_after(headers))
                 continue
             stats.connected["sse"] += 1
             try:
@@ -176,7 +188,9 @@ async def main_async(scenario: dict, out: str) -> None:
         else:
             tasks.append(asyncio.create_task(sse(host, port, waiter, stats, ready)))
         if i % 50 == 49:
-            await asyncio.sleep(0.05)  # a ramp, not a SYN flood at the listen backlog
+            # A ramp, not a SYN flood at the listen backlog: 1,000 a second, or spread over
+            # ``ramp_seconds`` (a fleet's waiters do not all start, so re-ask, together).
+            await asyncio.sleep(max(0.05, 50 * scenario.get("ramp_seconds", 0) / len(scenario["waiters"])))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
