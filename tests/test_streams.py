@@ -521,23 +521,27 @@ def test_the_listener_resubscribes_after_redis_restarts_and_waiters_get_their_me
     a, a_key = make_agent("alice@acme")
     b, b_key = make_agent("bob@acme")
     # A slow tick far past every wait here: only the listener can wake these waiters.
-    with live_relay(base_env, REDIS_URL=redis_url, RELAY_STREAM_HEARTBEAT="300") as base:
-        LIVE_REDIS[:] = [redis_url]
-        poll = Poll(base, b, b_key, wait=60, read_timeout=45)
-        wait_until(lambda: slots_held(app, b) == 1, what="bob's long-poll waiting")
-        stop_redis()
-        # Written while the relay's Redis is down: its wake-up goes nowhere the relay hears.
-        with app.app_context():
-            missed = threads.send_message(
-                get_agent(a), {"recipient": b, "message": {"parts": [{"type": "text", "text": "while down"}]}}
-            )
-        start_redis()
-        assert [row["id"] for row in poll.result().json()["items"]] == [missed["message_id"]]
-        # And the new subscription carries wake-ups: sent through the relay, after the restart.
-        again = Poll(base, b, b_key, wait=60, read_timeout=45, after=missed["message_id"])
-        wait_until(lambda: slots_held(app, b) == 1, what="bob's second long-poll waiting")
-        sent = send(base, a_key, b, "after the restart")
-        assert [row["id"] for row in again.result().json()["items"]] == [sent["message_id"]]
+    module_redis = list(LIVE_REDIS)  # the module's relay's, given back for the tests after this one
+    try:
+        with live_relay(base_env, REDIS_URL=redis_url, RELAY_STREAM_HEARTBEAT="300") as base:
+            LIVE_REDIS[:] = [redis_url]
+            poll = Poll(base, b, b_key, wait=60, read_timeout=45)
+            wait_until(lambda: slots_held(app, b) == 1, what="bob's long-poll waiting")
+            stop_redis()
+            # Written while the relay's Redis is down: its wake-up goes nowhere the relay hears.
+            with app.app_context():
+                missed = threads.send_message(
+                    get_agent(a), {"recipient": b, "message": {"parts": [{"type": "text", "text": "while down"}]}}
+                )
+            start_redis()
+            assert [row["id"] for row in poll.result().json()["items"]] == [missed["message_id"]]
+            # And the new subscription carries wake-ups: sent through the relay, after the restart.
+            again = Poll(base, b, b_key, wait=60, read_timeout=45, after=missed["message_id"])
+            wait_until(lambda: slots_held(app, b) == 1, what="bob's second long-poll waiting")
+            sent = send(base, a_key, b, "after the restart")
+            assert [row["id"] for row in again.result().json()["items"]] == [sent["message_id"]]
+    finally:
+        LIVE_REDIS[:] = module_redis
 
 
 def test_a_stream_keeps_its_slot_past_the_slots_own_lifetime(app, live, pair):

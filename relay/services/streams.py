@@ -98,6 +98,7 @@ class Held:
         # a reconnecting fleet) would otherwise re-read and re-authenticate all at once.
         self.first_tick = self.tick * random.uniform(0.5, 1.0)
         self._closed = False
+        self._readable_seen = False
 
     def finished(self) -> bool:
         """True once the stream has said everything (a subclass's end, e.g. a terminal task)."""
@@ -105,9 +106,35 @@ class Held:
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken. Sets :attr:`gone` (and returns False)
-        as soon as the client is found to have left."""
+        as soon as the client is found to have left.
+
+        When ``client_gone`` can ``watch`` its socket, the wait is told the moment the
+        socket turns readable (its client closing, or sending a pipelined request) and
+        peeks then; otherwise it peeks every :data:`GONE_CHECK_SECONDS`. A socket found
+        readable but not closed is peeked in slices from then on.
+        """
         if self.client_gone is None:
             return self.waiter.wait(timeout)
+        watch = None if self._readable_seen else getattr(self.client_gone, "watch", None)
+        if watch is not None:
+            readable: list[bool] = []
+
+            def told() -> None:
+                readable.append(True)
+                self.waiter.wake()
+
+            cancel = watch(told)
+            if cancel is not None:
+                try:
+                    woken = self.waiter.wait(timeout)
+                finally:
+                    cancel()
+                if readable:
+                    if self.client_gone():
+                        self.gone = True
+                        return False
+                    self._readable_seen = True
+                return woken
         deadline = time.monotonic() + timeout
         while not (gone := self.client_gone()):
             remaining = deadline - time.monotonic()
