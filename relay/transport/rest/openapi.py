@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-from apispec import APISpec
-from apispec.ext.marshmallow import MarshmallowPlugin
 from flask import current_app
 
 from relay.schemas.agents import AgentOut, KeyOut
@@ -131,6 +129,11 @@ ERROR_SCHEMA = {
 
 def build_spec() -> dict:
     """Return the OpenAPI document for every route of the ``api_v1`` blueprint."""
+    # apispec (and the YAML it pulls in) loads with the first document asked for, not with
+    # every web process: the document is read by people and tools, not on any hot path.
+    from apispec import APISpec
+    from apispec.ext.marshmallow import MarshmallowPlugin
+
     marshmallow_plugin = MarshmallowPlugin()
     spec = APISpec(title="Handoff relay REST API", version="1", openapi_version="3.1.0", plugins=[marshmallow_plugin])
     marshmallow_plugin.converter.add_attribute_function(_custom_fields)
