@@ -28,7 +28,17 @@ from a2a.utils.errors import UnsupportedOperationError
 
 from tests import a2a_helpers as helpers
 from tests.a2a_helpers import REPLY, RESULT, Event, Recipient, next_step, seed, sse_events
-from tests.conftest import bearer, connections_named, rpc_answer, slots_in, sql, wait_until, with_application_name
+from tests.conftest import (
+    bearer,
+    connections_named,
+    post_a2a,
+    rpc_answer,
+    rpc_doc,
+    slots_in,
+    sql,
+    wait_until,
+    with_application_name,
+)
 from tests.live import claimed_redis_db, live_relay
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -84,10 +94,12 @@ class RpcStream:
 
     def __init__(self, base: str, handle: str, key: str, method: str, params: dict, headers: dict | None = None):
         self.request_id = f"stream-{uuid.uuid4()}"
-        self.response = requests.post(
-            f"{base}/a2a/agents/{handle}",
-            headers={**bearer(key), **VERSION, "Accept": "text/event-stream", **(headers or {})},
-            json={"jsonrpc": "2.0", "id": self.request_id, "method": method, "params": params},
+        self.response = post_a2a(
+            base,
+            key,
+            rpc_doc(method, params, id=self.request_id),
+            agent=handle,
+            headers={"Accept": "text/event-stream", **(headers or {})},
             stream=True,
             timeout=(5, 20),
         )
