@@ -17,7 +17,7 @@ import requests
 from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
 
-from tests.conftest import bearer
+from tests.conftest import bearer, rpc
 
 JSONRPC = "JSONRPC"
 HTTP_JSON = "HTTP+JSON"
@@ -54,15 +54,7 @@ async def send_text(client, text: str, **message_fields):
 
 def seed(relay_url: str, key: str, method: str, params: dict) -> dict:
     """One call of ``POST /a2a``, the relay's JSON-RPC dialect (the recipient's side), over HTTP; fails on an error."""
-    resp = requests.post(
-        f"{relay_url}/a2a",
-        headers=bearer(key),
-        timeout=30,
-        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-    )
-    body = resp.json()
-    assert "result" in body, body
-    return body["result"]
+    return rpc(relay_url, key, method, params)
 
 
 class Recipient(threading.Thread):

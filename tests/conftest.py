@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg2
 import psycopg2.errors
 import pytest
+import requests
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
@@ -188,15 +189,83 @@ def extra_app(base_env, celery_app, redis_url, **env):
         celery_app.set_default()
 
 
-def rpc(client, key, method, params):
-    """Call a JSON-RPC method that must succeed; return its ``result``."""
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    body = resp.get_json()
+# --------------------------------------------------------------------------- requests to POST /a2a
+# The one copy of the tests' JSON-RPC calls (tests/test_house_rules.py keeps modules from
+# defining their own). ``client`` is a Flask test client, or a live relay's base URL
+# (``http://host:port``) reached over HTTP with requests.
+JSON = "application/json"
+A2A_VERSION = {"A2A-Version": "1.0"}
+
+
+def rpc_doc(method: str, params, *, id=1) -> dict:
+    """Build one JSON-RPC 2.0 request: ``{"jsonrpc": "2.0", "id", "method", "params"}``."""
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def message_params(recipient: str | None, text: str, **more) -> dict:
+    """Build message/send's params: one text part to ``recipient`` (none when None, as in an append), then ``more``."""
+    to = {} if recipient is None else {"recipient": recipient}
+    return {**to, "message": {"parts": [{"type": "text", "text": text}]}, **more}
+
+
+def post_a2a(client, key: str | None, body, *, agent: str | None = None, headers=None, content_type=JSON, **kw):
+    """POST ``body`` to ``/a2a`` with ``key``'s bearer header (none when ``key`` is None); return the response.
+
+    ``body``: a dict or list goes as JSON; str (as UTF-8) or bytes go as they are, labelled
+    ``content_type`` (no Content-Type when None). ``agent``: the A2A binding's JSON-RPC endpoint instead,
+    ``/a2a/agents/<agent>`` with ``A2A-Version: 1.0``. ``headers`` are added last; ``kw`` goes
+    to the client's ``post`` (a URL's requests call has a 30 s timeout unless ``timeout`` is given).
+    """
+    path = "/a2a" if agent is None else f"/a2a/agents/{agent}"
+    sent = {**({} if key is None else bearer(key)), **({} if agent is None else A2A_VERSION)}
+    if isinstance(body, (str, bytes)):
+        kw["data"] = body.encode() if isinstance(body, str) else body
+        if content_type is not None:
+            sent["Content-Type"] = content_type
+    else:
+        kw["json"] = body
+    sent.update(headers or {})
+    if isinstance(client, str):
+        return requests.post(client + path, headers=sent, **{"timeout": 30, **kw})
+    return client.post(path, headers=sent, **kw)
+
+
+def answer_of(resp) -> dict | list:
+    """Return the JSON document of a Flask test response or of a requests response."""
+    return resp.json() if isinstance(resp, requests.Response) else resp.get_json()
+
+
+def rpc_answer(client, key, method: str, params, *, id=1, status: int | None = 200, **kw) -> dict:
+    """Call a JSON-RPC method; return the whole answer (its ``result`` or its ``error``).
+
+    Asserts the HTTP ``status`` (any when None) and, on a 200, that the answer echoes ``id``.
+    ``kw`` as for ``post_a2a`` (``agent``, ``headers``, ...).
+    """
+    resp = post_a2a(client, key, rpc_doc(method, params, id=id), **kw)
+    text = resp.text if isinstance(resp, requests.Response) else resp.get_data(as_text=True)
+    assert status is None or resp.status_code == status, (resp.status_code, text)
+    body = answer_of(resp)
+    assert resp.status_code != 200 or body["id"] == id, body
+    return body
+
+
+def rpc(client, key, method: str, params, **kw) -> dict:
+    """Call a JSON-RPC method that must succeed (HTTP 200); return its ``result``."""
+    body = rpc_answer(client, key, method, params, **kw)
     assert "result" in body, body
     return body["result"]
+
+
+def rpc_error(client, key, method: str, params, **kw) -> dict:
+    """Call a JSON-RPC method that must fail (HTTP 200 unless ``status`` says otherwise); return its ``error``."""
+    body = rpc_answer(client, key, method, params, **kw)
+    assert "error" in body, body
+    return body["error"]
+
+
+def send_message(client, key, recipient: str | None, text: str = "hi", **more) -> dict:
+    """Send one text part with message/send (``message_params``), which must succeed; return its result."""
+    return rpc(client, key, "message/send", message_params(recipient, text, **more))
 
 
 @pytest.fixture(scope="session")

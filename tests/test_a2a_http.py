@@ -80,7 +80,7 @@ def base_of(relay_url: str, handle: str) -> str:
     return f"{relay_url}/a2a/agents/{handle}/http"
 
 
-def call(relay_url: str, handle: str, key: str | None, verb: str, path: str, **kw) -> requests.Response:
+def http_call(relay_url: str, handle: str, key: str | None, verb: str, path: str, **kw) -> requests.Response:
     """One plain HTTP call of the binding (bearer key and A2A-Version unless overridden)."""
     headers = {**(bearer(key) if key else {}), **VERSION, **kw.pop("headers", {})}
     return requests.request(verb, base_of(relay_url, handle) + path, headers=headers, timeout=30, **kw)
@@ -109,7 +109,7 @@ def a2a_message(text: str, **extra) -> dict:
 
 
 def open_task(relay_url: str, handle: str, key: str, text: str = "adopt the /users shape") -> dict:
-    resp = call(relay_url, handle, key, "POST", "/message:send", json={"message": a2a_message(text)})
+    resp = http_call(relay_url, handle, key, "POST", "/message:send", json={"message": a2a_message(text)})
     assert resp.status_code == 200, resp.text
     return resp.json()["task"]
 
@@ -333,15 +333,15 @@ def test_plain_send_get_cancel_bodies_are_the_a2a_objects(relay_url, make_agent)
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
-    got = call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}", params={"historyLength": "0"})
+    got = http_call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}", params={"historyLength": "0"})
     assert got.status_code == 200 and got.headers["Content-Type"].startswith("application/json")
     body = got.json()
     assert body["id"] == task["id"] and body["status"]["state"] == "TASK_STATE_SUBMITTED" and "history" not in body
     # A cancel with no body at all: the path names the task.
-    cancelled = call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel")
+    cancelled = http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel")
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"]["state"] == "TASK_STATE_CANCELED"
-    again = call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel", json={"id": task["id"]})
+    again = http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel", json={"id": task["id"]})
     error = error_of(again, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "invalid_transition")
     assert error["details"][0]["metadata"]["state"] == "cancelled"
 
@@ -350,7 +350,7 @@ def test_plain_unknown_task_is_404_task_not_found(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     for verb, path in (("GET", "/tasks/{id}"), ("POST", "/tasks/{id}:cancel"), ("POST", "/tasks/{id}:subscribe")):
-        resp = call(relay_url, bob, alice_key, verb, path.format(id=uuid.uuid4()))
+        resp = http_call(relay_url, bob, alice_key, verb, path.format(id=uuid.uuid4()))
         error_of(resp, 404, "NOT_FOUND", "TASK_NOT_FOUND", "thread_not_found")
 
 
@@ -368,7 +368,7 @@ def test_plain_bad_params_are_400_naming_the_field(relay_url, make_agent):
         ("POST", "/message:stream", {"json": {"message": a2a_message("x", contextId="nope")}}, "message.contextId"),
     ]
     for verb, path, kw, field in cases:
-        resp = call(relay_url, bob, alice_key, verb, path, **kw)
+        resp = http_call(relay_url, bob, alice_key, verb, path, **kw)
         error = error_of(resp, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid_params")
         assert field in violations(error), (path, kw, error)
 
@@ -377,32 +377,32 @@ def test_plain_bodies_that_are_not_json_objects_are_400(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     headers = {"Content-Type": "application/json"}
-    resp = call(relay_url, bob, alice_key, "POST", "/message:send", data=b'{"message":', headers=headers)
+    resp = http_call(relay_url, bob, alice_key, "POST", "/message:send", data=b'{"message":', headers=headers)
     error_of(resp, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse_error")
-    resp = call(relay_url, bob, alice_key, "POST", "/message:send", data=b"[1, 2]", headers=headers)
+    resp = http_call(relay_url, bob, alice_key, "POST", "/message:send", data=b"[1, 2]", headers=headers)
     error_of(resp, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid_request")
 
 
 def test_plain_no_key_is_401_and_a_bad_version_400(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
-    resp = call(relay_url, bob, None, "GET", "/tasks")
+    resp = http_call(relay_url, bob, None, "GET", "/tasks")
     error_of(resp, 401, "UNAUTHENTICATED", "INVALID_REQUEST", "unauthenticated")
     assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     for version in ("0.3", "2.0", "x"):
-        resp = call(relay_url, bob, alice_key, "GET", "/tasks", headers={"A2A-Version": version})
+        resp = http_call(relay_url, bob, alice_key, "GET", "/tasks", headers={"A2A-Version": version})
         error = error_of(resp, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "version_not_supported")
         assert error["details"][0]["metadata"]["supported"] == "1.0"
     resp = requests.get(base_of(relay_url, bob) + "/tasks", headers=bearer(alice_key), timeout=10)  # no header: 0.3
     error_of(resp, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "version_not_supported")
-    assert call(relay_url, bob, alice_key, "GET", "/tasks", headers={"A2A-Version": "1.0.3"}).status_code == 200
+    assert http_call(relay_url, bob, alice_key, "GET", "/tasks", headers={"A2A-Version": "1.0.3"}).status_code == 200
 
 
 def test_plain_unknown_paths_404_and_wrong_verbs_405_in_json(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     for path in ("", "/", "/nope", "/message:sned", "/tasks/x:pause", "/tasks/x/y", "/acme/message:send"):
-        resp = call(relay_url, bob, alice_key, "POST", path, json={})
+        resp = http_call(relay_url, bob, alice_key, "POST", path, json={})
         error_of(resp, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method_not_found")
     for verb, path, allow in (
         ("GET", "/message:send", "POST"),
@@ -410,12 +410,12 @@ def test_plain_unknown_paths_404_and_wrong_verbs_405_in_json(relay_url, make_age
         ("PUT", "/tasks/x/pushNotificationConfigs", "POST, GET"),
         ("POST", "/tasks/x/pushNotificationConfigs/y", "GET, DELETE"),
     ):
-        resp = call(relay_url, bob, alice_key, verb, path, json={})
+        resp = http_call(relay_url, bob, alice_key, verb, path, json={})
         error_of(resp, 405, "UNIMPLEMENTED", "METHOD_NOT_FOUND", "method_not_found")
         assert resp.headers["Allow"] == allow
-    resp = call(relay_url, "nobody@http", alice_key, "GET", "/tasks")
+    resp = http_call(relay_url, "nobody@http", alice_key, "GET", "/tasks")
     error_of(resp, 404, "NOT_FOUND", "INVALID_REQUEST", "recipient_not_found")
-    resp = call(relay_url, bob, alice_key, "GET", "/extendedAgentCard")
+    resp = http_call(relay_url, bob, alice_key, "GET", "/extendedAgentCard")
     error_of(resp, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "unsupported_operation")
 
 
@@ -424,19 +424,19 @@ def test_plain_a_blocked_send_keeps_the_relays_status(relay_url, make_agent):
     bob, bob_key = make_agent("bob@http")
     message = a2a_message("once")
     retry = {"Idempotency-Key": "send-once"}
-    first = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
+    first = http_call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
     assert first.status_code == 200
-    replayed = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
+    replayed = http_call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": message}, headers=retry)
     assert replayed.json()["task"]["id"] == first.json()["task"]["id"]  # the header makes a retry one call
     other = {**message, "parts": [{"text": "another"}]}
-    resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": other}, headers=retry)
+    resp = http_call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": other}, headers=retry)
     assert resp.status_code == 200 and resp.json()["task"]["id"] != first.json()["task"]["id"]  # another message
 
 
 def test_plain_stream_data_lines_are_bare_stream_responses(relay_url, make_agent):
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
-    resp = call(
+    resp = http_call(
         relay_url,
         bob,
         alice_key,
@@ -452,7 +452,7 @@ def test_plain_stream_data_lines_are_bare_stream_responses(relay_url, make_agent
         first = json.loads(next(e for e in events if e.kind != "comment").data)
         assert set(first) == {"task"}, first  # not a JSON-RPC envelope
         task_id = first["task"]["id"]
-        call(relay_url, bob, alice_key, "POST", f"/tasks/{task_id}:cancel")
+        http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task_id}:cancel")
         rest = [e for e in events if e.kind != "comment"]
         assert [e.kind for e in rest] == ["data"]
         update = json.loads(rest[0].data)
@@ -465,13 +465,13 @@ def test_plain_a_refused_stream_is_a_json_error_not_a_stream(relay_url, make_age
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
-    call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel")
-    resp = call(
+    http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel")
+    resp = http_call(
         relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:subscribe", headers={"Accept": "text/event-stream"}
     )
     error_of(resp, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "unsupported_operation")
     more = a2a_message("more", taskId=task["id"])
-    resp = call(relay_url, bob, alice_key, "POST", "/message:stream", json={"message": more})
+    resp = http_call(relay_url, bob, alice_key, "POST", "/message:stream", json={"message": more})
     error_of(resp, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "thread_terminal")
 
 
@@ -480,18 +480,20 @@ def test_plain_push_config_paths(relay_url, make_agent):
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
     configs = f"/tasks/{task['id']}/pushNotificationConfigs"
-    made = call(relay_url, bob, alice_key, "POST", configs, json={"url": "http://127.0.0.1:9/p", "id": "mine"})
+    made = http_call(relay_url, bob, alice_key, "POST", configs, json={"url": "http://127.0.0.1:9/p", "id": "mine"})
     assert made.status_code == 200, made.text
     assert made.json()["id"] == "mine" and made.json()["taskId"] == task["id"]
-    assert [c["id"] for c in call(relay_url, bob, alice_key, "GET", configs).json()["configs"]] == ["mine"]
-    bad = call(relay_url, bob, alice_key, "POST", configs, json={"url": "not a url"})
+    assert [c["id"] for c in http_call(relay_url, bob, alice_key, "GET", configs).json()["configs"]] == ["mine"]
+    bad = http_call(relay_url, bob, alice_key, "POST", configs, json={"url": "not a url"})
     assert "url" in violations(error_of(bad, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid_params"))
-    gone = call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")
+    gone = http_call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")
     assert gone.status_code == 200 and gone.json() == {}
-    again = call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")  # idempotent
+    again = http_call(relay_url, bob, alice_key, "DELETE", f"{configs}/mine")  # idempotent
     assert again.status_code == 200 and again.json() == {}
-    error_of(call(relay_url, bob, alice_key, "GET", f"{configs}/mine"), 404, "NOT_FOUND", "TASK_NOT_FOUND", "not_found")
-    other = call(relay_url, bob, alice_key, "GET", f"/tasks/{uuid.uuid4()}/pushNotificationConfigs")
+    error_of(
+        http_call(relay_url, bob, alice_key, "GET", f"{configs}/mine"), 404, "NOT_FOUND", "TASK_NOT_FOUND", "not_found"
+    )
+    other = http_call(relay_url, bob, alice_key, "GET", f"/tasks/{uuid.uuid4()}/pushNotificationConfigs")
     error_of(other, 404, "NOT_FOUND", "TASK_NOT_FOUND", "thread_not_found")
 
 
@@ -503,15 +505,15 @@ def test_plain_only_the_callers_tasks_to_that_agent_exist(relay_url, make_agent)
     # Carol is no participant (told only that there is no such task); and alice's task to bob
     # does not exist at carol's endpoint.
     error_of(
-        call(relay_url, bob, carol_key, "GET", f"/tasks/{task['id']}"),
+        http_call(relay_url, bob, carol_key, "GET", f"/tasks/{task['id']}"),
         404,
         "NOT_FOUND",
         "TASK_NOT_FOUND",
         "thread_not_found",
     )
-    resp = call(relay_url, carol, alice_key, "GET", f"/tasks/{task['id']}")
+    resp = http_call(relay_url, carol, alice_key, "GET", f"/tasks/{task['id']}")
     assert resp.status_code == 404 and resp.json()["error"]["details"][0]["reason"] == "TASK_NOT_FOUND"
-    assert call(relay_url, bob, carol_key, "GET", "/tasks").json()["tasks"] == []
+    assert http_call(relay_url, bob, carol_key, "GET", "/tasks").json()["tasks"] == []
 
 
 # --------------------------------------------------------------------------- in process: budgets and outages
@@ -582,7 +584,7 @@ def test_plain_a_revoked_key_ends_the_stream_with_a_status_error_event(relay_url
     alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     task = open_task(relay_url, bob, alice_key)
-    resp = call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:subscribe", stream=True)
+    resp = http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:subscribe", stream=True)
     try:
         events = sse_events(resp)
         first = next(e for e in events if e.kind != "comment")
@@ -607,12 +609,14 @@ def test_plain_the_path_names_the_task_whatever_the_body_says(relay_url, make_ag
     _alice, alice_key = make_agent("alice@http")
     bob, _ = make_agent("bob@http")
     one, other = open_task(relay_url, bob, alice_key), open_task(relay_url, bob, alice_key)
-    resp = call(relay_url, bob, alice_key, "POST", f"/tasks/{one['id']}:cancel", json={"id": other["id"]})
+    resp = http_call(relay_url, bob, alice_key, "POST", f"/tasks/{one['id']}:cancel", json={"id": other["id"]})
     assert resp.status_code == 200 and resp.json()["id"] == one["id"]
-    still = call(relay_url, bob, alice_key, "GET", f"/tasks/{other['id']}").json()
+    still = http_call(relay_url, bob, alice_key, "GET", f"/tasks/{other['id']}").json()
     assert still["status"]["state"] == "TASK_STATE_SUBMITTED"
     configs = f"/tasks/{one['id']}/pushNotificationConfigs"
-    made = call(relay_url, bob, alice_key, "POST", configs, json={"taskId": other["id"], "url": "http://127.0.0.1:9/p"})
+    made = http_call(
+        relay_url, bob, alice_key, "POST", configs, json={"taskId": other["id"], "url": "http://127.0.0.1:9/p"}
+    )
     assert made.status_code == 200 and made.json()["taskId"] == one["id"]
 
 
@@ -624,7 +628,7 @@ def test_plain_a_disabled_agents_tasks_are_still_read_and_cancelled(app, relay_u
     task = open_task(relay_url, bob, alice_key)
     with app.app_context():
         disable_agent(bob)
-    assert call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}").status_code == 200
-    assert call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel").status_code == 200
-    resp = call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": a2a_message("new work")})
+    assert http_call(relay_url, bob, alice_key, "GET", f"/tasks/{task['id']}").status_code == 200
+    assert http_call(relay_url, bob, alice_key, "POST", f"/tasks/{task['id']}:cancel").status_code == 200
+    resp = http_call(relay_url, bob, alice_key, "POST", "/message:send", json={"message": a2a_message("new work")})
     error_of(resp, 404, "NOT_FOUND", "INVALID_REQUEST", "recipient_not_found")

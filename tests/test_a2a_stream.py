@@ -28,7 +28,17 @@ from a2a.utils.errors import UnsupportedOperationError
 
 from tests import a2a_helpers as helpers
 from tests.a2a_helpers import REPLY, RESULT, Event, Recipient, next_step, seed, sse_events
-from tests.conftest import bearer, connections_named, slots_in, sql, wait_until, with_application_name
+from tests.conftest import (
+    bearer,
+    connections_named,
+    post_a2a,
+    rpc_answer,
+    rpc_doc,
+    slots_in,
+    sql,
+    wait_until,
+    with_application_name,
+)
 from tests.live import claimed_redis_db, live_relay
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -63,25 +73,13 @@ def pair(make_agent, live, settled):
 # --------------------------------------------------------------------------- helpers
 
 
-def a2a_call(base: str, handle: str, key: str, method: str, params: dict) -> dict:
-    """One plain A2A call; returns the JSON-RPC response."""
-    resp = requests.post(
-        f"{base}/a2a/agents/{handle}",
-        headers={**bearer(key), **VERSION},
-        json={"jsonrpc": "2.0", "id": "plain", "method": method, "params": params},
-        timeout=30,
-    )
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
 def a2a_message(text: str, **extra) -> dict:
     return {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": text}], **extra}
 
 
 def open_task(base: str, handle: str, key: str, text: str = "please adopt the new /users shape") -> dict:
     """SendMessage (not streamed): a new task; returns it."""
-    body = a2a_call(base, handle, key, "SendMessage", {"message": a2a_message(text)})
+    body = rpc_answer(base, key, "SendMessage", {"message": a2a_message(text)}, agent=handle, id="plain")
     assert "result" in body, body
     return body["result"]["task"]
 
@@ -96,10 +94,12 @@ class RpcStream:
 
     def __init__(self, base: str, handle: str, key: str, method: str, params: dict, headers: dict | None = None):
         self.request_id = f"stream-{uuid.uuid4()}"
-        self.response = requests.post(
-            f"{base}/a2a/agents/{handle}",
-            headers={**bearer(key), **VERSION, "Accept": "text/event-stream", **(headers or {})},
-            json={"jsonrpc": "2.0", "id": self.request_id, "method": method, "params": params},
+        self.response = post_a2a(
+            base,
+            key,
+            rpc_doc(method, params, id=self.request_id),
+            agent=handle,
+            headers={"Accept": "text/event-stream", **(headers or {})},
             stream=True,
             timeout=(5, 20),
         )
@@ -229,7 +229,7 @@ def test_sdk_subscribe_to_an_existing_task_starts_with_its_current_state(live, p
 def test_sdk_subscribe_to_a_terminal_task_is_unsupported_operation(live, pair):
     a, a_key, b, b_key = pair
     task = open_task(live, b, a_key)
-    assert "result" in a2a_call(live, b, a_key, "CancelTask", {"id": task["id"]})
+    assert "result" in rpc_answer(live, a_key, "CancelTask", {"id": task["id"]}, agent=b, id="plain")
 
     async def scenario():
         async with sdk_client(live, b, a_key) as client:
@@ -287,7 +287,7 @@ def test_the_stream_ends_after_a_terminal_state(live, pair):
     task = open_task(live, b, a_key)
     stream = RpcStream(live, b, a_key, "SubscribeToTask", {"id": task["id"]})
     stream.result()
-    assert "result" in a2a_call(live, b, a_key, "CancelTask", {"id": task["id"]})
+    assert "result" in rpc_answer(live, a_key, "CancelTask", {"id": task["id"]}, agent=b, id="plain")
     rest = stream.rest()  # to the end of the stream
     assert [(kind, state_of(doc["result"])) for kind, doc in rest] == [("data", "TASK_STATE_CANCELED")]
 
@@ -297,7 +297,9 @@ def test_the_callers_own_messages_are_not_echoed(live, pair):
     task = open_task(live, b, a_key)
     stream = RpcStream(live, b, a_key, "SubscribeToTask", {"id": task["id"]})
     stream.result()
-    mine = a2a_call(live, b, a_key, "SendMessage", {"message": a2a_message("one more thing", taskId=task["id"])})
+    mine = rpc_answer(
+        live, a_key, "SendMessage", {"message": a2a_message("one more thing", taskId=task["id"])}, agent=b, id="plain"
+    )
     assert "result" in mine, mine
     seed(live, b_key, "message/send", {"task_id": task["id"], "message": {"parts": [{"type": "text", "text": "ok"}]}})
     # Had the client's message been echoed it would come first: it committed first.
@@ -327,7 +329,7 @@ def test_a_reply_with_an_artifact_is_a_status_message_then_an_artifact_update(li
     assert artifact["artifact"]["artifactId"] == f"{sent['message_id']}:0"
     assert artifact["artifact"]["parts"] == [{"data": diff, "mediaType": "application/json"}]
     # The same artifact GetTask lists.
-    got = a2a_call(live, b, a_key, "GetTask", {"id": task["id"]})["result"]
+    got = rpc_answer(live, a_key, "GetTask", {"id": task["id"]}, agent=b, id="plain")["result"]
     assert got["artifacts"] == [artifact["artifact"]]
     stream.close()
 
@@ -355,7 +357,7 @@ def test_a_reply_with_an_artifact_is_a_status_message_then_an_artifact_update(li
 def test_refusals_before_the_stream_are_json_rpc_errors(app, live, pair, method, params, code, symbol):
     a, a_key, b, b_key = pair
     done = open_task(live, b, a_key)
-    assert "result" in a2a_call(live, b, a_key, "CancelTask", {"id": done["id"]})
+    assert "result" in rpc_answer(live, a_key, "CancelTask", {"id": done["id"]}, agent=b, id="plain")
     params = json.loads(json.dumps(params).replace('"terminal"', json.dumps(done["id"])))
     stream = RpcStream(live, b, a_key, method, params)
     assert stream.response.status_code == 200

@@ -24,7 +24,7 @@ from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageConfiguration, Sen
 
 from relay.agent.client import RelayClient
 from tests.a2a_helpers import run
-from tests.conftest import bearer, connections_named, with_application_name
+from tests.conftest import bearer, connections_named, post_a2a, rpc_doc, with_application_name
 from tests.live import live_relay
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("settled")]
@@ -110,18 +110,11 @@ class Answer:
         return f"Answer({self.binding}, {self.resp.status_code}, {self.resp.text[:500]})"
 
 
-def call(relay_url: str, binding: str, handle: str, key: str, method: str, params: dict, **kw) -> Answer:
+def binding_call(relay_url: str, binding: str, handle: str, key: str, method: str, params: dict, **kw) -> Answer:
     """Call ``method`` on ``binding`` with ``params`` as A2A's JSON names them."""
-    headers = {**bearer(key), **VERSION}
     if binding == "jsonrpc":
-        resp = requests.post(
-            f"{relay_url}/a2a/agents/{handle}",
-            json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-            headers=headers,
-            timeout=30,
-            **kw,
-        )
-        return Answer(binding, resp)
+        return Answer(binding, post_a2a(relay_url, key, rpc_doc(method, params), agent=handle, **kw))
+    headers = {**bearer(key), **VERSION}
     verb, path, source = HTTP_ROUTES[method]
     rest = dict(params)
     for name in ("id", "taskId"):
@@ -151,7 +144,7 @@ def text_message(text: str = "hello", **extra) -> dict:
 
 
 def open_task(relay_url: str, a_key: str, b: str) -> dict:
-    answer = call(
+    answer = binding_call(
         relay_url,
         "jsonrpc",
         b,
@@ -183,7 +176,7 @@ def open_task(relay_url: str, a_key: str, b: str) -> dict:
 )
 def test_an_id_the_relay_never_issued_is_task_not_found(relay_url, pair, binding, method, params):
     _a, a_key, b, _ = pair
-    answer = call(relay_url, binding, b, a_key, method, params)
+    answer = binding_call(relay_url, binding, b, a_key, method, params)
     assert (answer.code, answer.reason) == (NOT_FOUND[binding], "TASK_NOT_FOUND"), answer
 
 
@@ -192,7 +185,7 @@ def test_an_id_the_relay_never_issued_is_task_not_found(relay_url, pair, binding
 def test_an_unknown_context_filter_matches_nothing(relay_url, pair, binding, context):
     _a, a_key, b, _ = pair
     open_task(relay_url, a_key, b)
-    answer = call(relay_url, binding, b, a_key, "ListTasks", {"contextId": context})
+    answer = binding_call(relay_url, binding, b, a_key, "ListTasks", {"contextId": context})
     assert answer.result is not None, answer
     assert answer.result["tasks"] == [] and answer.result["totalSize"] == 0
 
@@ -204,7 +197,7 @@ def test_an_unknown_context_filter_matches_nothing(relay_url, pair, binding, con
 def test_snake_case_names_are_read_as_their_camel_case(relay_url, pair, binding):
     _a, a_key, b, _ = pair
     message = text_message()
-    sent = call(
+    sent = binding_call(
         relay_url,
         binding,
         b,
@@ -218,7 +211,7 @@ def test_snake_case_names_are_read_as_their_camel_case(relay_url, pair, binding)
     assert sent.result and "history" not in sent.result["task"], sent  # history_length 0 was read
     assert sent.resp.elapsed.total_seconds() < BOUND  # return_immediately was read
     open_task(relay_url, a_key, b)
-    listed = call(
+    listed = binding_call(
         relay_url,
         binding,
         b,
@@ -227,7 +220,7 @@ def test_snake_case_names_are_read_as_their_camel_case(relay_url, pair, binding)
         {"page_size": 1, "include_artifacts": "true" if binding == "http_json" else True},
     )
     assert listed.result and len(listed.result["tasks"]) == 1 and listed.result["pageSize"] == 1, listed
-    got = call(relay_url, binding, b, a_key, "GetTask", {"id": sent.result["task"]["id"], "history_length": 1})
+    got = binding_call(relay_url, binding, b, a_key, "GetTask", {"id": sent.result["task"]["id"], "history_length": 1})
     assert got.result and len(got.result["history"]) == 1, got
 
 
@@ -243,7 +236,7 @@ def test_snake_case_names_are_read_as_their_camel_case(relay_url, pair, binding)
 )
 def test_a_member_known_in_neither_spelling_is_an_error_naming_it(relay_url, pair, binding, method, params, field):
     _a, a_key, b, _ = pair
-    answer = call(relay_url, binding, b, a_key, method, params)
+    answer = binding_call(relay_url, binding, b, a_key, method, params)
     assert (answer.code, answer.reason) == (INVALID[binding], "INVALID_PARAMS"), answer
     assert field in answer.fields, answer
 
@@ -255,7 +248,7 @@ def test_a_member_known_in_neither_spelling_is_an_error_naming_it(relay_url, pai
 def test_a_raw_part_is_content_type_not_supported(app, relay_url, pair, binding):
     _a, a_key, b, _ = pair
     message = text_message(parts=[{"raw": "dGNr", "mediaType": "application/x-unsupported"}])
-    answer = call(relay_url, binding, b, a_key, "SendMessage", {"message": message})
+    answer = binding_call(relay_url, binding, b, a_key, "SendMessage", {"message": message})
     assert (answer.code, answer.reason) == (CONTENT_TYPE[binding], "CONTENT_TYPE_NOT_SUPPORTED"), answer
 
 
@@ -411,7 +404,7 @@ def test_a_waiting_send_holds_no_database_connection(app, relay_url, pair, poole
     done: list[float] = []
 
     def blocking_send():
-        answer = call(relay_url, "jsonrpc", b, a_key, "SendMessage", {"message": text_message("wait for me")})
+        answer = binding_call(relay_url, "jsonrpc", b, a_key, "SendMessage", {"message": text_message("wait for me")})
         assert answer.result, answer
         done.append(time.monotonic())
 
@@ -424,7 +417,7 @@ def test_a_waiting_send_holds_no_database_connection(app, relay_url, pair, poole
     # The relay's one process has one pooled connection: a waiting send that kept it would
     # hold up this read until the bound, and the database would show it busy.
     assert connections_named(app, pooler, APP_NAME) <= 1
-    read = call(relay_url, "jsonrpc", b, a_key, "GetTask", {"id": task["id"]})
+    read = binding_call(relay_url, "jsonrpc", b, a_key, "GetTask", {"id": task["id"]})
     assert read.result and read.resp.elapsed.total_seconds() < 1.0, read
     for sender in senders:
         sender.join(30)

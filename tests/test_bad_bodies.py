@@ -22,10 +22,11 @@ from relay import errors
 from relay.errors import RelayError
 from relay.schemas import common
 from relay.schemas.handoffs import MessageSendParams
-from tests.conftest import bearer
+from tests.conftest import bearer, rpc_doc
 
 BODY_LIMIT = 1_048_576  # RELAY_MAX_BODY_BYTES' default
 SMALL = 8192  # every answer below must be smaller than this
+ID = 7  # the id of every JSON-RPC request here
 UNKNOWN_TASK = "01HXYZ4K2VNJQP7R8MWDB3CSTF"
 FILL = "__FILL__"
 A2A_HEADERS = {"A2A-Version": "1.0"}
@@ -41,11 +42,8 @@ def filled(doc: dict, item: str = "1") -> tuple[bytes, int]:
     return body, count
 
 
-def rpc_doc(method: str, params: dict) -> dict:
-    return {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
-
-
-def post(client, key, path, body: bytes, headers=None):
+def post_small(client, key, path, body: bytes, headers=None):
+    """POST ``body`` as JSON to ``path``; assert the answer is smaller than SMALL; return it and its JSON."""
     resp = client.post(path, data=body, headers={**bearer(key), "Content-Type": "application/json", **(headers or {})})
     raw = resp.get_data()
     assert len(raw) < SMALL, (resp.status_code, len(raw), raw[:500])
@@ -54,9 +52,9 @@ def post(client, key, path, body: bytes, headers=None):
 
 def rpc_errors(client, key, body: bytes) -> dict:
     """POST /a2a; assert a small -32602 invalid_params answer; return ``error.data``."""
-    resp, doc = post(client, key, "/a2a", body)
+    resp, doc = post_small(client, key, "/a2a", body)
     assert resp.status_code == 200, doc
-    assert doc["id"] == 7 and doc["error"]["code"] == -32602, doc
+    assert doc["id"] == ID and doc["error"]["code"] == -32602, doc
     data = doc["error"]["data"]
     assert data["symbol"] == "invalid_params", data
     return data
@@ -64,7 +62,7 @@ def rpc_errors(client, key, body: bytes) -> dict:
 
 def a2a_violations(client, key, handle, body: bytes) -> tuple[dict, dict]:
     """POST /a2a/agents/{handle}; assert a small -32602; return ({field: description}, ErrorInfo.metadata)."""
-    resp, doc = post(client, key, f"/a2a/agents/{handle}", body, A2A_HEADERS)
+    resp, doc = post_small(client, key, f"/a2a/agents/{handle}", body, A2A_HEADERS)
     assert resp.status_code == 200, doc
     error = doc["error"]
     assert error["code"] == -32602, error
@@ -82,7 +80,9 @@ TEXT_PART = [{"type": "text", "text": "hello"}]
 
 
 def test_rpc_message_send_with_349k_parts_is_one_small_error_naming_the_bound(client, alice, bob):
-    body, count = filled(rpc_doc("message/send", {"recipient": bob[0], "message": {"role": "user", "parts": FILL}}))
+    body, count = filled(
+        rpc_doc("message/send", {"recipient": bob[0], "message": {"role": "user", "parts": FILL}}, id=ID)
+    )
     assert count > 300_000
     data = rpc_errors(client, alice[1], body)
     assert data["errors"] == {"message.parts": [f"must hold at most 20 parts, got {count}"]}
@@ -91,13 +91,13 @@ def test_rpc_message_send_with_349k_parts_is_one_small_error_naming_the_bound(cl
 
 def test_rpc_message_send_with_349k_artifacts_is_one_small_error_naming_the_bound(client, alice, bob):
     params = {"recipient": bob[0], "message": {"role": "user", "parts": TEXT_PART}, "artifacts": FILL}
-    body, count = filled(rpc_doc("message/send", params))
+    body, count = filled(rpc_doc("message/send", params, id=ID))
     data = rpc_errors(client, alice[1], body)
     assert data["errors"] == {"artifacts": [f"must hold at most 50 artifacts, got {count}"]}
 
 
 def test_rpc_tasks_list_with_349k_statuses_is_one_small_error_naming_the_bound(client, alice):
-    body, count = filled(rpc_doc("tasks/list", {"filter": {"status": FILL}}))
+    body, count = filled(rpc_doc("tasks/list", {"filter": {"status": FILL}}, id=ID))
     data = rpc_errors(client, alice[1], body)
     assert list(data["errors"]) == ["filter.status"]
     (reason,) = data["errors"]["filter.status"]
@@ -106,7 +106,7 @@ def test_rpc_tasks_list_with_349k_statuses_is_one_small_error_naming_the_bound(c
 
 def test_rest_reply_with_349k_parts_is_one_small_422_naming_the_bound(client, alice):
     body, count = filled({"message": {"role": "user", "parts": FILL}})
-    resp, doc = post(client, alice[1], f"/api/v1/identities/{alice[0]}/a2a/tasks/{UNKNOWN_TASK}/messages", body)
+    resp, doc = post_small(client, alice[1], f"/api/v1/identities/{alice[0]}/a2a/tasks/{UNKNOWN_TASK}/messages", body)
     assert resp.status_code == 422, doc
     assert doc["error"]["code"] == "invalid_params"
     assert doc["error"]["details"] == {"message.parts": [f"must hold at most 20 parts, got {count}"]}
@@ -115,14 +115,14 @@ def test_rest_reply_with_349k_parts_is_one_small_422_naming_the_bound(client, al
 
 def test_rest_reply_with_349k_artifacts_is_one_small_422(client, alice):
     body, count = filled({"message": {"role": "user", "parts": TEXT_PART}, "artifacts": FILL})
-    resp, doc = post(client, alice[1], f"/api/v1/identities/{alice[0]}/a2a/tasks/{UNKNOWN_TASK}/messages", body)
+    resp, doc = post_small(client, alice[1], f"/api/v1/identities/{alice[0]}/a2a/tasks/{UNKNOWN_TASK}/messages", body)
     assert resp.status_code == 422, doc
     assert doc["error"]["details"] == {"artifacts": [f"must hold at most 50 artifacts, got {count}"]}
 
 
 def test_a2a_send_message_with_349k_parts_is_one_small_violation_naming_the_bound(client, alice, bob):
     message = {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": FILL}
-    body, count = filled(rpc_doc("SendMessage", {"message": message}))
+    body, count = filled(rpc_doc("SendMessage", {"message": message}, id=ID))
     found, _ = a2a_violations(client, alice[1], bob[0], body)
     assert found == {"message.parts": f"must hold at most 70 parts, got {count}"}
 
@@ -130,7 +130,7 @@ def test_a2a_send_message_with_349k_parts_is_one_small_violation_naming_the_boun
 @pytest.mark.parametrize("member", ["extensions", "referenceTaskIds"])
 def test_a2a_send_message_string_lists_are_bounded_too(client, alice, bob, member):
     message = {"messageId": str(uuid.uuid4()), "parts": [{"text": "hi"}], member: FILL}
-    body, count = filled(rpc_doc("SendMessage", {"message": message}))
+    body, count = filled(rpc_doc("SendMessage", {"message": message}, id=ID))
     found, _ = a2a_violations(client, alice[1], bob[0], body)
     assert list(found) == [f"message.{member}"]
     assert f"got {count}" in found[f"message.{member}"]
@@ -138,21 +138,23 @@ def test_a2a_send_message_string_lists_are_bounded_too(client, alice, bob, membe
 
 def test_a2a_send_message_accepted_output_modes_are_bounded(client, alice, bob):
     message = {"messageId": str(uuid.uuid4()), "parts": [{"text": "hi"}]}
-    body, count = filled(rpc_doc("SendMessage", {"message": message, "configuration": {"acceptedOutputModes": FILL}}))
+    body, count = filled(
+        rpc_doc("SendMessage", {"message": message, "configuration": {"acceptedOutputModes": FILL}}, id=ID)
+    )
     found, _ = a2a_violations(client, alice[1], bob[0], body)
     assert list(found) == ["configuration.acceptedOutputModes"]
 
 
 def test_a_huge_string_is_refused_naming_its_bound(client, alice, bob):
     params = {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "x" * (BODY_LIMIT - 4096)}]}}
-    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", params)).encode())
+    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", params, id=ID)).encode())
     assert data["errors"] == {"message.parts.0.text": ["must be at most 262144 characters"]}
 
 
 def test_a_huge_link_url_is_refused_naming_its_bound(client, alice, bob):
     link = {"type": "link", "url": "http://" + "a-" * 500_000}
     params = {"recipient": bob[0], "message": {"parts": TEXT_PART}, "artifacts": [link]}
-    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", params)).encode())
+    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", params, id=ID)).encode())
     assert data["errors"] == {"artifacts.0.url": ["must be at most 2048 characters"]}
 
 
@@ -169,7 +171,7 @@ def test_90k_unknown_members_answer_20_errors_and_a_count(client, alice):
 
 
 def test_an_unknown_member_with_a_huge_name_is_named_shortened(client, alice):
-    body = json.dumps(rpc_doc("tasks/list", {"k" * (BODY_LIMIT - 1024): 1})).encode()
+    body = json.dumps(rpc_doc("tasks/list", {"k" * (BODY_LIMIT - 1024): 1}, id=ID)).encode()
     data = rpc_errors(client, alice[1], body)
     (path,) = data["errors"]
     assert path.startswith("kkkk") and path.endswith("…") and len(path) <= errors.MAX_FIELD_NAME
@@ -178,7 +180,9 @@ def test_an_unknown_member_with_a_huge_name_is_named_shortened(client, alice):
 def test_a2a_metadata_full_of_nul_strings_answers_20_violations_and_a_count(client, alice, bob):
     meta = {f"k{i}": "\x00" for i in range(50_000)}
     message = {"messageId": str(uuid.uuid4()), "parts": [{"text": "hi"}]}
-    body = json.dumps(rpc_doc("SendMessage", {"message": message, "metadata": meta}), separators=(",", ":")).encode()
+    body = json.dumps(
+        rpc_doc("SendMessage", {"message": message, "metadata": meta}, id=ID), separators=(",", ":")
+    ).encode()
     assert len(body) < BODY_LIMIT
     found, metadata = a2a_violations(client, alice[1], bob[0], body)
     assert len(found) == errors.MAX_FIELD_ERRORS
@@ -203,11 +207,11 @@ def test_25_bad_items_yield_20_errors_plus_5_more():
 
 
 def test_25_bad_items_on_each_surface_yield_20_errors_plus_5_more(client, alice, bob):
-    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", _25_bad_artifacts(bob[0]))).encode())
+    data = rpc_errors(client, alice[1], json.dumps(rpc_doc("message/send", _25_bad_artifacts(bob[0]), id=ID)).encode())
     assert len(data["errors"]) == 20 and data["errors_omitted"] == 5
 
     body = {"message": {"role": "user", "parts": TEXT_PART}, "artifacts": [1] * 25}
-    resp, doc = post(
+    resp, doc = post_small(
         client,
         alice[1],
         f"/api/v1/identities/{alice[0]}/a2a/tasks/{UNKNOWN_TASK}/messages",
@@ -220,7 +224,7 @@ def test_25_bad_items_on_each_surface_yield_20_errors_plus_5_more(client, alice,
     parts = [{"text": "hi"}] + [{"url": "ftp://example.com/x"}] * 25
     message = {"messageId": str(uuid.uuid4()), "parts": parts}
     found, metadata = a2a_violations(
-        client, alice[1], bob[0], json.dumps(rpc_doc("SendMessage", {"message": message})).encode()
+        client, alice[1], bob[0], json.dumps(rpc_doc("SendMessage", {"message": message}, id=ID)).encode()
     )
     assert list(found) == [f"message.parts.{i}.url" for i in range(1, 21)], found
     assert metadata["errors_omitted"] == "5"

@@ -12,21 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import text
 
 from relay.extensions import db
-from tests.conftest import bearer
+from tests.conftest import rpc_answer
 
 RACE_ROUNDS = 20
 
 
-def rpc(client, key, method, params, id_=1):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
 def create_thread(client, sender_key, recipient_handle, text_="please review"):
-    body = rpc(
+    body = rpc_answer(
         client,
         sender_key,
         "message/send",
@@ -58,7 +50,7 @@ def test_concurrent_appends_get_gapless_sequence_numbers(app, client, make_agent
 
         def append(n, key):
             def call(c):
-                return rpc(
+                return rpc_answer(
                     c,
                     key,
                     "message/send",
@@ -73,7 +65,7 @@ def test_concurrent_appends_get_gapless_sequence_numbers(app, client, make_agent
         assert seqs == list(range(2, 10))
         assert len({a["result"]["message_id"] for a in answers}) == 8
 
-        got = rpc(client, a_key, "tasks/get", {"task_id": task_id})["result"]
+        got = rpc_answer(client, a_key, "tasks/get", {"task_id": task_id})["result"]
         assert [m["sequence_no"] for m in got["messages"]] == list(range(1, 10))
         by_id = {m["id"]: m for m in got["messages"]}
         for a in answers:
@@ -119,8 +111,8 @@ def test_cancel_and_accept_race_has_exactly_one_winner(app, client, make_agent):
         cancel, accept = run_parallel(
             app,
             [
-                lambda c: rpc(c, a_key, "tasks/cancel", {"task_id": task_id}),
-                lambda c: rpc(
+                lambda c: rpc_answer(c, a_key, "tasks/cancel", {"task_id": task_id}),
+                lambda c: rpc_answer(
                     c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept", "session_id": "s1"}
                 ),
             ],
@@ -139,7 +131,7 @@ def test_cancel_and_accept_race_has_exactly_one_winner(app, client, make_agent):
         winner_answer = cancel if outcomes[0] == "ok" else accept
         assert winner_answer["result"]["status"]["state"] == expected
 
-        fresh = rpc(app.test_client(), b_key, "tasks/get", {"task_id": task_id})["result"]
+        fresh = rpc_answer(app.test_client(), b_key, "tasks/get", {"task_id": task_id})["result"]
         assert fresh["status"]["state"] == expected
         assert fresh["version"] == 2
         assert (fresh["cancelled_at"] is not None) == (expected == "cancelled")
@@ -162,14 +154,14 @@ def test_same_recipient_accepting_twice_in_parallel_succeeds_once(app, client, m
     b_handle, b_key = make_agent("bob@acme")
     for i in range(5):
         task_id = create_thread(client, a_key, b_handle, f"double accept {i}")
-        accept = lambda c: rpc(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"})  # noqa: E731
+        accept = lambda c: rpc_answer(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"})  # noqa: E731
         first, second = run_parallel(app, [accept, accept])
         outcomes = [_outcome(first), _outcome(second)]
         assert outcomes.count("ok") == 1, (first, second)
         loser = outcomes[1] if outcomes[0] == "ok" else outcomes[0]
         assert loser in LOSER_OUTCOMES, (first, second)
 
-        fresh = rpc(client, b_key, "tasks/get", {"task_id": task_id})["result"]
+        fresh = rpc_answer(client, b_key, "tasks/get", {"task_id": task_id})["result"]
         assert fresh["status"]["state"] == "accepted"
         assert fresh["version"] == 2
         with app.app_context():

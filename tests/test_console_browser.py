@@ -26,7 +26,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.conftest import bearer, sql, wait_until
+from tests.conftest import bearer, rpc, send_message, sql, wait_until
 from tests.console import forged_session, make_operator
 from tests.live import live_relay
 from tests.receiver import Receiver
@@ -154,23 +154,6 @@ def acme(app, make_agent, b):
     return {"alice": alice, "bob": bob, "password": password}
 
 
-def rpc(url: str, key: str, method: str, params: dict) -> dict:
-    resp = requests.post(
-        f"{url}/a2a",
-        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-        headers=bearer(key),
-        timeout=30,
-    )
-    body = resp.json()
-    assert "result" in body, body
-    return body["result"]
-
-
-def send(url: str, key: str, recipient: str, text: str, **more) -> str:
-    params = {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}, **more}
-    return rpc(url, key, "message/send", params)["task_id"]
-
-
 def no_injection(b: Browser) -> None:
     """No alert opened, no payload ran, no element came out of agents' text."""
     with pytest.raises(NoAlertPresentException):
@@ -186,7 +169,7 @@ def no_injection(b: Browser) -> None:
 def test_sign_in_then_the_overview(app, make_agent, b, console_url):
     _alice, alice_key = make_agent("alice@acme", name="Alice", role="frontend")
     make_agent("bob@acme", name="Bob", role="backend")
-    send(console_url, alice_key, "bob@acme", "please update the users client")
+    send_message(console_url, alice_key, "bob@acme", "please update the users client")
     password = make_operator(app, OPS, "acme")
     b.go("/console/")
     b.wait(lambda d: "/console/login" in d.current_url, "a signed-out visit to go to the sign-in page")
@@ -231,7 +214,7 @@ def test_an_empty_org_says_what_to_do_next(app, b):
 
 def test_inbox_pages_filters_cancels_and_updates_live(acme, b, console_url):
     alice_key, bob_key = acme["alice"][1], acme["bob"][1]
-    tasks = [send(console_url, alice_key, "bob@acme", f"handoff number {i}") for i in range(23)]
+    tasks = [send_message(console_url, alice_key, "bob@acme", f"handoff number {i}")["task_id"] for i in range(23)]
     rpc(console_url, bob_key, "tasks/update", {"task_id": tasks[0], "transition": "accept", "session_id": "s-1"})
     b.go("/console/agents/bob@acme")
     assert len(b.css("#threads tbody tr")) == 20
@@ -248,7 +231,7 @@ def test_inbox_pages_filters_cancels_and_updates_live(acme, b, console_url):
     # Live: a new handoff shows up on the open inbox, with no reload.
     b.go("/console/agents/bob@acme")
     b.mark()
-    send(console_url, alice_key, "bob@acme", "a fresh handoff while you watch")
+    send_message(console_url, alice_key, "bob@acme", "a fresh handoff while you watch")
     b.wait_text("a fresh handoff while you watch", "#threads")
     assert b.same_document(), "the page reloaded"
     # The sender's side: cancel a pending handoff from the sent tab.
@@ -285,7 +268,7 @@ def test_block_and_unblock_a_sender(acme, b, console_url):
     b.shot("blocks")
     b.button("Unblock", "section.blocks")
     b.wait_text("alice@acme is unblocked.", ".flashes")
-    send(console_url, alice_key, "bob@acme", "after the unblock")
+    send_message(console_url, alice_key, "bob@acme", "after the unblock")
 
 
 # --------------------------------------------------------------------------- a thread, send to completion
@@ -299,7 +282,7 @@ DIFF = (
 
 def test_follow_a_handoff_from_send_to_completion_with_its_diff(acme, b, console_url):
     alice_key, bob_key = acme["alice"][1], acme["bob"][1]
-    task = send(
+    task = send_message(
         console_url,
         alice_key,
         "bob@acme",
@@ -318,7 +301,7 @@ def test_follow_a_handoff_from_send_to_completion_with_its_diff(acme, b, console
             {"type": "api_contract", "name": "GET /users", "spec": {"items": "array", "next_cursor": "string"}},
             {"type": "link", "url": "https://example.com/pr/1", "title": "the pull request"},
         ],
-    )
+    )["task_id"]
     b.go(f"/console/threads/{task}")
     assert "Refactored /users" in b.text("#brief")
     assert "Paginate the users client" in b.text("#proposed-action") and "web/src/users.ts" in b.text(
@@ -365,7 +348,7 @@ def test_follow_a_handoff_from_send_to_completion_with_its_diff(acme, b, console
 
 
 def test_cancel_a_pending_handoff_from_its_thread(acme, b, console_url):
-    task = send(console_url, acme["alice"][1], "bob@acme", "not needed after all")
+    task = send_message(console_url, acme["alice"][1], "bob@acme", "not needed after all")["task_id"]
     b.go(f"/console/threads/{task}")
     b.button("Cancel this handoff")
     b.wait_text("The handoff is cancelled.", ".flashes")
@@ -377,8 +360,10 @@ def test_cancel_a_pending_handoff_from_its_thread(acme, b, console_url):
 
 
 def test_search_the_orgs_messages(acme, b, console_url):
-    task = send(console_url, acme["alice"][1], "bob@acme", "The invoices endpoint needs cursor pagination")
-    send(console_url, acme["alice"][1], "bob@acme", "something else entirely")
+    task = send_message(console_url, acme["alice"][1], "bob@acme", "The invoices endpoint needs cursor pagination")[
+        "task_id"
+    ]
+    send_message(console_url, acme["alice"][1], "bob@acme", "something else entirely")
     b.go("/console/search")
     assert "Type what you are looking for" in b.text(".empty")
     b.one("#q").send_keys("pagination" + Keys.ENTER)
@@ -407,7 +392,7 @@ def test_a_failing_webhook_redriven_and_recovered(acme, b, console_url, app):
     with Receiver() as rx:
         rx.program("/hook", [500], default=200)
         endpoint = _endpoint(console_url, "bob@acme", bob_key, rx.url("/hook"))
-        send(console_url, alice_key, "bob@acme", "the first handoff")
+        send_message(console_url, alice_key, "bob@acme", "the first handoff")
         [first] = rx.wait_for(1, timeout=WAIT, path="/hook")
         b.go("/console/agents/bob@acme/webhooks")
         b.refresh_until("failed", f"#endpoint-{endpoint} .deliveries")
@@ -426,14 +411,14 @@ def test_a_failing_webhook_redriven_and_recovered(acme, b, console_url, app):
 
         # Recover: one delivery that failed and one event sent while the endpoint was disabled.
         rx.program("/hook", [500], default=200)
-        send(console_url, alice_key, "bob@acme", "the second handoff")
+        send_message(console_url, alice_key, "bob@acme", "the second handoff")
         failed_again = rx.wait_for(3, timeout=WAIT, path="/hook")[2]
         b.refresh_until("failed", f"#endpoint-{endpoint} .deliveries li:first-child")
         b.button("Disable", f"#endpoint-{endpoint} .actions")
         b.wait_text("is disabled.", ".flashes")
         assert "disabled by its owner" in b.text(f"#endpoint-{endpoint} .facts")
         assert b.css(f"#endpoint-{endpoint} .deliveries button") == []  # nothing to redrive while disabled
-        third_task = send(console_url, alice_key, "bob@acme", "the third handoff, while disabled")
+        third_task = send_message(console_url, alice_key, "bob@acme", "the third handoff, while disabled")["task_id"]
         wait_until(
             lambda: sql(app, "SELECT count(*) FROM events WHERE fanned_out_at IS NULL") == [(0,)],
             timeout=WAIT,
@@ -468,7 +453,7 @@ def test_a_bulk_redrive_previewed_confirmed_and_its_progress_shown(acme, b, cons
         rx.program("/hook", [], default=200)
         endpoint = _endpoint(console_url, "bob@acme", bob_key, rx.url("/hook"))
         for i in range(3):
-            send(console_url, alice_key, "bob@acme", f"handoff {i}")
+            send_message(console_url, alice_key, "bob@acme", f"handoff {i}")
         first = rx.wait_for(3, timeout=WAIT, path="/hook")
         wait_until(
             lambda: sql(app, "SELECT count(*) FROM webhook_deliveries WHERE status = 'succeeded'") == [(3,)],
@@ -522,7 +507,7 @@ def test_create_and_revoke_a_key(acme, b, console_url):
 def test_another_orgs_pages_are_404(app, make_agent, b, console_url):
     _alice, alice_key = make_agent("alice@acme")
     make_agent("bob@acme")
-    task = send(console_url, alice_key, "bob@acme", "acme only")
+    task = send_message(console_url, alice_key, "bob@acme", "acme only")["task_id"]
     b.sign_in("ops@globex.example", make_operator(app, "ops@globex.example", "globex"))
     for path in (
         "/console/agents/bob@acme",
@@ -557,7 +542,7 @@ IMG = "<img src=x onerror=\"alert('xss');window.__xss=2\">"
 
 
 def test_agents_payloads_stay_text(acme, b, console_url, app):
-    task = send(
+    task = send_message(
         console_url,
         acme["alice"][1],
         "bob@acme",
@@ -568,7 +553,7 @@ def test_agents_payloads_stay_text(acme, b, console_url, app):
             {"type": "link", "url": "https://example.com/ok", "title": f"{SCRIPT}{IMG}"},
             {"type": "api_contract", "name": IMG, "spec": SCRIPT},
         ],
-    )
+    )["task_id"]
     # The API refuses a javascript: link; a row written some other way must still not become one.
     sql(
         app,
@@ -614,13 +599,13 @@ def test_an_expired_session_and_signing_out(acme, b, app):
 
 
 def test_readable_at_a_phones_width(acme, b, console_url):
-    task = send(
+    task = send_message(
         console_url,
         acme["alice"][1],
         "bob@acme",
         "a long path src/some/deeply/nested/module/with/a/long/name.py",
         artifacts=[{"type": "file_diff", "path": "a.py", "diff": DIFF}],
-    )
+    )["task_id"]
     b.d.set_window_size(390, 844)
     for name, path in (
         ("phone-overview", "/console/"),
@@ -645,21 +630,28 @@ def test_screenshot_for_the_readme(app, acme, b, console_url):
     def move(task: str, key: str, transition: str, **params) -> None:
         rpc(console_url, key, "tasks/update", {"task_id": task, "transition": transition, **params})
 
-    expired = send(console_url, alice, "bob@acme", "Rotate the staging certificates", expires_in_seconds=600)
+    expired = send_message(console_url, alice, "bob@acme", "Rotate the staging certificates", expires_in_seconds=600)[
+        "task_id"
+    ]
     sql(app, "UPDATE threads SET expires_at = now() - interval '1 minute' WHERE id = :id", id=parse_ulid(expired))
     with app.app_context():
         assert threads.settle_due() == 1  # recorded by the sweep's own function, as beat does
-    move(send(console_url, alice, "bob@acme", "Draft the Q3 roadmap", priority="low"), alice, "cancel")
-    failed = send(console_url, alice, "bob@acme", "Upgrade the ORM to 2.1", priority="high")
+    move(
+        send_message(console_url, alice, "bob@acme", "Draft the Q3 roadmap", priority="low")["task_id"], alice, "cancel"
+    )
+    failed = send_message(console_url, alice, "bob@acme", "Upgrade the ORM to 2.1", priority="high")["task_id"]
     move(failed, bob, "accept")
     move(failed, bob, "fail", reason="the migration tests fail on 2.1; see the CI log")
     move(
-        send(console_url, alice, "bob@acme", "Port the billing cron", priority="low"), bob, "decline", reason="not mine"
+        send_message(console_url, alice, "bob@acme", "Port the billing cron", priority="low")["task_id"],
+        bob,
+        "decline",
+        reason="not mine",
     )
-    done = send(console_url, alice, "bob@acme", "Fix the flaky login test")
+    done = send_message(console_url, alice, "bob@acme", "Fix the flaky login test")["task_id"]
     move(done, bob, "accept")
     move(done, bob, "complete", result_summary="retries removed; the test waits for the session")
-    task = send(
+    task = send_message(
         console_url,
         alice,
         "bob@acme",
@@ -670,12 +662,12 @@ def test_screenshot_for_the_readme(app, acme, b, console_url):
         ],
         priority="high",
         expires_in_seconds=86_400,
-    )
+    )["task_id"]
     rpc(console_url, bob, "tasks/get", {"task_id": task})  # bob reads it: a receipt on alice's message
     move(task, bob, "accept", session_id="s-1", lease_seconds=3600)
     reply = {"task_id": task, "message": {"parts": [{"type": "text", "text": "On it: the client pages next"}]}}
     rpc(console_url, bob, "message/send", reply)
-    send(console_url, alice, "bob@acme", "Review the incident timeline before 17:00", priority="urgent")
+    send_message(console_url, alice, "bob@acme", "Review the incident timeline before 17:00", priority="urgent")
     b.d.set_window_size(1000, 1200)
     b.go(f"/console/threads/{task}")
     assert "ends" in b.text("#lease") and "HIGH" in b.text("#status").upper()
@@ -699,7 +691,7 @@ def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, consol
 
     alice_key = make_agent("alice@acme", name="Alice")[1]
     bob_key = make_agent("bob@acme", name="Bob")[1]
-    send(console_url, alice_key, "bob@acme", "charted")
+    send_message(console_url, alice_key, "bob@acme", "charted")
     _endpoint(console_url, "bob@acme", bob_key, "http://127.0.0.1:9/hook")  # never reached: a page to chart
     with app.app_context():
         _op, password = create_operator("look@acme.example", "acme", "viewer")
@@ -726,7 +718,7 @@ def test_a_viewer_sees_pages_and_charts_but_no_action(app, make_agent, b, consol
 
 def test_a_declined_urgent_handoff_with_its_reason_and_receipt(acme, b, console_url):
     alice_key, bob_key = acme["alice"][1], acme["bob"][1]
-    task = send(console_url, alice_key, "bob@acme", "Migrate the invoices table", priority="urgent")
+    task = send_message(console_url, alice_key, "bob@acme", "Migrate the invoices table", priority="urgent")["task_id"]
     b.go(f"/console/threads/{task}")
     assert b.text("#m1 .receipt") == "unread"
     assert "no lease" in b.text("#lease")
@@ -756,7 +748,7 @@ def test_a_declined_urgent_handoff_with_its_reason_and_receipt(acme, b, console_
 
 def test_an_input_required_handoff_shows_its_question_and_goes_back_to_accepted_when_answered(acme, b, console_url):
     alice_key, bob_key = acme["alice"][1], acme["bob"][1]
-    task = send(console_url, alice_key, "bob@acme", "Archive the old invoices")
+    task = send_message(console_url, alice_key, "bob@acme", "Archive the old invoices")["task_id"]
     rpc(console_url, bob_key, "tasks/update", {"task_id": task, "transition": "accept"})
     b.go(f"/console/threads/{task}")
     b.mark()

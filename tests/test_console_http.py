@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.conftest import bearer, extra_app, rpc, sql
+from tests.conftest import bearer, extra_app, rpc, send_message, sql
 from tests.console import csrf_from, forged_session, make_operator, sign_in, token_of, unknown_task_id
 
 ACME, GLOBEX = "ops@acme.example", "ops@globex.example"
@@ -1284,11 +1284,6 @@ def test_a_refused_cancel_leaves_only_its_refusal(app, world):
 # --------------------------------------------------------------------------- the work lifecycle
 
 
-def _send(client, key, recipient, text, **more):
-    params = {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}, **more}
-    return rpc(client, key, "message/send", params)["task_id"]
-
-
 def _update(client, key, task_id, transition, **more):
     return rpc(client, key, "tasks/update", {"task_id": task_id, "transition": transition, **more})
 
@@ -1313,7 +1308,7 @@ def test_the_filters_offer_every_state_and_every_priority(app, world):
 def test_the_inbox_shows_each_priority_and_filters_by_one_or_several(app, world, client):
     alice_key = _key_of(app, world["alice"])
     for p in ("low", "high", "urgent"):
-        _send(client, alice_key, world["bob"], f"a {p} one", priority=p)
+        send_message(client, alice_key, world["bob"], f"a {p} one", priority=p)
     admin = _signed_in(app, world, ACME)
     page = admin.get(f"/console/agents/{world['bob']}").get_data(as_text=True)
     assert 'class="priority priority-urgent"' in _row_of(page, "a urgent one")
@@ -1405,7 +1400,7 @@ def test_the_poller_stops_in_every_terminal_state(app, world, client, end):
 
 def test_the_lease_is_shown_with_its_end_and_never_its_token(app, world, client):
     # From another org's sender: acme sees it as its recipient, bob, the lease's holder.
-    task = _send(client, _key_of(app, world["gus"]), world["bob"], "leased across orgs")
+    task = send_message(client, _key_of(app, world["gus"]), world["bob"], "leased across orgs")["task_id"]
     admin = _signed_in(app, world, ACME)
     page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
     assert re.search(r'<p id="lease">.*no lease', page, re.S)
@@ -1457,7 +1452,9 @@ def test_the_console_shows_the_effective_state_a_lapsed_lease_is_pending(app, wo
 def test_a_passed_expiry_is_expired_everywhere_and_the_clocks_row_says_so(app, world, client):
     from relay.services import threads
 
-    task = _send(client, _key_of(app, world["alice"]), world["bob"], "due soon", expires_in_seconds=3600)
+    task = send_message(client, _key_of(app, world["alice"]), world["bob"], "due soon", expires_in_seconds=3600)[
+        "task_id"
+    ]
     admin = _signed_in(app, world, ACME)
     page = admin.get(f"/console/threads/{task}").get_data(as_text=True)
     assert re.search(r'<p id="expiry">.*in (59 min|1 h)', page, re.S)
@@ -1491,8 +1488,9 @@ def test_the_overview_counts_open_handoffs_by_their_effective_state(app, world, 
     assert (bob["pending_in"], bob["accepted_in"], closed) == (0, 0, 1)  # expired, not yet recorded
     # The chart's "closed" counts every terminal state: a declined and a failed handoff too.
     alice_key = _key_of(app, world["alice"])
-    _update(client, world["bob_key"], _send(client, alice_key, world["bob"], "no"), "decline", reason="no")
-    failing = _send(client, alice_key, world["bob"], "try")
+    declined = send_message(client, alice_key, world["bob"], "no")["task_id"]
+    _update(client, world["bob_key"], declined, "decline", reason="no")
+    failing = send_message(client, alice_key, world["bob"], "try")["task_id"]
     _update(client, world["bob_key"], failing, "accept")
     _update(client, world["bob_key"], failing, "fail", reason="broken")
     with app.app_context():

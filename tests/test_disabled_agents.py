@@ -14,16 +14,8 @@ import pytest
 
 from relay.services.agents import disable_agent
 from relay.services.webhooks import enable_agent
-from tests.conftest import bearer, rpc, sql, wait_until
+from tests.conftest import bearer, rpc, rpc_answer, sql, wait_until
 from tests.receiver import Receiver
-
-
-def _send(client, key, params):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200
-    return resp.get_json()
 
 
 def _msg(text):
@@ -35,7 +27,7 @@ def test_appends_to_a_thread_with_a_disabled_agent_are_refused(app, client, alic
     task_id = rpc(client, a_key, "message/send", {"recipient": b, "message": _msg("hand-off")})["task_id"]
     with app.app_context():
         disable_agent(b)
-    body = _send(client, a_key, {"task_id": task_id, "message": _msg("are you there?")})
+    body = rpc_answer(client, a_key, "message/send", {"task_id": task_id, "message": _msg("are you there?")})
     assert body["error"]["code"] == -32020 and body["error"]["data"]["symbol"] == "recipient_disabled", body
     assert b in body["error"]["message"]
     rest = client.post(
@@ -45,7 +37,7 @@ def test_appends_to_a_thread_with_a_disabled_agent_are_refused(app, client, alic
     assert sql(app, "SELECT count(*) FROM messages")[0][0] == 1
     with app.app_context():
         enable_agent(b)
-    assert "result" in _send(client, a_key, {"task_id": task_id, "message": _msg("welcome back")})
+    assert "result" in rpc_answer(client, a_key, "message/send", {"task_id": task_id, "message": _msg("welcome back")})
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ from relay.config import normalize_database_url
 from relay.ids import format_ulid
 from relay.ops.embedded import free_port
 from relay.ops.migrate import upgrade
-from tests.conftest import migrated_database
+from tests.conftest import message_params, migrated_database, post_a2a, rpc_doc
 from tests.live import LiveStack, claimed_redis_db
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -344,20 +344,12 @@ class Outcome:
         return self.body["result"]["message_id"]
 
 
-def send(base: str, key: str, text: str) -> Outcome:
+def timed_send(base: str, key: str, text: str) -> Outcome:
+    """message/send of ``text`` to RECIPIENT (its request id is ``text``), timed; a failure is recorded, not raised."""
     started = time.monotonic()
     try:
-        resp = requests.post(
-            f"{base}/a2a",
-            timeout=RPC_TIMEOUT,
-            headers={"Authorization": f"Bearer {key}"},
-            json={
-                "jsonrpc": "2.0",
-                "id": text,
-                "method": "message/send",
-                "params": {"recipient": RECIPIENT, "message": {"parts": [{"type": "text", "text": text}]}},
-            },
-        )
+        doc = rpc_doc("message/send", message_params(RECIPIENT, text), id=text)
+        resp = post_a2a(base, key, doc, timeout=RPC_TIMEOUT)
     except requests.RequestException as exc:
         return Outcome(text, started, time.monotonic(), error=f"{type(exc).__name__}: {exc}")
     try:
@@ -389,7 +381,7 @@ class Sender(threading.Thread):
         n = 0
         while not self._stop_event.is_set():
             n += 1
-            outcome = send(self.base, self.key, f"{self.tag} message {n}")
+            outcome = timed_send(self.base, self.key, f"{self.tag} message {n}")
             with self.lock:
                 self.outcomes.append(outcome)
             self._stop_event.wait(self.pause)
@@ -637,7 +629,7 @@ def test_celery_worker_sigkilled_mid_batch(shared_database, private_redis, tmp_p
     BURST = 100
     env = stack_env(shared_database, private_redis.url, tmp_path, RELAY_WEBHOOK_TIMEOUT="1")
     with Receiver(delay=0.2) as rx, drill_stack(env, tmp_path, rx) as (stack, key_a, key_b):
-        outcomes = [send(stack.base, key_a, f"burst message {n}") for n in range(1, BURST + 1)]
+        outcomes = [timed_send(stack.base, key_a, f"burst message {n}") for n in range(1, BURST + 1)]
         assert all(o.ok for o in outcomes), [(o.status, o.body, o.error) for o in outcomes if not o.ok][:3]
         assert poll(lambda: len(rx.webhook_ids()) >= 15, 60, 0.05), f"no deliveries started:\n{stack.tails()}"
         worker = stack.proc("worker")

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from ulid import ULID
 
-from tests.conftest import bearer, rpc
+from tests.conftest import bearer, rpc, rpc_error
 
 UNKNOWN = ULID.from_str("01HXYZ4K2VNJQP7R8MWDB3CSTF")
 # Every form but the canonical one, which the relay would print anyway.
@@ -24,26 +24,6 @@ FORMS = {
 }
 SENT = pytest.mark.parametrize("sent", list(FORMS.values()), ids=list(FORMS))
 MESSAGE = {"role": "user", "parts": [{"type": "text", "text": "please review"}]}
-
-
-def _rpc_error(client, key, method, params):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    body = resp.get_json()
-    assert "error" in body, body
-    return body["error"]
-
-
-def _a2a_error(client, key, handle, method, params):
-    resp = client.post(
-        f"/a2a/agents/{handle}",
-        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-        headers={**bearer(key), "A2A-Version": "1.0"},
-    )
-    body = resp.get_json()
-    assert "error" in body, body
-    return body["error"]
 
 
 def _a2a_message(**extra):
@@ -63,13 +43,13 @@ def test_jsonrpc_thread_not_found_names_the_id_as_sent(client, alice, sent):
         ("message/send", {"task_id": sent, "message": MESSAGE}),
     ]
     for method, params in calls:
-        error = _rpc_error(client, key, method, params)
+        error = rpc_error(client, key, method, params)
         assert error["code"] == -32006 and error["data"]["symbol"] == "thread_not_found", (method, error)
         assert error["message"] == f"no thread {sent}", (method, error)
 
 
 def test_jsonrpc_id_with_surrounding_space_is_echoed_without_it(client, alice):
-    error = _rpc_error(client, alice[1], "tasks/get", {"task_id": f"  {FORMS['uuid']} "})
+    error = rpc_error(client, alice[1], "tasks/get", {"task_id": f"  {FORMS['uuid']} "})
     assert error["message"] == f"no thread {FORMS['uuid']}", error
 
 
@@ -107,7 +87,7 @@ def test_a2a_task_not_found_names_the_id_as_sent(client, alice, bob, sent):
         ("GetTaskPushNotificationConfig", {"taskId": sent, "id": "cfg-1"}),
     ]
     for method, params in calls:
-        error = _a2a_error(client, key, bob[0], method, params)
+        error = rpc_error(client, key, method, params, agent=bob[0])
         assert error["code"] == -32001, (method, error)
         assert error["data"][0]["metadata"]["symbol"] == "thread_not_found", (method, error)
         assert f"no thread {sent}" in error["message"], (method, error)
@@ -118,7 +98,7 @@ def test_a2a_task_of_another_pair_is_named_as_sent(client, alice, bob, make_agen
     as_uuid = str(ULID.from_str(created["task_id"]).to_uuid())
     carol, _key = make_agent("carol@acme")
     # alice at carol's endpoint: the alice->bob task does not exist there.
-    error = _a2a_error(client, alice[1], carol, "GetTask", {"id": as_uuid})
+    error = rpc_error(client, alice[1], "GetTask", {"id": as_uuid}, agent=carol)
     assert error["code"] == -32001 and f"no thread {as_uuid}" in error["message"], error
 
 
@@ -131,6 +111,6 @@ def test_a2a_unknown_push_config_names_the_task_as_sent(client, alice, bob):
     task_id = resp.get_json()["result"]["task"]["id"]
     as_uuid = str(ULID.from_str(task_id).to_uuid())
     for method in ("GetTaskPushNotificationConfig",):
-        error = _a2a_error(client, alice[1], bob[0], method, {"taskId": as_uuid, "id": "cfg-1"})
+        error = rpc_error(client, alice[1], method, {"taskId": as_uuid, "id": "cfg-1"}, agent=bob[0])
         assert error["data"][0]["metadata"]["symbol"] == "not_found", error
         assert f"task {as_uuid} has no push notification config cfg-1" in error["message"], error

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from relay.errors import RelayError
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, rpc_answer, sql
 
 ORG_RULE = "the org must be dot-separated labels of a-z, 0-9 and '-'"
 EMPTY_LABEL = f"{ORG_RULE}; a label is empty"
@@ -78,16 +78,9 @@ def _insert_legacy(app, handle: str) -> None:
     )
 
 
-def _send(client, key, recipient):
-    doc = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "message/send",
-        "params": {"recipient": recipient, "message": {"role": "user", "parts": [{"type": "text", "text": TEXT}]}},
-    }
-    resp = client.post("/a2a", json=doc, headers=bearer(key))
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
+def _to(recipient):
+    """message/send's params: TEXT to ``recipient``."""
+    return {"recipient": recipient, "message": {"role": "user", "parts": [{"type": "text", "text": TEXT}]}}
 
 
 def _assert_invalid_recipient(body, handle, rule):
@@ -162,7 +155,7 @@ def test_cli_refuses_every_look_alike_with_one_line_naming_the_rule(app, relay_c
 def test_message_send_to_a_look_alike_is_32602_naming_recipient_and_the_rule(app, client, make_agent, handle, rule):
     make_agent("x@org")
     _sender, key = make_agent("alice@acme")
-    _assert_invalid_recipient(_send(client, key, handle), handle, rule)
+    _assert_invalid_recipient(rpc_answer(client, key, "message/send", _to(handle)), handle, rule)
     assert sql(app, "select count(*) from threads")[0][0] == 0
 
 
@@ -174,7 +167,7 @@ def test_existing_look_alike_row_is_still_found_but_not_delivered_to(app, client
     _sender, key = make_agent("alice@acme")
 
     # POST /a2a: the look-alike is an invalid recipient, not the old row.
-    _assert_invalid_recipient(_send(client, key, "x@org."), "x@org.", EMPTY_LABEL)
+    _assert_invalid_recipient(rpc_answer(client, key, "message/send", _to("x@org.")), "x@org.", EMPTY_LABEL)
     # A2A binding: the row's endpoint exists, but opening a task there is refused the same way.
     a2a = client.post(
         "/a2a/agents/x@org.",

@@ -24,17 +24,13 @@ from ulid import ULID
 
 from relay.encoding import loads
 from relay.ids import format_ulid, iso, ulid_of_uuid_text
-from tests.conftest import bearer, rpc, sql, wait_until
-
-
-def _send(client, key, params):
-    return rpc(client, key, "message/send", {"message": {"parts": [{"type": "text", "text": "hi"}]}, **params})
+from tests.conftest import bearer, rpc, send_message, sql, wait_until
 
 
 def test_a_create_writes_its_four_rows_with_one_time(app, client, alice, bob):
     _a, a_key = alice
     b_handle, _b_key = bob
-    task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
+    task_id = send_message(client, a_key, b_handle)["task_id"]
     rows = sql(
         app,
         "SELECT t.created_at, t.updated_at, m.created_at, a.created_at, e.created_at, a.action, e.type, m.sequence_no"
@@ -79,7 +75,7 @@ def test_integers_past_64_bits_come_back_exactly(client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
     big = 123456789012345678901234567890
-    task_id = _send(client, a_key, {"recipient": b_handle, "metadata": {"n": big, "small": 1}})["task_id"]
+    task_id = send_message(client, a_key, b_handle, metadata={"n": big, "small": 1})["task_id"]
     [message] = rpc(client, b_key, "tasks/get", {"task_id": task_id})["messages"]
     assert message["payload"] == {"n": big, "small": 1}
     feed = client.get(f"/api/v1/identities/{b_handle}/a2a/messages", headers=bearer(b_key))
@@ -116,7 +112,7 @@ def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, 
     def sender(key, recipient):
         client = app.test_client()
         for _ in range(10):
-            result = _send(client, key, {"recipient": recipient})
+            result = send_message(client, key, recipient)
             with lock:
                 sent.append(result["message_id"])
 
@@ -166,11 +162,11 @@ def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monke
     client = app.test_client()
     try:
         listener.get_message(timeout=1.0)  # the subscription confirmation
-        first = _send(client, a_key, {"recipient": b_handle})["message_id"]
+        first = send_message(client, a_key, b_handle)["message_id"]
         wait_until(lambda: _batch_of(app, redis_url, first), timeout=10, what="the first message's batch")
         wait_until(lambda: listener.get_message(timeout=0.1), timeout=2, what="the first wake-up")
         sent = time.monotonic()
-        message_id = _send(client, a_key, {"recipient": b_handle})["message_id"]
+        message_id = send_message(client, a_key, b_handle)["message_id"]
         woken = wait_until(lambda: listener.get_message(timeout=0.1), timeout=2, what="the wake-up PUBLISH")
         assert woken["type"] == "message"
         assert _batch_of(app, redis_url, message_id) == [], "the batch was published before its window"
@@ -192,7 +188,7 @@ def test_a_message_after_a_quiet_spell_is_published_at_once(app, alice, bob, red
     if publisher is not None:  # this app published before: let its window pass
         time.sleep(max(0.0, publisher._published_at + dispatch.BATCH_SECONDS - time.monotonic()))
     sent = time.monotonic()
-    message_id = _send(app.test_client(), a_key, {"recipient": b_handle})["message_id"]
+    message_id = send_message(app.test_client(), a_key, b_handle)["message_id"]
     wait_until(lambda: _batch_of(app, redis_url, message_id), timeout=10, what="the message's batch")
     assert time.monotonic() - sent < dispatch.BATCH_SECONDS / 2, "the first message waited for a window"
 
@@ -264,7 +260,7 @@ def test_a_feed_page_writes_json_documents_as_they_are(client, alice, bob):
     b_handle, _b_key = bob
     meta = {"n": 2**70 + 1, "x": 1.25, "s": 'caf\u00e9 "q" \n', "client_idempotency_key": "k-1", "nest": {"a": [1, {}]}}
     artifacts = [{"type": "link", "url": "https://example.com/a?b=1", "title": "t"}]
-    _send(client, a_key, {"recipient": b_handle, "metadata": meta, "artifacts": artifacts})
+    send_message(client, a_key, b_handle, metadata=meta, artifacts=artifacts)
     resp = client.get(f"/api/v1/identities/{a_handle}/a2a/messages", headers=bearer(a_key))
     item = json.loads(resp.get_data())["items"][0]
     assert item["metadata"] == {k: v for k, v in meta.items() if k != "client_idempotency_key"}

@@ -14,25 +14,9 @@ from sqlalchemy import select
 from relay.extensions import db
 from relay.models import ApiKey
 from relay.services.agents import key_digest, revoke_key
-from tests.conftest import bearer
-
-URL = "/a2a"
-JSON = "application/json"
-
+from tests.conftest import JSON, post_a2a
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _post_raw(client, key, body, content_type=JSON):
-    data = body if isinstance(body, bytes) else body.encode("utf-8")
-    headers = {"Content-Type": content_type}
-    if key is not None:
-        headers.update(bearer(key))
-    return client.post(URL, data=data, headers=headers)
-
-
-def _post(client, key, doc):
-    return _post_raw(client, key, json.dumps(doc))
 
 
 def _assert_clean_json(resp):
@@ -78,15 +62,15 @@ TRUNCATED = '{"jsonrpc":"2.0","method":"tasks/get",'
 
 
 def test_c1_truncated_body_is_parse_error_with_null_id(client, key):
-    _single_error(_post_raw(client, key, TRUNCATED), -32700, "parse_error")
+    _single_error(post_a2a(client, key, TRUNCATED), -32700, "parse_error")
 
 
 def test_c1_truncated_body_sent_as_text_plain_is_parse_error(client, key):
-    _single_error(_post_raw(client, key, TRUNCATED, content_type="text/plain"), -32700, "parse_error")
+    _single_error(post_a2a(client, key, TRUNCATED, content_type="text/plain"), -32700, "parse_error")
 
 
 def test_valid_request_sent_as_text_plain_is_served(client, key):
-    resp = _post_raw(
+    resp = post_a2a(
         client, key, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}), content_type="text/plain"
     )
     assert resp.status_code == 200
@@ -97,48 +81,48 @@ def test_valid_request_sent_as_text_plain_is_served(client, key):
 
 def test_invalid_utf8_body_is_parse_error(client, key):
     body = b'{"jsonrpc":"2.0","id":1,"method":"tasks/list","params":{"x":"\xff\xfe"}}'
-    _single_error(_post_raw(client, key, body), -32700, "parse_error")
+    _single_error(post_a2a(client, key, body), -32700, "parse_error")
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_non_finite_number_literals_are_parse_errors(client, key, literal):
     body = '{"jsonrpc":"2.0","id":1,"method":"tasks/list","params":{"page":{"limit":%s}}}' % literal
-    _single_error(_post_raw(client, key, body), -32700, "parse_error")
+    _single_error(post_a2a(client, key, body), -32700, "parse_error")
 
 
 def test_number_overflowing_to_infinity_is_parse_error(client, key):
     # 1e400 is valid JSON text but has no finite value; the answer must stay valid JSON
     body = '{"jsonrpc":"2.0","id":1e400,"method":"tasks/list"}'
-    _single_error(_post_raw(client, key, body), -32700, "parse_error")
+    _single_error(post_a2a(client, key, body), -32700, "parse_error")
 
 
 def test_empty_body_is_parse_error(client, key):
-    _single_error(_post_raw(client, key, b""), -32700, "parse_error")
+    _single_error(post_a2a(client, key, b""), -32700, "parse_error")
 
 
 # --------------------------------------------------------------------------- C2: invalid requests
 
 
 def test_c2_object_that_is_not_a_request_is_invalid_request_with_null_id(client, key):
-    _single_error(_post(client, key, {"hello": "world"}), -32600, "invalid_request")
+    _single_error(post_a2a(client, key, {"hello": "world"}), -32600, "invalid_request")
 
 
 def test_c2_bare_number_is_invalid_request_with_null_id(client, key):
-    _single_error(_post_raw(client, key, "42"), -32600, "invalid_request")
+    _single_error(post_a2a(client, key, "42"), -32600, "invalid_request")
 
 
 def test_c2_jsonrpc_1_0_is_invalid_request_echoing_id(client, key):
     doc = {"jsonrpc": "1.0", "id": 1, "method": "tasks/get", "params": {}}
-    _single_error(_post(client, key, doc), -32600, "invalid_request", id_=1)
+    _single_error(post_a2a(client, key, doc), -32600, "invalid_request", id_=1)
 
 
 def test_missing_method_is_invalid_request_echoing_id(client, key):
-    _single_error(_post(client, key, {"jsonrpc": "2.0", "id": "r-1"}), -32600, "invalid_request", id_="r-1")
+    _single_error(post_a2a(client, key, {"jsonrpc": "2.0", "id": "r-1"}), -32600, "invalid_request", id_="r-1")
 
 
 def test_c2_unknown_method_echoes_string_id(client, key):
     err = _single_error(
-        _post(client, key, {"jsonrpc": "2.0", "id": "req-9", "method": "tasks/explode"}),
+        post_a2a(client, key, {"jsonrpc": "2.0", "id": "req-9", "method": "tasks/explode"}),
         -32601,
         "method_not_found",
         id_="req-9",
@@ -148,7 +132,7 @@ def test_c2_unknown_method_echoes_string_id(client, key):
 
 def test_c2_unknown_method_echoes_numeric_id(client, key):
     _single_error(
-        _post(client, key, {"jsonrpc": "2.0", "id": 77, "method": "nope", "params": {}}),
+        post_a2a(client, key, {"jsonrpc": "2.0", "id": 77, "method": "nope", "params": {}}),
         -32601,
         "method_not_found",
         id_=77,
@@ -157,7 +141,7 @@ def test_c2_unknown_method_echoes_numeric_id(client, key):
 
 def test_c2_array_params_are_invalid_params_echoing_id(client, key):
     err = _single_error(
-        _post(client, key, {"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": ["x"]}),
+        post_a2a(client, key, {"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": ["x"]}),
         -32602,
         "invalid_params",
         id_=5,
@@ -167,7 +151,7 @@ def test_c2_array_params_are_invalid_params_echoing_id(client, key):
 
 def test_string_params_are_invalid_request(client, key):
     _single_error(
-        _post(client, key, {"jsonrpc": "2.0", "id": 6, "method": "tasks/get", "params": "x"}),
+        post_a2a(client, key, {"jsonrpc": "2.0", "id": 6, "method": "tasks/get", "params": "x"}),
         -32600,
         "invalid_request",
         id_=6,
@@ -177,12 +161,12 @@ def test_string_params_are_invalid_request(client, key):
 @pytest.mark.parametrize("bad_id", [{"a": 1}, True, False, [1]], ids=["object", "true", "false", "array"])
 def test_id_of_wrong_type_is_invalid_request_with_null_id(client, key, bad_id):
     doc = {"jsonrpc": "2.0", "id": bad_id, "method": "tasks/list", "params": {}}
-    _single_error(_post(client, key, doc), -32600, "invalid_request")
+    _single_error(post_a2a(client, key, doc), -32600, "invalid_request")
 
 
 def test_invalid_params_name_the_field(client, key):
     err = _single_error(
-        _post(client, key, {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {}}),
+        post_a2a(client, key, {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {}}),
         -32602,
         "invalid_params",
         id_=3,
@@ -192,7 +176,7 @@ def test_invalid_params_name_the_field(client, key):
 
 
 def test_null_id_is_answered_with_null_id(client, key):
-    resp = _post(client, key, {"jsonrpc": "2.0", "id": None, "method": "tasks/list"})
+    resp = post_a2a(client, key, {"jsonrpc": "2.0", "id": None, "method": "tasks/list"})
     assert resp.status_code == 200
     body = _assert_clean_json(resp)
     assert body["id"] is None
@@ -213,7 +197,7 @@ def test_batch_is_answered_in_order_with_mixed_results(client, make_agent, key):
         {"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": {"task_id": "nope"}},
         {"jsonrpc": "2.0", "id": "e", "method": "tasks/list", "params": {"filter": {"role": "sender"}}},
     ]
-    resp = _post(client, key, batch)
+    resp = post_a2a(client, key, batch)
     assert resp.status_code == 200
     answers = _assert_clean_json(resp)
     assert isinstance(answers, list)
@@ -232,7 +216,7 @@ def test_batch_is_answered_in_order_with_mixed_results(client, make_agent, key):
 
 
 def test_empty_batch_is_a_single_invalid_request_object(client, key):
-    resp = _post_raw(client, key, "[]")
+    resp = post_a2a(client, key, "[]")
     err = _single_error(resp, -32600, "invalid_request")
     assert err["code"] == -32600
 
@@ -242,7 +226,7 @@ def test_batch_of_only_notifications_answers_204_with_empty_body(client, key):
         {"jsonrpc": "2.0", "method": "tasks/list"},
         {"jsonrpc": "2.0", "method": "tasks/list", "params": {"filter": {"role": "sender"}}},
     ]
-    resp = _post(client, key, batch)
+    resp = post_a2a(client, key, batch)
     assert resp.status_code == 204
     assert resp.get_data() == b""
 
@@ -253,22 +237,22 @@ def test_batch_of_only_notifications_answers_204_with_empty_body(client, key):
 def test_notification_answers_204_and_is_carried_out(client, make_agent, key):
     _grace, grace_key = make_agent("grace@acme")
     doc = {"jsonrpc": "2.0", "method": "message/send", "params": _send_params("grace@acme", "notified handoff")}
-    resp = _post(client, key, doc)
+    resp = post_a2a(client, key, doc)
     assert resp.status_code == 204
     assert resp.get_data() == b""
-    inbox = _post(client, grace_key, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}).get_json()["result"]
+    inbox = post_a2a(client, grace_key, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}).get_json()["result"]
     assert [i["summary_preview"] for i in inbox["items"]] == ["notified handoff"]
     assert inbox["items"][0]["sender"]["handle"] == "frank@acme"
 
 
 def test_unknown_method_notification_answers_204(client, key):
-    resp = _post(client, key, {"jsonrpc": "2.0", "method": "no/such", "params": {}})
+    resp = post_a2a(client, key, {"jsonrpc": "2.0", "method": "no/such", "params": {}})
     assert resp.status_code == 204
     assert resp.get_data() == b""
 
 
 def test_notification_with_invalid_params_answers_204(client, key):
-    resp = _post(client, key, {"jsonrpc": "2.0", "method": "tasks/get", "params": {}})
+    resp = post_a2a(client, key, {"jsonrpc": "2.0", "method": "tasks/get", "params": {}})
     assert resp.status_code == 204
     assert resp.get_data() == b""
 
@@ -299,7 +283,7 @@ ERROR_BODIES = {
 @pytest.mark.parametrize("name", sorted(ERROR_BODIES))
 def test_every_jsonrpc_error_is_http_200_with_a_symbol(client, key, name):
     body, code = ERROR_BODIES[name]
-    resp = _post_raw(client, key, body)
+    resp = post_a2a(client, key, body)
     assert resp.status_code == 200, resp.get_data(as_text=True)
     doc = _assert_clean_json(resp)
     assert doc["error"]["code"] == code
@@ -310,31 +294,31 @@ def test_every_jsonrpc_error_is_http_200_with_a_symbol(client, key, name):
 
 
 def test_missing_key_is_401_with_bearer_challenge(client):
-    resp = _post(client, None, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"})
+    resp = post_a2a(client, None, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"})
     err = _single_error(resp, -32001, "unauthenticated", id_=1, status=401)
     assert err["code"] == -32001
     assert resp.headers.get("WWW-Authenticate", "").startswith("Bearer")
 
 
 def test_unknown_key_is_401(client, key):
-    resp = _post(client, "ah_live_" + "a" * 32, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"})
+    resp = post_a2a(client, "ah_live_" + "a" * 32, {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"})
     _single_error(resp, -32001, "unauthenticated", id_=1, status=401)
     assert resp.headers.get("WWW-Authenticate", "").startswith("Bearer")
 
 
 def test_revoked_key_is_401(app, client, key):
     doc = {"jsonrpc": "2.0", "id": 1, "method": "tasks/list"}
-    assert _post(client, key, doc).status_code == 200
+    assert post_a2a(client, key, doc).status_code == 200
     with app.app_context():
         key_id = db.session.scalar(select(ApiKey.id).where(ApiKey.digest == key_digest(key)))
         revoke_key(key_id)
-    resp = _post(client, key, doc)
+    resp = post_a2a(client, key, doc)
     _single_error(resp, -32001, "unauthenticated", id_=1, status=401)
     assert resp.headers.get("WWW-Authenticate", "").startswith("Bearer")
 
 
 def test_missing_key_with_unparseable_body_is_still_401(client):
-    resp = _post_raw(client, None, TRUNCATED)
+    resp = post_a2a(client, None, TRUNCATED)
     _single_error(resp, -32001, "unauthenticated", status=401)
     assert resp.headers.get("WWW-Authenticate", "").startswith("Bearer")
 
@@ -346,6 +330,6 @@ def test_body_over_the_limit_is_413_payload_too_large(client, key):
     filler = "x" * 1_100_000
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {"pad": filler}})
     assert len(body) > 1024 * 1024
-    resp = _post_raw(client, key, body)
+    resp = post_a2a(client, key, body)
     err = _single_error(resp, -32600, "payload_too_large", status=413)
     assert err["data"]["limit_bytes"] == 1024 * 1024

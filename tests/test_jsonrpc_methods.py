@@ -17,7 +17,7 @@ from ulid import ULID
 from relay.extensions import db
 from relay.models import Agent, AuditEvent, Block, Event, Message
 from relay.services.agents import disable_agent
-from tests.conftest import bearer
+from tests.conftest import bearer, rpc, send_message
 
 URL = "/a2a"
 TEXT = "Refactored /users API. New shape: paginated with { items, next_cursor }."
@@ -1128,23 +1128,9 @@ def test_unread_counts_stay_per_thread_when_the_caller_has_read_several_threads(
     sender, skey = make_agent("unread-s@acme")
     recipient, rkey = make_agent("unread-r@acme")
 
-    def call(key, method, params):
-        body = client.post(
-            "/a2a",
-            json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
-            headers={"Authorization": f"Bearer {key}"},
-        ).get_json()
-        assert "result" in body, body
-        return body["result"]
-
-    ids = [
-        call(skey, "message/send", {"recipient": recipient, "message": {"parts": [{"type": "text", "text": f"t{i}"}]}})[
-            "task_id"
-        ]
-        for i in range(3)
-    ]
+    ids = [send_message(client, skey, recipient, f"t{i}")["task_id"] for i in range(3)]
     for task_id in ids:
-        call(rkey, "tasks/get", {"task_id": task_id})
-    call(skey, "message/send", {"task_id": ids[1], "message": {"parts": [{"type": "text", "text": "one more"}]}})
-    items = {i["task_id"]: i["unread_messages"] for i in call(rkey, "tasks/list", {})["items"]}
+        rpc(client, rkey, "tasks/get", {"task_id": task_id})
+    send_message(client, skey, None, "one more", task_id=ids[1])
+    items = {i["task_id"]: i["unread_messages"] for i in rpc(client, rkey, "tasks/list", {})["items"]}
     assert items == {ids[0]: 0, ids[1]: 1, ids[2]: 0}

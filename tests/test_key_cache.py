@@ -14,15 +14,9 @@ import time
 from sqlalchemy import event
 
 from relay.extensions import db
-from tests.conftest import bearer, connect, sql
+from tests.conftest import bearer, connect, message_params, post_a2a, rpc_doc, sql
 
-
-def _tasks_list(client, key):
-    return client.post(
-        "/a2a",
-        json={"jsonrpc": "2.0", "id": 1, "method": "tasks/list", "params": {}},
-        headers=bearer(key),
-    )
+TASKS_LIST = rpc_doc("tasks/list", {})
 
 
 def _statements(app, fn):
@@ -64,40 +58,40 @@ def _on_other_connection(database_url, statement, commit=True):
 
 def test_a_cached_key_costs_no_key_query(app, client, alice):
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
-    statements = _statements(app, lambda: _tasks_list(client, key))
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
+    statements = _statements(app, lambda: post_a2a(client, key, TASKS_LIST))
     assert statements, "the request ran no statement at all"
     assert not [s for s in statements if "api_keys" in s], statements
 
 
 def test_a_key_revoked_by_plain_sql_elsewhere_is_refused_at_once(client, alice, database_url):
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     _on_other_connection(database_url, "UPDATE api_keys SET revoked_at = now()")
-    assert _tasks_list(client, key).status_code == 401
+    assert post_a2a(client, key, TASKS_LIST).status_code == 401
 
 
 def test_an_agent_disabled_by_plain_sql_elsewhere_is_refused_at_once(client, alice, database_url):
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     _on_other_connection(database_url, "UPDATE agents SET disabled_at = now()")
-    assert _tasks_list(client, key).status_code == 401
+    assert post_a2a(client, key, TASKS_LIST).status_code == 401
 
 
 def test_a_deleted_key_is_refused_at_once(client, alice, database_url):
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     _on_other_connection(database_url, "DELETE FROM api_keys")
-    assert _tasks_list(client, key).status_code == 401
+    assert post_a2a(client, key, TASKS_LIST).status_code == 401
 
 
 def test_a_rolled_back_revocation_changes_nothing(app, client, alice, database_url):
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     before = _generation(database_url)
     _on_other_connection(database_url, "UPDATE api_keys SET revoked_at = now()", commit=False)
     assert _generation(database_url) == before
-    statements = _statements(app, lambda: _tasks_list(client, key))
+    statements = _statements(app, lambda: post_a2a(client, key, TASKS_LIST))
     assert not [s for s in statements if "api_keys" in s], "a rollback emptied the cache"
 
 
@@ -112,7 +106,7 @@ def test_revocation_is_immediate_under_concurrent_requests(app, alice, database_
     """Real threads keep calling with a cached key while another connection revokes it:
     no request that starts after the revocation committed is answered 200."""
     _handle, key = alice
-    assert _tasks_list(app.test_client(), key).status_code == 200
+    assert post_a2a(app.test_client(), key, TASKS_LIST).status_code == 200
     revoked_at: list[float] = []
     results: list[tuple[float, int]] = []
     lock = threading.Lock()
@@ -122,7 +116,7 @@ def test_revocation_is_immediate_under_concurrent_requests(app, alice, database_
         client = app.test_client()
         while not halt.is_set():
             started = time.monotonic()
-            status = _tasks_list(client, key).status_code
+            status = post_a2a(client, key, TASKS_LIST).status_code
             with lock:
                 results.append((started, status))
 
@@ -173,25 +167,17 @@ def _sent(app, fn):
     return sent
 
 
-def _send(client, key, recipient, text="please review"):
-    return client.post(
-        "/a2a",
-        json={
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}},
-        },
-        headers=bearer(key),
-    )
+def _handoff_to(recipient: str) -> dict:
+    """message/send's request document: a text to ``recipient``."""
+    return rpc_doc("message/send", message_params(recipient, "please review"))
 
 
 def test_a_cached_request_sends_one_query_that_carries_the_guard(app, client, alice):
     """No checkout ping and no generation read apart: the page and its guard travel together."""
     _handle, key = alice
     for _ in range(6):  # every pooled connection has PREPAREd the page (the pool hands them out in turn)
-        assert _tasks_list(client, key).status_code == 200
-    sent = _sent(app, lambda: _tasks_list(client, key))
+        assert post_a2a(client, key, TASKS_LIST).status_code == 200
+    sent = _sent(app, lambda: post_a2a(client, key, TASKS_LIST))
     assert len(sent) == 1, sent
     assert sent[0].startswith("SELECT relay_check_key_generation("), sent[0][:120]
 
@@ -199,8 +185,8 @@ def test_a_cached_request_sends_one_query_that_carries_the_guard(app, client, al
 def test_a_cached_create_is_one_query_with_its_guard(app, client, alice, bob):
     _handle, key = alice
     for _ in range(6):
-        assert _send(client, key, bob[0]).status_code == 200
-    sent = _sent(app, lambda: _send(client, key, bob[0]))
+        assert post_a2a(client, key, _handoff_to(bob[0])).status_code == 200
+    sent = _sent(app, lambda: post_a2a(client, key, _handoff_to(bob[0])))
     assert len(sent) == 1, sent
     assert sent[0].startswith("SELECT relay_check_key_generation("), sent[0][:120]
 
@@ -209,14 +195,14 @@ def test_another_keys_revocation_reruns_the_request_once_and_loses_nothing(app, 
     """The generation moved for bob's key: alice's cached create is refused by its guard,
     her key is looked up again, and the create runs once: one thread, answered 200."""
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     before = sql(app, "SELECT count(*) FROM threads")[0][0]
     _on_other_connection(database_url, f"UPDATE api_keys SET revoked_at = now() WHERE agent_id = "
                          f"(SELECT id FROM agents WHERE handle = '{bob[0]}')")  # fmt: skip
-    resp = _send(client, key, bob[0])
+    resp = post_a2a(client, key, _handoff_to(bob[0]))
     assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_json()
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == before + 1
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
 
 
 def test_the_run_again_reads_the_key_even_when_it_was_cached_anew(app, client, alice, bob, database_url, monkeypatch):
@@ -226,22 +212,22 @@ def test_the_run_again_reads_the_key_even_when_it_was_cached_anew(app, client, a
     from relay.services import agents as agent_service
 
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     before = sql(app, "SELECT count(*) FROM threads")[0][0]
     monkeypatch.setattr(agent_service, "forget_key", lambda raw_key: None)
     _on_other_connection(database_url, f"UPDATE agents SET name = 'Bob B' WHERE handle = '{bob[0]}'")
-    resp = _send(client, key, bob[0])
+    resp = post_a2a(client, key, _handoff_to(bob[0]))
     assert resp.status_code == 200 and "result" in resp.get_json(), resp.get_json()
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == before + 1
 
 
 def test_a_revoked_cached_key_creates_nothing(app, client, alice, bob, database_url):
     _handle, key = alice
-    assert _send(client, key, bob[0]).status_code == 200
+    assert post_a2a(client, key, _handoff_to(bob[0])).status_code == 200
     before = sql(app, "SELECT count(*) FROM threads")[0][0]
     _on_other_connection(database_url, "UPDATE api_keys SET revoked_at = now() WHERE agent_id = "
                          f"(SELECT id FROM agents WHERE handle = '{alice[0]}')")  # fmt: skip
-    resp = _send(client, key, bob[0])
+    resp = post_a2a(client, key, _handoff_to(bob[0]))
     assert resp.get_json()["error"]["code"] == -32001, resp.get_json()
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == before
 
@@ -249,7 +235,7 @@ def test_a_revoked_cached_key_creates_nothing(app, client, alice, bob, database_
 def test_a_revoked_cached_key_is_refused_where_no_statement_runs(client, alice, database_url):
     """An unknown method and a malformed task_id are answered before any query: the guard is checked apart."""
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     unknown = {"jsonrpc": "2.0", "id": 1, "method": "tasks/nope", "params": {}}
     assert client.post("/a2a", json=unknown, headers=bearer(key)).get_json()["error"]["code"] == -32601
     bad = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"task_id": "not-a-uuid"}}
@@ -262,7 +248,7 @@ def test_a_revoked_cached_key_is_refused_where_no_statement_runs(client, alice, 
 def test_a_connection_the_server_closed_is_replaced_at_checkout(app, client, alice, database_url):
     """With no ping, the checkout polls the socket: a terminated backend is noticed before use, not a 503."""
     _handle, key = alice
-    assert _tasks_list(client, key).status_code == 200
+    assert post_a2a(client, key, TASKS_LIST).status_code == 200
     admin = connect(database_url)
     try:
         with admin.cursor() as cur:
@@ -280,7 +266,7 @@ def test_a_connection_the_server_closed_is_replaced_at_checkout(app, client, ali
         admin.close()
     time.sleep(0.2)  # the FATAL message and the close reach the pooled connection's socket
     for _ in range(3):
-        assert _tasks_list(client, key).status_code == 200
+        assert post_a2a(client, key, TASKS_LIST).status_code == 200
 
 
 def test_the_key_guard_wraps_every_view_but_mcps_own(app):

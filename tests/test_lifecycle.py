@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from relay.ids import parse_ulid
-from tests.conftest import bearer, rpc, sql
+from tests.conftest import bearer, rpc, rpc_answer, sql
 from tests.receiver import Receiver
 
 STATES = ("pending", "accepted", "completed", "cancelled", "declined", "failed", "expired", "input_required")
@@ -34,14 +34,6 @@ REASONED = {"decline": "not my area", "fail": "the tests will not pass", "releas
 QUESTION = "Which branch should the fix go on?"
 
 
-def call(client, key, method, params) -> dict:
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
 def error_of(body: dict) -> tuple[int, str]:
     assert "error" in body, body
     return body["error"]["code"], body["error"]["data"]["symbol"]
@@ -53,7 +45,7 @@ def create(client, key, recipient, **extra) -> dict:
 
 
 def update(client, key, task_id, name, **params) -> dict:
-    return call(client, key, "tasks/update", {"task_id": task_id, "transition": name, **params})
+    return rpc_answer(client, key, "tasks/update", {"task_id": task_id, "transition": name, **params})
 
 
 def params_for(name: str) -> dict:
@@ -109,7 +101,7 @@ def test_every_new_transition_from_every_state_by_either_side(app, client, alice
 @pytest.mark.parametrize("state", ["declined", "failed", "expired"])
 def test_the_new_ends_are_terminal(app, client, alice, bob, state):
     task_id = in_state(app, client, alice, bob, state)
-    body = call(
+    body = rpc_answer(
         client,
         alice[1],
         "message/send",
@@ -422,7 +414,7 @@ def test_priority_is_shown_everywhere_and_filters_the_list(client, alice, bob):
     ],
 )
 def test_a_bad_priority_or_expiry_is_invalid_params_naming_it(app, client, alice, bob, extra, field):
-    body = call(
+    body = rpc_answer(
         client,
         alice[1],
         "message/send",
@@ -435,7 +427,7 @@ def test_a_bad_priority_or_expiry_is_invalid_params_naming_it(app, client, alice
 def test_priority_and_expiry_are_for_a_create_only(client, alice, bob):
     task_id = create(client, alice[1], bob[0])["task_id"]
     for extra in ({"priority": "high"}, {"expires_in_seconds": 60}):
-        body = call(
+        body = rpc_answer(
             client,
             alice[1],
             "message/send",

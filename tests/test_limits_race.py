@@ -14,7 +14,7 @@ import uuid
 
 from relay.services.push import MAX_CONFIGS_PER_TASK
 from relay.services.webhooks import MAX_ENDPOINTS_PER_AGENT
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, rpc_answer, sql
 from tests.test_concurrency import run_parallel
 
 TRIALS = 8
@@ -59,16 +59,6 @@ def test_concurrent_webhook_creates_never_exceed_the_limit(app, client, make_age
     assert over == [], f"trials (trial, endpoints, statuses) that broke the limit of {MAX_ENDPOINTS_PER_AGENT}: {over}"
 
 
-def _a2a(client, key, handle, method, params):
-    resp = client.post(
-        f"/a2a/agents/{handle}",
-        data=json.dumps({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}),
-        headers={**bearer(key), "A2A-Version": "1.0", "Content-Type": "application/json"},
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
 def test_concurrent_push_config_creates_never_exceed_the_limit(app, client, make_agent):
     """Both ways of adding a config race: CreateTaskPushNotificationConfig and SendMessage's configuration."""
     _a, a_key = make_agent("alice@acme")
@@ -80,14 +70,16 @@ def test_concurrent_push_config_creates_never_exceed_the_limit(app, client, make
 
     outcomes = []
     for trial in range(TRIALS):
-        task = _a2a(client, a_key, bob, "SendMessage", {"message": message(f"trial {trial}")})["result"]["task"]
+        task = rpc_answer(client, a_key, "SendMessage", {"message": message(f"trial {trial}")}, agent=bob)["result"][
+            "task"
+        ]
         for i in range(MAX_CONFIGS_PER_TASK - 1):
-            body = _a2a(
+            body = rpc_answer(
                 client,
                 a_key,
-                bob,
                 "CreateTaskPushNotificationConfig",
                 {"taskId": task["id"], "url": f"{PUBLIC}/{i}"},
+                agent=bob,
             )
             assert "result" in body, body
 
@@ -98,9 +90,9 @@ def test_concurrent_push_config_creates_never_exceed_the_limit(app, client, make
                         "message": message(f"append {n}", task_id),
                         "configuration": {"taskPushNotificationConfig": {"url": f"{PUBLIC}/send{n}"}},
                     }
-                    return _a2a(c, a_key, bob, "SendMessage", params)
+                    return rpc_answer(c, a_key, "SendMessage", params, agent=bob)
                 params = {"taskId": task_id, "url": f"{PUBLIC}/race{n}"}
-                return _a2a(c, a_key, bob, "CreateTaskPushNotificationConfig", params)
+                return rpc_answer(c, a_key, "CreateTaskPushNotificationConfig", params, agent=bob)
 
             return call
 

@@ -670,7 +670,7 @@ def _thread_case(relay_url, keys, open_thread, check) -> None:
     run(test)
 
 
-async def _send(session: ClientSession, **args: Any) -> str:
+async def _send_handoff(session: ClientSession, **args: Any) -> str:
     return ok(await session.call_tool("send_handoff", {"recipient": "bob@acme", **args}))["task_id"]
 
 
@@ -688,7 +688,7 @@ def test_a_long_brief_is_cut_in_the_summary_too(relay_url, keys):
             note = _field_note(answer, field, seq)
             assert await _read_whole(bob, task_id, note) == brief
 
-    _thread_case(relay_url, keys, lambda alice: _send(alice, text=brief), check)
+    _thread_case(relay_url, keys, lambda alice: _send_handoff(alice, text=brief), check)
 
 
 def test_a_brief_of_four_long_parts(relay_url, keys):
@@ -723,7 +723,7 @@ def test_an_object_spec_is_cut_as_json_text_and_read_back_whole(relay_url, keys)
         assert shown == (spec[path] if path else spec)
 
     artifact = {"type": "api_contract", "name": "POST /big", "spec": spec, "format": "jsonschema"}
-    _thread_case(relay_url, keys, lambda alice: _send(alice, text="the contract", artifacts=[artifact]), check)
+    _thread_case(relay_url, keys, lambda alice: _send_handoff(alice, text="the contract", artifacts=[artifact]), check)
 
 
 def test_fifty_file_refs_with_long_descriptions(relay_url, keys):
@@ -735,7 +735,7 @@ def test_fifty_file_refs_with_long_descriptions(relay_url, keys):
             note = _field_note(answer, f"artifacts[{i}].description", 1)
             assert await _read_whole(bob, task_id, note) == refs[i]["description"]
 
-    _thread_case(relay_url, keys, lambda alice: _send(alice, text="look at these", artifacts=refs), check)
+    _thread_case(relay_url, keys, lambda alice: _send_handoff(alice, text="look at these", artifacts=refs), check)
 
 
 def test_an_artifact_member_the_relay_does_not_know(app, relay_url, keys):
@@ -778,7 +778,7 @@ def test_a_proposed_action_with_a_long_suggested_diff(relay_url, keys):
     _thread_case(
         relay_url,
         keys,
-        lambda alice: _send(alice, text="please", intent="propose_action", proposed_action=action),
+        lambda alice: _send_handoff(alice, text="please", intent="propose_action", proposed_action=action),
         check,
     )
 
@@ -791,7 +791,7 @@ def test_ten_messages_of_fifty_links_with_long_titles(relay_url, keys):
         ]
 
     async def open_thread(alice):
-        task_id = await _send(alice, text="m1", artifacts=links(1))
+        task_id = await _send_handoff(alice, text="m1", artifacts=links(1))
         for n in range(2, 11):
             ok(await alice.call_tool("reply", {"task_id": task_id, "text": f"m{n}", "artifacts": links(n)}))
         return task_id
@@ -848,7 +848,7 @@ def test_feed_tools_stay_bounded(relay_url, keys):
 
     async def test():
         async with stdio_session(relay_url, keys["alice"]) as alice, stdio_session(relay_url, keys["bob"]) as bob:
-            task_id = await _send(alice, text="needle m1", artifacts=refs)
+            task_id = await _send_handoff(alice, text="needle m1", artifacts=refs)
             for n in range(2, 6):
                 ok(await alice.call_tool("reply", {"task_id": task_id, "text": f"needle m{n}", "artifacts": refs}))
             waited = ok(await bob.call_tool("wait_for_messages", {"timeout_seconds": 5}))  # ok(): under 100,000

@@ -74,7 +74,8 @@ def err(result) -> str:
     return block.text
 
 
-def post(relay_url: str, body: Any, **headers: str) -> requests.Response:
+def post_mcp(relay_url: str, body: Any, **headers: str) -> requests.Response:
+    """POST ``body`` as JSON to the relay's ``/mcp`` with ``headers``."""
     return requests.post(f"{relay_url}/mcp", json=body, headers=headers, timeout=30)
 
 
@@ -83,22 +84,22 @@ def post(relay_url: str, body: Any, **headers: str) -> requests.Response:
 
 def test_a_missing_or_bad_key_is_401_with_a_bearer_challenge(relay_url, keys):
     for headers in ({}, bearer("ah_live_" + "a" * 32), {"Authorization": "Basic eDp5"}):
-        resp = post(relay_url, INIT, **headers)
+        resp = post_mcp(relay_url, INIT, **headers)
         assert resp.status_code == 401, resp.text
         assert resp.headers["WWW-Authenticate"].startswith("Bearer "), resp.headers
         assert resp.json()["error"]["message"].startswith("Unauthorized")
-    assert post(relay_url, INIT, **bearer(keys["alice"])).status_code == 200
+    assert post_mcp(relay_url, INIT, **bearer(keys["alice"])).status_code == 200
 
 
 def test_an_origin_that_is_not_the_relays_is_403(relay_url, keys):
-    resp = post(relay_url, INIT, Origin="http://evil.example", **bearer(keys["alice"]))
+    resp = post_mcp(relay_url, INIT, Origin="http://evil.example", **bearer(keys["alice"]))
     assert resp.status_code == 403, resp.text
     assert "evil.example" in resp.json()["error"]["message"]
     # A DNS-rebinding page names itself in Host too: still not the relay's.
-    rebound = post(relay_url, INIT, Origin="http://evil.example", Host="evil.example", **bearer(keys["alice"]))
+    rebound = post_mcp(relay_url, INIT, Origin="http://evil.example", Host="evil.example", **bearer(keys["alice"]))
     assert rebound.status_code == 403, rebound.text
     # Without RELAY_PUBLIC_URL, the relay's own origin is a loopback one (this test's relay).
-    assert post(relay_url, INIT, Origin=relay_url, **bearer(keys["alice"])).status_code == 200
+    assert post_mcp(relay_url, INIT, Origin=relay_url, **bearer(keys["alice"])).status_code == 200
 
 
 def test_get_is_405_no_server_stream(relay_url, keys):
@@ -109,13 +110,13 @@ def test_get_is_405_no_server_stream(relay_url, keys):
 
 
 def test_initialize_advertises_only_tools_and_a_notification_is_202(relay_url, keys):
-    resp = post(relay_url, INIT, **bearer(keys["alice"]))
+    resp = post_mcp(relay_url, INIT, **bearer(keys["alice"]))
     result = resp.json()["result"]
     assert resp.headers["Content-Type"].startswith("application/json")
     assert result["protocolVersion"] == "2025-11-25"
     assert result["capabilities"] == {"tools": {"listChanged": False}}
     assert "Mcp-Session-Id" not in resp.headers  # stateless: no session to keep
-    note = post(relay_url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **bearer(keys["alice"]))
+    note = post_mcp(relay_url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **bearer(keys["alice"]))
     assert note.status_code == 202 and note.content == b"" and "Content-Type" not in note.headers
 
 
@@ -300,7 +301,7 @@ def test_large_non_ascii_answers_stay_under_the_budget_as_sent(relay_url, keys):
             "method": "tools/call",
             "params": {"name": name, "arguments": arguments},
         }
-        resp = post(relay_url, body, **{"MCP-Protocol-Version": "2025-11-25"}, **bearer(key))
+        resp = post_mcp(relay_url, body, **{"MCP-Protocol-Version": "2025-11-25"}, **bearer(key))
         assert resp.status_code == 200, resp.text[:500]
         text = resp.content.decode("utf-8")
         escaped = json.dumps(json.loads(text))  # the same answer with every non-ASCII character escaped
@@ -344,7 +345,7 @@ def test_the_2026_07_28_envelope_discover_and_a_tool_call(relay_url, keys):
     def call(method: str, params: dict[str, Any], **headers: str) -> requests.Response:
         body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": meta}}
         routing = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, **headers}
-        return post(relay_url, body, **routing, **bearer(keys["alice"]))
+        return post_mcp(relay_url, body, **routing, **bearer(keys["alice"]))
 
     found = call("server/discover", {})
     assert found.status_code == 200, found.text
@@ -391,9 +392,9 @@ def test_bad_json_and_a_batch_are_clean_json_rpc_errors(relay_url, keys):
         timeout=30,
     )
     assert raw.status_code == 400 and raw.json()["error"]["code"] == -32700, raw.text
-    batch = post(relay_url, [INIT], **bearer(keys["alice"]))
+    batch = post_mcp(relay_url, [INIT], **bearer(keys["alice"]))
     assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600, batch.text
-    unknown = post(relay_url, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, **bearer(keys["alice"]))
+    unknown = post_mcp(relay_url, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, **bearer(keys["alice"]))
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == -32601, unknown.text
 
 

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from relay.config import normalize_database_url
-from tests.conftest import bearer, connect, extra_app, tcp_address
+from tests.conftest import bearer, connect, extra_app, message_params, post_a2a, rpc_doc, tcp_address
 
 _UNTYPED_REQUESTS = (80877103, 80877104)  # SSLRequest, GSSENCRequest: answered with one byte, then startup
 
@@ -151,14 +151,9 @@ def cut_app(base_env, celery_app, redis_url):
     proxy.close()
 
 
-def _rpc(method: str, params: dict) -> dict:
-    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-
-
-def _send(recipient: str, text: str, key: str, **extra) -> dict:
-    params = {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}, **extra}
-    params["metadata"] = {"client_idempotency_key": key}
-    return _rpc("message/send", params)
+def _send_doc(recipient: str, text: str, key: str, **extra) -> dict:
+    """message/send's request document: ``text`` to ``recipient`` under the idempotency key ``key``."""
+    return rpc_doc("message/send", message_params(recipient, text, **extra, metadata={"client_idempotency_key": key}))
 
 
 def _threads_with(database_url: str, text: str) -> int:
@@ -223,7 +218,7 @@ def test_a_create_cut_at_each_statement_is_503_and_its_retry_makes_one_thread(cu
     run = uuid.uuid4().hex[:8]
 
     def call(n):
-        return client.post("/a2a", json=_send(bob[0], f"cut-{run}-{n}", f"k-{run}-{n}"), headers=bearer(alice[1]))
+        return post_a2a(client, alice[1], _send_doc(bob[0], f"cut-{run}-{n}", f"k-{run}-{n}"))
 
     outages = _cut_every_statement(proxy, call, after, "message/send create")
     assert outages, "no cut reached a statement that mattered: the test proves nothing"
@@ -236,28 +231,27 @@ def test_a_create_cut_at_each_statement_is_503_and_its_retry_makes_one_thread(cu
 def test_an_append_a_batch_a_feed_read_and_readyz_cut_anywhere_are_503(cut_app, alice, bob):
     app, proxy = cut_app
     client = app.test_client()
-    opened = client.post("/a2a", json=_send(bob[0], "thread to append to", "opener"), headers=bearer(alice[1]))
+    opened = post_a2a(client, alice[1], _send_doc(bob[0], "thread to append to", "opener"))
     task_id = opened.get_json()["result"]["task_id"]
     feed = f"/api/v1/identities/{bob[0]}/a2a/messages"
     calls = {
-        "append": lambda n: client.post(
-            "/a2a", json=_send(bob[0], f"append {n}", f"append-{n}", task_id=task_id), headers=bearer(alice[1])
+        "append": lambda n: post_a2a(
+            client, alice[1], _send_doc(bob[0], f"append {n}", f"append-{n}", task_id=task_id)
         ),
-        "batch": lambda n: client.post(
-            "/a2a",
-            json=[_send(bob[0], f"batch {n}", f"batch-{n}"), _rpc("tasks/get", {"task_id": task_id})],
-            headers=bearer(alice[1]),
+        "batch": lambda n: post_a2a(
+            client,
+            alice[1],
+            [_send_doc(bob[0], f"batch {n}", f"batch-{n}"), rpc_doc("tasks/get", {"task_id": task_id})],
         ),
         "feed": lambda n: client.get(feed, headers=bearer(bob[1])),
-        "a2a binding": lambda n: client.post(
-            f"/a2a/agents/{bob[0]}",
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "SendMessage",
-                "params": {"message": {"messageId": f"a2a-{n}", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
-            },
-            headers={**bearer(alice[1]), "A2A-Version": "1.0"},
+        "a2a binding": lambda n: post_a2a(
+            client,
+            alice[1],
+            rpc_doc(
+                "SendMessage",
+                {"message": {"messageId": f"a2a-{n}", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+            ),
+            agent=bob[0],
         ),
     }
     for what, call in calls.items():
@@ -319,12 +313,8 @@ def test_every_json_rpc_endpoint_answers_an_outage_as_json_rpc(down_app, alice, 
     JSON-RPC envelope (the request's id, -32603 service_unavailable), never the REST shape."""
     client = down_app.test_client()
     message = {"messageId": "m-down", "role": "ROLE_USER", "parts": [{"text": "while it is down"}]}
-    v1 = client.post(
-        f"/a2a/agents/{bob[0]}",
-        json={"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}},
-        headers={**bearer(alice[1]), "A2A-Version": "1.0"},
-    )
-    seed = client.post("/a2a", json={**_send(bob[0], "while it is down", "k-down"), "id": 8}, headers=bearer(alice[1]))
+    v1 = post_a2a(client, alice[1], rpc_doc("SendMessage", {"message": message}, id=7), agent=bob[0])
+    seed = post_a2a(client, alice[1], {**_send_doc(bob[0], "while it is down", "k-down"), "id": 8})
     for resp, id_ in ((v1, 7), (seed, 8)):
         assert resp.status_code == 503, resp.get_data(as_text=True)
         assert resp.headers["Retry-After"] == "1"

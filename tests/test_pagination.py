@@ -9,24 +9,16 @@ from sqlalchemy import text
 
 from relay.extensions import db
 from relay.ids import parse_ulid
-from tests.conftest import bearer
+from tests.conftest import rpc_answer
 
 TIE = "2026-01-02 03:04:05.123456+00"
 EARLIER = "2026-01-01 00:00:00.000001+00"
 
 
-def rpc(client, key, method, params, id_=1):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
 def make_threads(client, sender_key, recipient, n):
     ids = []
     for i in range(n):
-        body = rpc(
+        body = rpc_answer(
             client,
             sender_key,
             "message/send",
@@ -55,7 +47,7 @@ def walk(client, key, limit, filter_=None):
         params = {"page": {"limit": limit, "cursor": cursor}}
         if filter_ is not None:
             params["filter"] = filter_
-        body = rpc(client, key, "tasks/list", params)
+        body = rpc_answer(client, key, "tasks/list", params)
         assert "result" in body, body
         pages.append((body["result"]["items"], body["result"]["next_cursor"]))
         cursor = body["result"]["next_cursor"]
@@ -136,7 +128,7 @@ def test_status_filter_walk_returns_only_matching_threads_in_order(app, client, 
     ids = make_threads(client, a_key, b_handle, 25)
     accepted = ids[3:10]
     for task_id in accepted:
-        assert "result" in rpc(client, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"})
+        assert "result" in rpc_answer(client, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"})
     set_updated_at(app, TIE)
     pending = [t for t in ids if t not in accepted]
 
@@ -156,7 +148,7 @@ def test_status_filter_walk_returns_only_matching_threads_in_order(app, client, 
 def test_garbage_cursor_is_invalid_params(client, make_agent):
     _b, b_key = make_agent("bob@acme")
     for garbage in ("not-a-cursor!!", "%%%", "", 12345, "a" * 500):
-        assert_invalid_cursor(rpc(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": garbage}}))
+        assert_invalid_cursor(rpc_answer(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": garbage}}))
 
 
 def test_well_formed_cursor_of_another_shape_is_invalid_params(client, make_agent):
@@ -173,7 +165,7 @@ def test_well_formed_cursor_of_another_shape_is_invalid_params(client, make_agen
     )
     for shape in shapes:
         cursor = base64.urlsafe_b64encode(json.dumps(shape).encode()).decode().rstrip("=")
-        assert_invalid_cursor(rpc(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))
+        assert_invalid_cursor(rpc_answer(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))
 
 
 def test_cursor_with_non_string_parts_is_invalid_params(client, make_agent):
@@ -187,4 +179,4 @@ def test_cursor_with_non_string_parts_is_invalid_params(client, make_agent):
     )
     for shape in shapes:
         cursor = base64.urlsafe_b64encode(json.dumps(shape).encode()).decode().rstrip("=")
-        assert_invalid_cursor(rpc(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))
+        assert_invalid_cursor(rpc_answer(client, b_key, "tasks/list", {"page": {"limit": 10, "cursor": cursor}}))

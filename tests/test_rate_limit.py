@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import bearer
+from tests.conftest import message_params, post_a2a, rpc_doc
 
 LIMIT = 5
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,19 +40,14 @@ def limited(base_env):
     return build_app({**base_env, "RELAY_RATE_LIMIT": f"{LIMIT}/minute"}).test_client()
 
 
-def call(client, key, id_=1, method="tasks/list", params=None):
-    headers = bearer(key) if key is not None else {}
-    return client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}, headers=headers
-    )
+def _tasks_list(id_=1) -> dict:
+    """tasks/list's request document."""
+    return rpc_doc("tasks/list", {}, id=id_)
 
 
-def batch(client, key, n):
-    return client.post(
-        "/a2a",
-        json=[{"jsonrpc": "2.0", "id": i, "method": "tasks/list", "params": {}} for i in range(n)],
-        headers=bearer(key),
-    )
+def _batch(n: int) -> list[dict]:
+    """A batch of ``n`` tasks/list requests, ids 0 to n - 1."""
+    return [_tasks_list(i) for i in range(n)]
 
 
 def assert_ok(resp):
@@ -81,74 +76,69 @@ def assert_limited(resp, id_=1):
 def test_sixth_call_in_the_minute_is_429_with_retry_after(limited, make_agent):
     _a, a_key = make_agent("alice@acme")
     for i in range(LIMIT):
-        assert_ok(call(limited, a_key, id_=i))
-    assert_limited(call(limited, a_key, id_=99), id_=99)
-    assert_limited(call(limited, a_key, id_="again"), id_="again")
+        assert_ok(post_a2a(limited, a_key, _tasks_list(i)))
+    assert_limited(post_a2a(limited, a_key, _tasks_list(99)), id_=99)
+    assert_limited(post_a2a(limited, a_key, _tasks_list("again")), id_="again")
 
 
 def test_limit_is_per_agent_not_per_client_address(limited, make_agent):
     _a, a_key = make_agent("alice@acme")
     _b, b_key = make_agent("bob@acme")
     for i in range(LIMIT):
-        assert_ok(call(limited, a_key, id_=i))
-    assert_limited(call(limited, a_key))
+        assert_ok(post_a2a(limited, a_key, _tasks_list(i)))
+    assert_limited(post_a2a(limited, a_key, _tasks_list()))
     # Same client, same remote address: agent B has its own full budget.
     for i in range(LIMIT):
-        assert_ok(call(limited, b_key, id_=i))
-    assert_limited(call(limited, b_key))
+        assert_ok(post_a2a(limited, b_key, _tasks_list(i)))
+    assert_limited(post_a2a(limited, b_key, _tasks_list()))
 
 
 def test_batch_counts_one_hit_per_element(limited, make_agent):
     _a, a_key = make_agent("alice@acme")
-    resp = batch(limited, a_key, 3)
+    resp = post_a2a(limited, a_key, _batch(3))
     assert_ok(resp)
     assert len(resp.get_json()) == 3
-    assert_ok(call(limited, a_key))
-    assert_ok(call(limited, a_key))
-    assert_limited(call(limited, a_key))
+    assert_ok(post_a2a(limited, a_key, _tasks_list()))
+    assert_ok(post_a2a(limited, a_key, _tasks_list()))
+    assert_limited(post_a2a(limited, a_key, _tasks_list()))
 
 
 def test_batch_larger_than_remaining_budget_is_429_and_not_counted(limited, make_agent):
     _a, a_key = make_agent("alice@acme")
-    assert_ok(batch(limited, a_key, 3))
-    refused = batch(limited, a_key, 3)
+    assert_ok(post_a2a(limited, a_key, _batch(3)))
+    refused = post_a2a(limited, a_key, _batch(3))
     assert_limited(refused, id_=None)
     # The refused batch used nothing: the 2 calls left are still there.
-    assert_ok(batch(limited, a_key, 2))
-    assert_limited(call(limited, a_key))
+    assert_ok(post_a2a(limited, a_key, _batch(2)))
+    assert_limited(post_a2a(limited, a_key, _tasks_list()))
 
 
 def test_unauthenticated_requests_get_401_and_use_no_budget(limited, make_agent):
     _a, a_key = make_agent("alice@acme")
     unknown_key = "ah_live_" + "a" * 32
     for i in range(LIMIT + 2):
-        resp = call(limited, None if i % 2 else unknown_key, id_=i)
+        resp = post_a2a(limited, None if i % 2 else unknown_key, _tasks_list(i))
         assert resp.status_code == 401, resp.get_data(as_text=True)
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         body = resp.get_json()
         assert body["error"]["code"] == -32001
         assert body["error"]["data"]["symbol"] == "unauthenticated"
     for i in range(LIMIT):
-        assert_ok(call(limited, a_key, id_=i))
-    assert_limited(call(limited, a_key))
+        assert_ok(post_a2a(limited, a_key, _tasks_list(i)))
+    assert_limited(post_a2a(limited, a_key, _tasks_list()))
     # Once an agent is limited, a request without a valid key is still 401, not 429.
-    assert call(limited, None).status_code == 401
+    assert post_a2a(limited, None, _tasks_list()).status_code == 401
 
 
 def test_unreachable_redis_fails_open(base_env, make_agent):
     _a, a_key = make_agent("alice@acme")
     b_handle, _b_key = make_agent("bob@acme")
     dead = build_app({**base_env, "REDIS_URL": DEAD_REDIS, "RELAY_RATE_LIMIT": f"{LIMIT}/minute"}).test_client()
-    sent = call(
-        dead,
-        a_key,
-        method="message/send",
-        params={"recipient": b_handle, "message": {"parts": [{"type": "text", "text": "still works"}]}},
-    )
+    sent = post_a2a(dead, a_key, rpc_doc("message/send", message_params(b_handle, "still works")))
     assert_ok(sent)
     assert sent.get_json()["result"]["status"] == {"state": "pending"}
     for i in range(3):
-        assert_ok(call(dead, a_key, id_=i))
+        assert_ok(post_a2a(dead, a_key, _tasks_list(i)))
 
 
 def _free_port() -> int:
@@ -171,13 +161,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise AssertionError(f"gunicorn did not answer /healthz within 30 s:\n{log.read_text()[-4000:]}")
 
 
-def _post(url, key, id_):
-    return requests.post(
-        url + "/a2a",
-        json={"jsonrpc": "2.0", "id": id_, "method": "tasks/list", "params": {}},
-        headers={**bearer(key), "Connection": "close"},
-        timeout=10,
-    )
+def _over_http(url, key, id_):
+    """tasks/list over a connection of its own (``Connection: close``)."""
+    return post_a2a(url, key, _tasks_list(id_), headers={"Connection": "close"}, timeout=10)
 
 
 class HeldRequest:
@@ -189,7 +175,7 @@ class HeldRequest:
     """
 
     def __init__(self, port, key, id_):
-        body = json.dumps({"jsonrpc": "2.0", "id": id_, "method": "tasks/list", "params": {}}).encode()
+        body = json.dumps(_tasks_list(id_)).encode()
         head = (
             f"POST /a2a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
@@ -244,9 +230,9 @@ def test_limit_is_shared_by_two_gunicorn_workers(base_env, make_agent):
     env = {**base_env, "WEB_CONCURRENCY": "2", "RELAY_RATE_LIMIT": f"{LIMIT}/minute"}
     with gunicorn(env) as (url, port):
         held = HeldRequest(port, a_key, 0)  # one worker now waits on this request
-        first = [_post(url, a_key, i) for i in (1, 2)]  # ...so the other worker serves these
+        first = [_over_http(url, a_key, i) for i in (1, 2)]  # ...so the other worker serves these
         held_status, held_headers, held_body = held.finish()
-        rest = [_post(url, a_key, i) for i in range(3, LIMIT + 3)]
+        rest = [_over_http(url, a_key, i) for i in range(3, LIMIT + 3)]
         statuses = [r.status_code for r in first] + [held_status] + [r.status_code for r in rest]
         assert statuses == [200] * LIMIT + [429] * 3, statuses
         assert "result" in held_body, held_body
@@ -254,6 +240,6 @@ def test_limit_is_shared_by_two_gunicorn_workers(base_env, make_agent):
             assert r.headers["Retry-After"].isdigit() and 1 <= int(r.headers["Retry-After"]) <= 60
             assert r.json()["error"]["code"] == -32003
             assert r.json()["error"]["data"]["symbol"] == "rate_limited"
-        ok_b = _post(url, b_key, 1)
+        ok_b = _over_http(url, b_key, 1)
         assert ok_b.status_code == 200
         assert "result" in ok_b.json()

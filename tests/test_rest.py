@@ -13,27 +13,13 @@ import secrets
 import pytest
 from ulid import ULID
 
-from tests.conftest import bearer, sql
+from tests.conftest import bearer, rpc, rpc_answer, sql
 
 API = "/api/v1/identities"
 KEY_FORMAT = re.compile(r"^ah_live_[a-z2-7]{32}$")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def rpc_raw(client, key, method, params):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
-def rpc(client, key, method, params):
-    body = rpc_raw(client, key, method, params)
-    assert "result" in body, body
-    return body["result"]
 
 
 def msg(text_):
@@ -44,11 +30,11 @@ def create(client, key, recipient, text_="please review", **extra):
     return rpc(client, key, "message/send", {"recipient": recipient, "message": msg(text_), **extra})
 
 
-def get(client, key, path, **query):
+def api_get(client, key, path, **query):
     return client.get(f"{API}/{path}", query_string=query, headers=bearer(key))
 
 
-def post(client, key, path, body):
+def api_post(client, key, path, body):
     return client.post(f"{API}/{path}", json=body, headers=bearer(key))
 
 
@@ -70,7 +56,7 @@ def assert_error(resp, status, code):
 
 
 def tasks(client, key, handle, **query):
-    return ok(get(client, key, f"{handle}/a2a/tasks", **query))
+    return ok(api_get(client, key, f"{handle}/a2a/tasks", **query))
 
 
 def task_ids(client, key, handle, **query):
@@ -78,11 +64,11 @@ def task_ids(client, key, handle, **query):
 
 
 def transition(client, key, handle, task_id, name, **extra):
-    return post(client, key, f"{handle}/a2a/tasks/{task_id}/transitions", {"transition": name, **extra})
+    return api_post(client, key, f"{handle}/a2a/tasks/{task_id}/transitions", {"transition": name, **extra})
 
 
 def reply(client, key, handle, task_id, text_="a reply", **extra):
-    return post(client, key, f"{handle}/a2a/tasks/{task_id}/messages", {"message": msg(text_), **extra})
+    return api_post(client, key, f"{handle}/a2a/tasks/{task_id}/messages", {"message": msg(text_), **extra})
 
 
 @pytest.fixture
@@ -119,7 +105,7 @@ def test_list_tasks_role_sender_lists_sent_threads(client, alice, bob):
 
 def test_list_tasks_bad_role_is_422(client, alice):
     a_handle, a_key = alice
-    error = assert_error(get(client, a_key, f"{a_handle}/a2a/tasks", role="owner"), 422, "invalid_params")
+    error = assert_error(api_get(client, a_key, f"{a_handle}/a2a/tasks", role="owner"), 422, "invalid_params")
     assert "role" in error["details"]
 
 
@@ -156,7 +142,7 @@ def test_status_filter_single_value(client, three_states):
 
 def test_unknown_status_is_422_naming_status(client, three_states):
     handle, key, _ids = three_states
-    error = assert_error(get(client, key, f"{handle}/a2a/tasks", status="pending,done"), 422, "invalid_params")
+    error = assert_error(api_get(client, key, f"{handle}/a2a/tasks", status="pending,done"), 422, "invalid_params")
     assert any(k.startswith("status") for k in error["details"]), error
 
 
@@ -189,7 +175,7 @@ def test_list_tasks_since_is_inclusive_on_last_activity(app, client, alice, bob)
 )
 def test_list_tasks_bad_parameter_is_422_naming_it(client, alice, query, param):
     a_handle, a_key = alice
-    error = assert_error(get(client, a_key, f"{a_handle}/a2a/tasks", **query), 422, "invalid_params")
+    error = assert_error(api_get(client, a_key, f"{a_handle}/a2a/tasks", **query), 422, "invalid_params")
     assert param in error["details"], error
 
 
@@ -216,7 +202,7 @@ def test_list_tasks_cursor_walk_returns_every_thread_once_in_order(client, alice
 def test_list_tasks_of_a_teammate_is_403(client, alice, bob):
     _a, a_key = alice
     b_handle, _b = bob
-    assert_error(get(client, a_key, f"{b_handle}/a2a/tasks"), 403, "forbidden")
+    assert_error(api_get(client, a_key, f"{b_handle}/a2a/tasks"), 403, "forbidden")
 
 
 # --------------------------------------------------------------------------- GET .../a2a/tasks/{id}
@@ -228,7 +214,7 @@ def test_get_task_returns_history_and_marks_read(client, alice, bob):
     sent = create(client, a_key, b_handle, "read me")
     rpc(client, a_key, "message/send", {"task_id": sent["task_id"], "message": msg("and this")})
     assert tasks(client, b_key, b_handle)["items"][0]["unread_messages"] == 2
-    thread = ok(get(client, b_key, f"{b_handle}/a2a/tasks/{sent['task_id']}"))
+    thread = ok(api_get(client, b_key, f"{b_handle}/a2a/tasks/{sent['task_id']}"))
     assert thread["task_id"] == sent["task_id"] and thread["status"] == {"state": "pending"}
     assert [(m["sequence_no"], m["body"], m["from"]) for m in thread["messages"]] == [
         (1, "read me", a_handle),
@@ -245,13 +231,13 @@ def test_get_task_pages_its_messages(client, alice, bob):
     for text in ("m2", "m3"):
         rpc(client, a_key, "message/send", {"task_id": sent["task_id"], "message": msg(text)})
     path = f"{b_handle}/a2a/tasks/{sent['task_id']}"
-    first = ok(get(client, b_key, path, messages_limit=2))
+    first = ok(api_get(client, b_key, path, messages_limit=2))
     assert [m["body"] for m in first["messages"]] == ["m1", "m2"] and first["messages_next"] == 2
-    rest = ok(get(client, b_key, path, messages_limit=2, messages_after=first["messages_next"]))
+    rest = ok(api_get(client, b_key, path, messages_limit=2, messages_after=first["messages_next"]))
     assert [m["body"] for m in rest["messages"]] == ["m3"] and rest["messages_next"] is None
-    assert "messages_next" not in ok(get(client, b_key, path))
+    assert "messages_next" not in ok(api_get(client, b_key, path))
     for bad, field in (({"messages_limit": 0}, "messages_limit"), ({"messages_after": "x"}, "messages_after")):
-        error = assert_error(get(client, b_key, path, **bad), 422, "invalid_params")
+        error = assert_error(api_get(client, b_key, path, **bad), 422, "invalid_params")
         assert field in error["details"], error
 
 
@@ -260,17 +246,17 @@ def test_get_task_accepts_the_uuid_form_of_the_id(client, alice, bob):
     b_handle, b_key = bob
     task_id = create(client, a_key, b_handle)["task_id"]
     uuid_form = str(ULID.from_str(task_id).to_uuid())
-    assert ok(get(client, b_key, f"{b_handle}/a2a/tasks/{uuid_form}"))["task_id"] == task_id
+    assert ok(api_get(client, b_key, f"{b_handle}/a2a/tasks/{uuid_form}"))["task_id"] == task_id
 
 
 def test_get_unknown_task_is_404(client, alice):
     a_handle, a_key = alice
-    assert_error(get(client, a_key, f"{a_handle}/a2a/tasks/{ULID()}"), 404, "thread_not_found")
+    assert_error(api_get(client, a_key, f"{a_handle}/a2a/tasks/{ULID()}"), 404, "thread_not_found")
 
 
 def test_get_task_with_malformed_id_is_422(client, alice):
     a_handle, a_key = alice
-    error = assert_error(get(client, a_key, f"{a_handle}/a2a/tasks/not-an-id"), 422, "invalid_params")
+    error = assert_error(api_get(client, a_key, f"{a_handle}/a2a/tasks/not-an-id"), 422, "invalid_params")
     assert "task_id" in error["details"]
 
 
@@ -279,7 +265,7 @@ def test_get_task_by_a_non_participant_is_403_without_content(client, alice, bob
     b_handle, _b = bob
     c_handle, c_key = carol
     task_id = create(client, a_key, b_handle, "secret plans")["task_id"]
-    error = assert_error(get(client, c_key, f"{c_handle}/a2a/tasks/{task_id}"), 403, "not_a_participant")
+    error = assert_error(api_get(client, c_key, f"{c_handle}/a2a/tasks/{task_id}"), 403, "not_a_participant")
     assert "secret" not in str(error) and "alice" not in str(error)
 
 
@@ -294,7 +280,7 @@ def test_reply_is_201_with_sequence_no(client, alice, bob):
     second = ok(reply(client, a_key, a_handle, task_id, "thanks"), 201)
     assert (first["task_id"], first["sequence_no"], second["sequence_no"]) == (task_id, 2, 3)
     assert first["status"] == {"state": "pending"}
-    history = ok(get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}"))["messages"]
+    history = ok(api_get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}"))["messages"]
     assert [(m["id"], m["role"], m["body"]) for m in history[1:]] == [
         (first["message_id"], "agent", "on it"),
         (second["message_id"], "caller", "thanks"),
@@ -307,7 +293,7 @@ def test_reply_with_artifacts_and_metadata_stores_them(client, alice, bob):
     task_id = create(client, a_key, b_handle)["task_id"]
     artifact = {"type": "test_command", "command": "pytest -q"}
     ok(reply(client, b_key, b_handle, task_id, "done", artifacts=[artifact], metadata={"run": 7}), 201)
-    last = ok(get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}"))["messages"][-1]
+    last = ok(api_get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}"))["messages"][-1]
     assert last["artifacts"] == [artifact] and last["payload"] == {"run": 7}
 
 
@@ -361,7 +347,7 @@ def test_reply_without_a_message_is_422_naming_it(client, alice, bob):
     b_handle, _b = bob
     task_id = create(client, a_key, b_handle)["task_id"]
     error = assert_error(
-        post(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/messages", {"metadata": {}}), 422, "invalid_params"
+        api_post(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/messages", {"metadata": {}}), 422, "invalid_params"
     )
     assert "message" in error["details"]
 
@@ -448,9 +434,9 @@ def test_bad_transition_body_is_422_naming_the_field(client, alice, bob, body, f
     _a, a_key = alice
     b_handle, b_key = bob
     task_id = create(client, a_key, b_handle)["task_id"]
-    resp = post(client, b_key, f"{b_handle}/a2a/tasks/{task_id}/transitions", body)
+    resp = api_post(client, b_key, f"{b_handle}/a2a/tasks/{task_id}/transitions", body)
     assert field in assert_error(resp, 422, "invalid_params")["details"]
-    assert ok(get(client, b_key, f"{b_handle}/a2a/tasks/{task_id}"))["status"] == {"state": "pending"}
+    assert ok(api_get(client, b_key, f"{b_handle}/a2a/tasks/{task_id}"))["status"] == {"state": "pending"}
 
 
 # --------------------------------------------------------------------------- GET .../audit
@@ -464,7 +450,7 @@ def test_audit_lists_create_append_accept_complete_in_order(client, alice, bob):
     appended = ok(reply(client, b_key, b_handle, task_id, "question"), 201)
     ok(transition(client, b_key, b_handle, task_id, "accept", session_id="sess-42"))
     ok(transition(client, b_key, b_handle, task_id, "complete", result_summary="all green"))
-    rows = ok(get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/audit"))["items"]
+    rows = ok(api_get(client, a_key, f"{a_handle}/a2a/tasks/{task_id}/audit"))["items"]
     assert [
         (r["action"], r["actor"], r["from_state"], r["to_state"], r["session_id"], r["result_summary"], r["message_id"])
         for r in rows
@@ -483,12 +469,12 @@ def test_audit_by_a_non_participant_is_403(client, alice, bob, carol):
     b_handle, _b = bob
     c_handle, c_key = carol
     task_id = create(client, a_key, b_handle)["task_id"]
-    assert_error(get(client, c_key, f"{c_handle}/a2a/tasks/{task_id}/audit"), 403, "not_a_participant")
+    assert_error(api_get(client, c_key, f"{c_handle}/a2a/tasks/{task_id}/audit"), 403, "not_a_participant")
 
 
 def test_audit_of_an_unknown_thread_is_404(client, alice):
     a_handle, a_key = alice
-    assert_error(get(client, a_key, f"{a_handle}/a2a/tasks/{ULID()}/audit"), 404, "thread_not_found")
+    assert_error(api_get(client, a_key, f"{a_handle}/a2a/tasks/{ULID()}/audit"), 404, "thread_not_found")
 
 
 # --------------------------------------------------------------------------- blocks
@@ -506,7 +492,7 @@ def test_block_answers_200_and_is_listed(client, alice, bob):
     a_handle, _a = alice
     b_handle, b_key = bob
     assert ok(block(client, b_key, b_handle, a_handle)) == {"handle": a_handle, "blocked": True}
-    items = ok(get(client, b_key, f"{b_handle}/blocks"))["items"]
+    items = ok(api_get(client, b_key, f"{b_handle}/blocks"))["items"]
     assert [(i["handle"], i["name"], i["role"]) for i in items] == [(a_handle, "Alice", "frontend")]
     assert items[0]["created_at"].endswith("Z")
 
@@ -516,14 +502,14 @@ def test_blocking_twice_is_idempotent(client, alice, bob):
     b_handle, b_key = bob
     ok(block(client, b_key, b_handle, a_handle))
     ok(block(client, b_key, b_handle, a_handle.upper()))
-    assert len(ok(get(client, b_key, f"{b_handle}/blocks"))["items"]) == 1
+    assert len(ok(api_get(client, b_key, f"{b_handle}/blocks"))["items"]) == 1
 
 
 def test_blocked_sender_gets_teammate_blocked_on_create(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
     ok(block(client, b_key, b_handle, a_handle))
-    body = rpc_raw(client, a_key, "message/send", {"recipient": b_handle, "message": msg("let me in")})
+    body = rpc_answer(client, a_key, "message/send", {"recipient": b_handle, "message": msg("let me in")})
     assert body["error"]["code"] == -32013 and body["error"]["data"]["symbol"] == "teammate_blocked"
     assert task_ids(client, b_key, b_handle) == []
 
@@ -551,7 +537,7 @@ def test_unblock_answers_204_and_create_works_again(client, alice, bob):
     ok(block(client, b_key, b_handle, a_handle))
     resp = unblock(client, b_key, b_handle, a_handle)
     assert resp.status_code == 204 and resp.get_data() == b""
-    assert ok(get(client, b_key, f"{b_handle}/blocks"))["items"] == []
+    assert ok(api_get(client, b_key, f"{b_handle}/blocks"))["items"] == []
     task_id = create(client, a_key, b_handle, "welcome back")["task_id"]
     assert task_ids(client, b_key, b_handle) == [task_id]
 
@@ -583,7 +569,7 @@ def test_blocking_a_malformed_handle_is_422(client, bob):
 def test_blocks_of_a_teammate_are_403(client, alice, bob):
     a_handle, a_key = alice
     b_handle, _b = bob
-    assert_error(get(client, a_key, f"{b_handle}/blocks"), 403, "forbidden")
+    assert_error(api_get(client, a_key, f"{b_handle}/blocks"), 403, "forbidden")
     assert_error(block(client, a_key, b_handle, a_handle), 403, "forbidden")
 
 
@@ -594,8 +580,8 @@ KEY_FIELDS = {"key_id", "label", "hint", "created_at", "last_used_at", "revoked_
 
 def test_list_keys_never_shows_a_secret(client, alice):
     a_handle, a_key = alice
-    extra = ok(post(client, a_key, f"{a_handle}/keys", {"label": "ci"}), 201)["api_key"]
-    items = ok(get(client, a_key, f"{a_handle}/keys"))["items"]
+    extra = ok(api_post(client, a_key, f"{a_handle}/keys", {"label": "ci"}), 201)["api_key"]
+    items = ok(api_get(client, a_key, f"{a_handle}/keys"))["items"]
     assert len(items) == 2
     for item in items:
         assert set(item) == KEY_FIELDS
@@ -607,12 +593,12 @@ def test_list_keys_never_shows_a_secret(client, alice):
 
 def test_create_key_is_201_and_the_new_key_works(client, alice):
     a_handle, a_key = alice
-    created = ok(post(client, a_key, f"{a_handle}/keys", {"label": "deploy"}), 201)
+    created = ok(api_post(client, a_key, f"{a_handle}/keys", {"label": "deploy"}), 201)
     assert set(created) == {"key_id", "api_key", "label", "created_at"}
     assert KEY_FORMAT.fullmatch(created["api_key"]) and created["label"] == "deploy"
     me = ok(client.get(f"{API}/me", headers=bearer(created["api_key"])))
     assert me["handle"] == a_handle
-    listed = {i["key_id"]: i for i in ok(get(client, a_key, f"{a_handle}/keys"))["items"]}
+    listed = {i["key_id"]: i for i in ok(api_get(client, a_key, f"{a_handle}/keys"))["items"]}
     assert listed[created["key_id"]]["hint"] == created["api_key"][-4:]
 
 
@@ -620,14 +606,14 @@ def test_create_key_with_an_unknown_field_is_422(client, alice):
     a_handle, a_key = alice
     assert (
         "scope"
-        in assert_error(post(client, a_key, f"{a_handle}/keys", {"scope": "all"}), 422, "invalid_params")["details"]
+        in assert_error(api_post(client, a_key, f"{a_handle}/keys", {"scope": "all"}), 422, "invalid_params")["details"]
     )
 
 
 def test_revoking_another_agents_key_is_404_and_leaves_it_working(client, alice, bob):
     a_handle, a_key = alice
     b_handle, b_key = bob
-    [bob_key_id] = [i["key_id"] for i in ok(get(client, b_key, f"{b_handle}/keys"))["items"]]
+    [bob_key_id] = [i["key_id"] for i in ok(api_get(client, b_key, f"{b_handle}/keys"))["items"]]
     resp = client.delete(f"{API}/{a_handle}/keys/{bob_key_id}", headers=bearer(a_key))
     assert_error(resp, 404, "key_not_found")
     assert ok(client.get(f"{API}/me", headers=bearer(b_key)))["handle"] == b_handle
@@ -646,19 +632,19 @@ def test_revoking_an_unknown_key_is_404_and_a_malformed_id_is_422(client, alice)
 
 def test_revoking_the_key_in_use_answers_200_then_it_is_401(client, alice):
     a_handle, a_key = alice
-    other = ok(post(client, a_key, f"{a_handle}/keys", {"label": "spare"}), 201)["api_key"]
-    [key_id] = [i["key_id"] for i in ok(get(client, a_key, f"{a_handle}/keys"))["items"] if i["label"] == "initial"]
+    other = ok(api_post(client, a_key, f"{a_handle}/keys", {"label": "spare"}), 201)["api_key"]
+    [key_id] = [i["key_id"] for i in ok(api_get(client, a_key, f"{a_handle}/keys"))["items"] if i["label"] == "initial"]
     revoked = ok(client.delete(f"{API}/{a_handle}/keys/{key_id}", headers=bearer(a_key)))
     assert revoked["key_id"] == key_id and revoked["revoked_at"] is not None
-    assert_error(get(client, a_key, f"{a_handle}/keys"), 401, "unauthenticated")
+    assert_error(api_get(client, a_key, f"{a_handle}/keys"), 401, "unauthenticated")
     assert ok(client.get(f"{API}/me", headers=bearer(other)))["handle"] == a_handle
 
 
 def test_keys_of_a_teammate_are_403(client, alice, bob):
     _a, a_key = alice
     b_handle, _b = bob
-    assert_error(get(client, a_key, f"{b_handle}/keys"), 403, "forbidden")
-    assert_error(post(client, a_key, f"{b_handle}/keys", {}), 403, "forbidden")
+    assert_error(api_get(client, a_key, f"{b_handle}/keys"), 403, "forbidden")
+    assert_error(api_post(client, a_key, f"{b_handle}/keys", {}), 403, "forbidden")
 
 
 # --------------------------------------------------------------------------- error shape, unknown paths

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import bearer, rpc, sql
+from tests.conftest import bearer, rpc, rpc_error, sql
 
 
 def _part(text="please look"):
     return {"type": "text", "text": text}
 
 
-def _send(recipient, **extra):
+def _send_params(recipient, **extra):
+    """message/send's params: a text to ``recipient``, then ``extra``."""
     return {"recipient": recipient, "message": {"role": "user", "parts": [_part()]}, **extra}
 
 
@@ -42,26 +43,15 @@ def _with_member(params: dict, path: list, name: str = "colour") -> dict:
     return params
 
 
-def _refusal(client, key, method, params) -> dict:
-    """The JSON-RPC error of a call that must fail."""
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    body = resp.get_json()
-    assert "error" in body, body
-    return body["error"]
-
-
 def _counts(app) -> tuple[int, int]:
     return sql(app, "SELECT (SELECT count(*) FROM threads), (SELECT count(*) FROM messages)")[0]
 
 
 # (case, method, params builder given (recipient, task_id), where the member goes, the path named)
 CASES = [
-    ("params", "message/send", lambda r, t: _send(r), [], "colour"),
-    ("message", "message/send", lambda r, t: _send(r), ["message"], "message.colour"),
-    ("first part", "message/send", lambda r, t: _send(r), ["message", "parts", 0], "message.parts.0.colour"),
+    ("params", "message/send", lambda r, t: _send_params(r), [], "colour"),
+    ("message", "message/send", lambda r, t: _send_params(r), ["message"], "message.colour"),
+    ("first part", "message/send", lambda r, t: _send_params(r), ["message", "parts", 0], "message.parts.0.colour"),
     (
         "third part",
         "message/send",
@@ -73,7 +63,7 @@ CASES = [
         (
             f"{kind} artifact",
             "message/send",
-            lambda r, t, a=artifact: _send(r, artifacts=[ARTIFACTS["file_ref"], dict(a)]),
+            lambda r, t, a=artifact: _send_params(r, artifacts=[ARTIFACTS["file_ref"], dict(a)]),
             ["artifacts", 1],
             "artifacts.1.colour",
         )
@@ -82,7 +72,7 @@ CASES = [
     (
         "proposed_action",
         "message/send",
-        lambda r, t: _send(r, intent="propose_action", proposed_action=dict(ACTION)),
+        lambda r, t: _send_params(r, intent="propose_action", proposed_action=dict(ACTION)),
         ["proposed_action"],
         "proposed_action.colour",
     ),
@@ -106,10 +96,10 @@ def test_an_unknown_member_at_any_depth_is_refused_naming_its_path(
     app, client, alice, bob, case, method, build, where, path
 ):
     _a, key = alice
-    task_id = rpc(client, key, "message/send", _send(bob[0]))["task_id"]
+    task_id = rpc(client, key, "message/send", _send_params(bob[0]))["task_id"]
     before = _counts(app)
     params = _with_member(build(bob[0], task_id), where)
-    error = _refusal(client, key, method, params)
+    error = rpc_error(client, key, method, params)
     assert error["code"] == -32602 and error["data"]["symbol"] == "invalid_params", error
     assert error["data"]["errors"] == {path: ["Unknown field."]}, error
     assert _counts(app) == before, "a refused call wrote something"
@@ -119,16 +109,16 @@ def test_an_unknown_member_at_any_depth_is_refused_naming_its_path(
 def test_every_unknown_member_of_one_request_is_named(client, alice, bob):
     """Several at several depths: each is named, none hides another."""
     _a, key = alice
-    params = _send(bob[0], artifacts=[dict(ARTIFACTS["link"], colour="x")])
+    params = _send_params(bob[0], artifacts=[dict(ARTIFACTS["link"], colour="x")])
     params["message"]["parts"][0]["kind"] = "text"
     params["message"]["messageId"] = "m-1"
-    error = _refusal(client, key, "message/send", params)
+    error = rpc_error(client, key, "message/send", params)
     assert set(error["data"]["errors"]) == {"message.parts.0.kind", "message.messageId", "artifacts.0.colour"}, error
 
 
 def test_rest_reply_refuses_an_unknown_member_naming_its_path(app, client, alice, bob):
     a_handle, key = alice
-    task_id = rpc(client, key, "message/send", _send(bob[0]))["task_id"]
+    task_id = rpc(client, key, "message/send", _send_params(bob[0]))["task_id"]
     before = _counts(app)
     body = {"message": {"parts": [dict(_part(), colour="blue")]}, "artifacts": [dict(ARTIFACTS["file_diff"], x=1)]}
     resp = client.post(f"/api/v1/identities/{a_handle}/a2a/tasks/{task_id}/messages", json=body, headers=bearer(key))
@@ -145,7 +135,7 @@ def test_open_objects_stay_open(client, alice, bob):
     metadata = {"colour": "blue", "nested": {"deeper": [{"anything": True, "n": 1.5}]}, "client_idempotency_key": "k1"}
     spec = {"openapi": "3.1.0", "paths": {"/users": {"get": {"x-custom": {"colour": "blue"}}}}}
     contract = {"type": "api_contract", "name": "GET /users", "spec": spec, "format": "openapi"}
-    task_id = rpc(client, key, "message/send", _send(bob[0], metadata=metadata, artifacts=[contract]))["task_id"]
+    task_id = rpc(client, key, "message/send", _send_params(bob[0], metadata=metadata, artifacts=[contract]))["task_id"]
     thread = rpc(client, key, "tasks/get", {"task_id": task_id})
     [message] = thread["messages"]
     assert message["payload"] == {k: v for k, v in metadata.items() if k != "client_idempotency_key"}

@@ -14,19 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from relay.ids import parse_ulid
 from relay.services import unit_of_work
 from relay.services.threads import read, transitions
-from tests.conftest import bearer, rpc, sql
-
-
-def _call(client, key, method, params):
-    resp = client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key)
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
-def _send(client, key, params):
-    return rpc(client, key, "message/send", {**params, "message": {"parts": [{"type": "text", "text": "hi"}]}})
+from tests.conftest import rpc, rpc_answer, send_message, sql
 
 
 def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, bob, monkeypatch):
@@ -34,7 +22,7 @@ def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, 
     b_handle, b_key = bob
     original_now = transitions._now
     for round_ in range(3):
-        task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
+        task_id = send_message(client, a_key, b_handle)["task_id"]
         # transition() reads the thread, checks its state, then asks _now() just before its
         # compare-and-set UPDATE: holding both callers there means both read pending v1.
         both_read = threading.Barrier(2, timeout=20)
@@ -45,8 +33,8 @@ def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, 
 
         monkeypatch.setattr(transitions, "_now", held_now)
         calls = {
-            "cancel": lambda c: _call(c, a_key, "tasks/cancel", {"task_id": task_id}),
-            "accept": lambda c: _call(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"}),
+            "cancel": lambda c: rpc_answer(c, a_key, "tasks/cancel", {"task_id": task_id}),
+            "accept": lambda c: rpc_answer(c, b_key, "tasks/update", {"task_id": task_id, "transition": "accept"}),
         }
         with ThreadPoolExecutor(max_workers=2) as pool:
             futures = {name: pool.submit(call, app.test_client()) for name, call in calls.items()}
@@ -78,9 +66,9 @@ def _position(app, task_id, handle):
 def test_read_position_never_moves_backwards(app, client, alice, bob):
     _a, a_key = alice
     b_handle, b_key = bob
-    task_id = _send(client, a_key, {"recipient": b_handle})["task_id"]
-    _send(client, a_key, {"task_id": task_id})
-    _send(client, a_key, {"task_id": task_id})
+    task_id = send_message(client, a_key, b_handle)["task_id"]
+    send_message(client, a_key, None, task_id=task_id)
+    send_message(client, a_key, None, task_id=task_id)
     assert [m["sequence_no"] for m in rpc(client, b_key, "tasks/get", {"task_id": task_id})["messages"]] == [1, 2, 3]
     assert _position(app, task_id, b_handle) == [3]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import bearer, extra_app, rpc, sql
+from tests.conftest import bearer, extra_app, rpc, rpc_error, sql
 
 VALID = [
     "https://a.b/c",
@@ -64,15 +64,10 @@ def _link(recipient, url):
 
 
 def _link_refusal(client, key, recipient, url) -> dict:
-    resp = client.post(
-        "/a2a",
-        json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": _link(recipient, url)},
-        headers=bearer(key),
-    )
-    body = resp.get_json()
-    assert "error" in body, (url, body)
-    assert body["error"]["code"] == -32602, (url, body)
-    return body["error"]["data"]["errors"]
+    """The -32602 refusal of a link to ``url``: its ``data.errors``."""
+    error = rpc_error(client, key, "message/send", _link(recipient, url))
+    assert error["code"] == -32602, (url, error)
+    return error["data"]["errors"]
 
 
 def _hook(client, handle, key, url):

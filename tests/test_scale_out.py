@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from relay.config import ConfigError, load_settings
 from relay.extensions import db
-from tests.conftest import bearer, connect, extra_app, tcp_address
+from tests.conftest import bearer, connect, extra_app, message_params, post_a2a, rpc_doc, tcp_address
 
 
 def feed(handle: str) -> str:
@@ -277,13 +277,7 @@ def test_a_connection_cut_mid_request_answers_503_not_500(app, database_url, ali
         if surface == "feed":
             answer["resp"] = client.get(feed(bob[0]), headers=bearer(bob[1]))
         else:
-            body = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "message/send",
-                "params": {"recipient": bob[0], "message": {"parts": [{"type": "text", "text": "cut"}]}},
-            }
-            answer["resp"] = client.post("/a2a", json=body, headers=bearer(alice[1]))
+            answer["resp"] = post_a2a(client, alice[1], rpc_doc("message/send", message_params(bob[0], "cut")))
 
     try:
         with blocker.cursor() as cur:  # the request's statement waits on this lock ...

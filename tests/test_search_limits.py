@@ -20,7 +20,7 @@ from sqlalchemy import func, select, text
 from relay.extensions import db
 from relay.models import Message
 from relay.services import search as search_service
-from tests.conftest import bearer, extra_app, rpc, sql
+from tests.conftest import bearer, extra_app, rpc, send_message, sql
 
 PART_CHARS = 200_000
 DIFF_CHARS = 400_000
@@ -48,12 +48,6 @@ def send_oversized(client, key, recipient) -> dict:
         "artifacts": [{"type": "file_diff", "path": "src/huge.txt", "diff": diff}],
     }
     return rpc(client, key, "message/send", params)
-
-
-def send(client, key, recipient, text_) -> dict:
-    return rpc(
-        client, key, "message/send", {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text_}]}}
-    )
 
 
 def search_resp(client, key, handle, q):
@@ -143,7 +137,7 @@ def test_worst_case_split_document_fits_the_tsvector_limit(app, client, alice, b
     head, n = words(split, 10**7, lambda p: "aB" + p[:8])
     tail, _ = words(cap - len(head), n, lambda p: p)
     body = head + tail
-    message_id = send(client, alice[1], bob[0], "to be replaced")["message_id"]
+    message_id = send_message(client, alice[1], bob[0], "to be replaced")["message_id"]
     sql(app, "UPDATE messages SET body = :body WHERE id = CAST(:id AS uuid)", body=body, id=message_id)
     with app.app_context():
         vector = search_service.document_vector()
@@ -192,7 +186,7 @@ def test_the_worker_task_indexes_it_without_raising(app, oversized):
 
 def test_the_sweep_indexes_ordinary_rows_beside_it(app, client, oversized):
     message_id, (a_handle, a_key), (b_handle, _b) = oversized
-    ordinary = [send(client, a_key, b_handle, f"ordinary heron {i}")["message_id"] for i in range(3)]
+    ordinary = [send_message(client, a_key, b_handle, f"ordinary heron {i}")["message_id"] for i in range(3)]
     assert task(app, "workers.tasks.index_pending_messages")() == 4
     assert all(index_state(app, m) == (True, None) for m in [message_id, *ordinary])
     resp = search_resp(client, a_key, a_handle, "heron")
@@ -217,7 +211,7 @@ def _metric(client, name) -> float:
 
 def test_a_row_that_fails_is_marked_logged_counted_and_skipped(app, client, oversized, unbounded, caplog):
     message_id, (a_handle, a_key), (b_handle, b_key) = oversized
-    ordinary = [send(client, a_key, b_handle, f"ordinary egret {i}")["message_id"] for i in range(3)]
+    ordinary = [send_message(client, a_key, b_handle, f"ordinary egret {i}")["message_id"] for i in range(3)]
     caplog.set_level(logging.WARNING, logger="relay.services.search")
 
     assert task(app, "workers.tasks.index_pending_messages")() == 3  # the ordinary rows, not blocked

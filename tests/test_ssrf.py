@@ -23,7 +23,7 @@ import pytest
 
 from relay.ids import parse_ulid
 from relay.services import outbound, webhooks
-from tests.conftest import bearer, extra_app, sql
+from tests.conftest import bearer, extra_app, rpc_answer, sql
 from tests.receiver import Receiver
 
 LOOPBACK = "a loopback address"
@@ -152,16 +152,6 @@ URLS = [url for url, _ in TARGETS]
 
 def _says(message: str, expected: str | tuple[str, ...]) -> bool:
     return any(e in message for e in (expected if isinstance(expected, tuple) else (expected,)))
-
-
-def _a2a(client, key, handle, method, params):
-    resp = client.post(
-        f"/a2a/agents/{handle}",
-        data=json.dumps({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}),
-        headers={**bearer(key), "A2A-Version": "1.0", "Content-Type": "application/json"},
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
 
 
 def _violations(error: dict) -> dict:
@@ -299,10 +289,12 @@ def test_a2a_push_config_create_refuses_every_target(app, strict, alice, bob):
     _a, key = alice
     peer = bob[0]
     client = strict.test_client()
-    task = _a2a(client, key, peer, "SendMessage", {"message": _message("push me")})["result"]["task"]
+    task = rpc_answer(client, key, "SendMessage", {"message": _message("push me")}, agent=peer)["result"]["task"]
     outcomes = []
     for url, expected in _push_targets():
-        body = _a2a(client, key, peer, "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": url})
+        body = rpc_answer(
+            client, key, "CreateTaskPushNotificationConfig", {"taskId": task["id"], "url": url}, agent=peer
+        )
         outcomes.append((url, expected, _a2a_refusal(body, "url")))
     _check("CreateTaskPushNotificationConfig", outcomes)
     assert sql(app, "SELECT count(*) FROM webhook_endpoints")[0][0] == 0
@@ -315,7 +307,7 @@ def test_a2a_send_message_configuration_refuses_every_target(app, strict, alice,
     outcomes = []
     for url, expected in _push_targets():
         params = {"message": _message("push me"), "configuration": {"taskPushNotificationConfig": {"url": url}}}
-        body = _a2a(client, key, peer, "SendMessage", params)
+        body = rpc_answer(client, key, "SendMessage", params, agent=peer)
         outcomes.append((url, expected, _a2a_refusal(body, "configuration.taskPushNotificationConfig.url")))
     _check("SendMessage configuration.taskPushNotificationConfig", outcomes)
     assert sql(app, "SELECT count(*) FROM threads")[0][0] == 0

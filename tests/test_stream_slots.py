@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tests.conftest import bearer, slots_in
+from tests.conftest import bearer, send_message, slots_in
 from tests.live import claimed_redis_db, live_relay
 
 CAP = 3  # RELAY_STREAMS_PER_AGENT for this module's relay
@@ -163,14 +163,13 @@ def _revoke_only_key(base: str, handle: str, key: str) -> None:
 
 def test_a_feed_stream_of_a_revoked_key_ends_before_the_next_message(live, make_agent):
     from tests.sse import SSE
-    from tests.test_streams import send
 
     bob, bob_key = make_agent("rev-feed-bob@acme")
     alice, alice_key = make_agent("rev-feed-alice@acme")
     stream = SSE(f"{live}/api/v1/identities/{bob}/a2a/messages/stream", headers=bearer(bob_key), read_timeout=25)
     stream.until_ready()
     _revoke_only_key(live, bob, bob_key)
-    send(live, alice_key, bob, "new work for a leaked key")
+    send_message(live, alice_key, bob, "new work for a leaked key")
     kinds = [e.event for e in stream.events() if e.event != "comment"]  # to the end of the stream
     assert kinds == ["error"], kinds
 

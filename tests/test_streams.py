@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from relay.ops.embedded import free_port
-from tests.conftest import bearer, connections_named, slots_in, sql, wait_until, with_application_name
+from tests.conftest import bearer, connections_named, send_message, slots_in, sql, wait_until, with_application_name
 from tests.live import claimed_redis_db, live_relay
 from tests.sse import SSE
 
@@ -47,24 +47,6 @@ def live(base_env):
 
 
 LIVE_REDIS: list[str] = []  # the live relay's own Redis database (its slots are kept there)
-
-
-def send(base: str, key: str, recipient: str, text: str) -> dict:
-    """message/send over JSON-RPC; returns the result (fails on an error)."""
-    resp = requests.post(
-        f"{base}/a2a",
-        headers=bearer(key),
-        json={
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {"recipient": recipient, "message": {"parts": [{"type": "text", "text": text}]}},
-        },
-        timeout=30,
-    )
-    body = resp.json()
-    assert "result" in body, body
-    return body["result"]
 
 
 def feed_url(base: str, handle: str) -> str:
@@ -121,10 +103,10 @@ def test_long_poll_answers_the_matching_message_and_not_a_non_matching_one(app, 
     # first, so its wake-up has been published before the matching message is written.
     watcher = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key))
     watcher.until_ready()
-    sent_by_bob = send(live, b_key, a, "from bob: not inbound for bob")
+    sent_by_bob = send_message(live, b_key, a, "from bob: not inbound for bob")
     assert watcher.messages(1)[0].id == sent_by_bob["message_id"]
     assert poll.is_alive(), f"the long-poll answered a non-matching message: {poll.response and poll.response.text}"
-    to_bob = send(live, a_key, b, "to bob: inbound")
+    to_bob = send_message(live, a_key, b, "to bob: inbound")
     body = poll.result().json()
     assert [row["id"] for row in body["items"]] == [to_bob["message_id"]], body
     watcher.close()
@@ -132,7 +114,7 @@ def test_long_poll_answers_the_matching_message_and_not_a_non_matching_one(app, 
 
 def test_long_poll_with_rows_answers_at_once(live, pair):
     a, a_key, b, b_key = pair
-    sent = send(live, a_key, b, "already there")
+    sent = send_message(live, a_key, b, "already there")
     # With rows on the page the wait does not start: an answer within the client's 10 s
     # read timeout, where the wait would have taken 60.
     resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"wait": 60}, timeout=10)
@@ -149,9 +131,9 @@ def test_long_poll_that_runs_out_answers_the_empty_page(live, pair):
 
 def test_long_poll_after_a_message_waits_for_the_next_one(live, pair):
     a, a_key, b, b_key = pair
-    first = send(live, a_key, b, "first")
+    first = send_message(live, a_key, b, "first")
     poll = Poll(live, b, b_key, wait=30, after=first["message_id"])
-    second = send(live, a_key, b, "second")
+    second = send_message(live, a_key, b, "second")
     body = poll.result().json()
     assert [row["id"] for row in body["items"]] == [second["message_id"]], body
 
@@ -191,7 +173,7 @@ def test_a_parameter_given_twice_is_422_saying_so(live, pair):
 def test_after_a_message_of_another_feed_is_422_as_if_unknown(live, make_agent, pair):
     a, a_key, b, b_key = pair
     c, c_key = make_agent("carol@acme")
-    theirs = send(live, a_key, c, "alice to carol")
+    theirs = send_message(live, a_key, c, "alice to carol")
     resp = requests.get(feed_url(live, b), headers=bearer(b_key), params={"after": theirs["message_id"]}, timeout=30)
     assert resp.status_code == 422, resp.text
     assert "after" in resp.json()["error"]["details"]
@@ -206,7 +188,7 @@ def test_stream_events_are_the_feed_rows_oldest_first(live, pair):
     assert stream.status_code == 200
     assert stream.response.headers["Content-Type"].startswith("text/event-stream")
     stream.until_ready()
-    sent = [send(live, a_key, b, f"message {i}\nwith a second line") for i in range(3)]
+    sent = [send_message(live, a_key, b, f"message {i}\nwith a second line") for i in range(3)]
     events = stream.messages(3)
     stream.close()
     assert [e.id for e in events] == [s["message_id"] for s in sent]
@@ -219,13 +201,13 @@ def test_stream_resumes_after_last_event_id_with_every_message_once(live, pair):
     url = f"{feed_url(live, b)}/stream"
     stream = SSE(url, headers=bearer(b_key))
     stream.until_ready()
-    sent = [send(live, a_key, b, f"before the drop {i}")["message_id"] for i in range(3)]
+    sent = [send_message(live, a_key, b, f"before the drop {i}")["message_id"] for i in range(3)]
     seen = [e.id for e in stream.messages(2)]
     stream.close()  # dropped with the third unread
-    sent += [send(live, a_key, b, f"while away {i}")["message_id"] for i in range(2)]
+    sent += [send_message(live, a_key, b, f"while away {i}")["message_id"] for i in range(2)]
     again = SSE(url, headers={**bearer(b_key), "Last-Event-ID": seen[-1]})
     seen += [e.id for e in again.messages(3)]
-    sent.append(send(live, a_key, b, "after the reconnect")["message_id"])
+    sent.append(send_message(live, a_key, b, "after the reconnect")["message_id"])
     seen += [e.id for e in again.messages(1)]
     again.close()
     assert seen == sent
@@ -233,10 +215,10 @@ def test_stream_resumes_after_last_event_id_with_every_message_once(live, pair):
 
 def test_stream_since_replays_from_that_time(live, pair):
     a, a_key, b, b_key = pair
-    old = send(live, a_key, b, "old")
+    old = send_message(live, a_key, b, "old")
     stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key), params={"since": old["created_at"]})
     stream.until_ready()
-    new = send(live, a_key, b, "new")
+    new = send_message(live, a_key, b, "new")
     assert [e.id for e in stream.messages(2)] == [old["message_id"], new["message_id"]]
     stream.close()
 
@@ -245,8 +227,8 @@ def test_stream_filters_like_the_feed(live, pair):
     a, a_key, b, b_key = pair
     stream = SSE(f"{feed_url(live, b)}/stream", headers=bearer(b_key), params={"q": "invoices"})
     stream.until_ready()
-    send(live, a_key, b, "nothing to see")
-    match = send(live, a_key, b, "the invoices are late")
+    send_message(live, a_key, b, "nothing to see")
+    match = send_message(live, a_key, b, "the invoices are late")
     assert [e.id for e in stream.messages(1)] == [match["message_id"]]
     stream.close()
 
@@ -325,7 +307,7 @@ def test_the_per_agent_cap_answers_429_with_retry_after(app, live, pair):
     replacement = SSE(url, headers=bearer(b_key))
     assert replacement.status_code == 200
     replacement.close()
-    send(live, a_key, b, "ends the poll")
+    send_message(live, a_key, b, "ends the poll")
     poll.result()
     for s in streams:
         s.close()
@@ -377,7 +359,7 @@ def test_waiters_hold_no_database_connection(app, live, make_agent, settled, poo
     assert relay_connections() <= pool_capacity
     # The relay still answers others while they wait.
     assert requests.get(f"{live}/api/v1/identities/me", headers=bearer(sender_key), timeout=10).status_code == 200
-    sent = {h: send(live, sender_key, h, f"wake {h}")["message_id"] for h, _ in agents}
+    sent = {h: send_message(live, sender_key, h, f"wake {h}")["message_id"] for h, _ in agents}
     for handle, poll in polls:
         items = poll.result().json()["items"]
         assert [row["id"] for row in items] == [sent[handle]], (handle, items)
@@ -459,7 +441,7 @@ def test_waiters_get_their_messages_after_postgresql_drops_every_connection(app,
         whose, params = "pid = ANY(:pids) AND pid <> pg_backend_pid()", {"pids": servers}
     dropped = sql(app, f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {whose}", **params)[0][0]
     assert dropped >= 1
-    sent = send(live, a_key, b, "after the drop")
+    sent = send_message(live, a_key, b, "after the drop")
     assert [row["id"] for row in poll.result().json()["items"]] == [sent["message_id"]]
     assert [e.id for e in stream.messages(1)] == [sent["message_id"]]
     stream.close()
@@ -538,7 +520,7 @@ def test_the_listener_resubscribes_after_redis_restarts_and_waiters_get_their_me
             # And the new subscription carries wake-ups: sent through the relay, after the restart.
             again = Poll(base, b, b_key, wait=60, read_timeout=45, after=missed["message_id"])
             wait_until(lambda: slots_held(app, b) == 1, what="bob's second long-poll waiting")
-            sent = send(base, a_key, b, "after the restart")
+            sent = send_message(base, a_key, b, "after the restart")
             assert [row["id"] for row in again.result().json()["items"]] == [sent["message_id"]]
     finally:
         LIVE_REDIS[:] = module_redis

@@ -4,23 +4,7 @@ from __future__ import annotations
 
 import io
 
-from tests.conftest import bearer
-
-
-def _rpc(client, key, method, params, **kw):
-    return client.post(
-        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(key), **kw
-    )
-
-
-def _create(client, sender_key, recipient):
-    body = _rpc(
-        client,
-        sender_key,
-        "message/send",
-        {"recipient": recipient, "message": {"parts": [{"type": "text", "text": "hi"}]}},
-    ).get_json()
-    return body["result"]["task_id"]
+from tests.conftest import bearer, rpc_answer, send_message
 
 
 def test_chunked_body_over_the_limit_is_413_on_a2a_not_a_parse_error(client, alice):
@@ -46,7 +30,7 @@ def test_chunked_body_over_the_limit_is_413_on_rest(client, alice):
 
 
 def test_rest_reply_refuses_create_only_and_unknown_fields(client, alice, bob):
-    task_id = _create(client, alice[1], bob[0])
+    task_id = send_message(client, alice[1], bob[0])["task_id"]
     for extra in ({"recipient": alice[0]}, {"bogus": 1}):
         resp = client.post(
             f"/api/v1/identities/{bob[0]}/a2a/tasks/{task_id}/messages",
@@ -58,7 +42,7 @@ def test_rest_reply_refuses_create_only_and_unknown_fields(client, alice, bob):
 
 
 def test_jsonrpc_unknown_top_level_param_is_32602_naming_it(client, alice):
-    body = _rpc(client, alice[1], "tasks/list", {"limit": 5}).get_json()
+    body = rpc_answer(client, alice[1], "tasks/list", {"limit": 5})
     assert body["error"]["code"] == -32602
     assert "limit" in body["error"]["data"]["errors"]
 
@@ -107,7 +91,7 @@ def test_identity_and_key_times_use_z_like_the_rest_of_the_api(client, alice):
 
 
 def test_file_ref_line_end_before_line_start_is_refused(client, alice, bob):
-    body = _rpc(
+    body = rpc_answer(
         client,
         alice[1],
         "message/send",
@@ -116,6 +100,6 @@ def test_file_ref_line_end_before_line_start_is_refused(client, alice, bob):
             "message": {"parts": [{"type": "text", "text": "see"}]},
             "artifacts": [{"type": "file_ref", "path": "a.py", "line_start": 10, "line_end": 2}],
         },
-    ).get_json()
+    )
     assert body["error"]["code"] == -32602
     assert "artifacts.0.line_end" in body["error"]["data"]["errors"]

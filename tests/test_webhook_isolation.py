@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
-from tests.conftest import bearer, extra_app, sql, wait_until
+from tests.conftest import bearer, extra_app, rpc_answer, sql, wait_until
 from tests.receiver import Receiver
-from tests.test_webhooks import _msg, append, create_hook, create_thread, deliveries, get_hook, rpc
+from tests.test_webhooks import _msg, append, create_hook, create_thread, deliveries, get_hook
 
 ALICE, BOB, CAROL = "alice@acme", "bob@acme", "carol@beta"
 
@@ -443,7 +443,7 @@ def test_a_webhook_past_the_size_bound_carries_a_feed_reference_instead_of_the_c
         create_hook(client, BOB, keys[BOB], rx.url("/in"), events=["message.created"])
         small = create_thread(client, keys[ALICE], BOB, "short and sweet")
         big_text = "word " * 3000  # 15,000 characters, carried twice (body and parts): past 20,000 bytes
-        rpc(client, keys[ALICE], "message/send", {"task_id": small["task_id"], "message": _msg(big_text)})
+        rpc_answer(client, keys[ALICE], "message/send", {"task_id": small["task_id"], "message": _msg(big_text)})
         _pump(other)
         got = rx.wait_for(2, path="/in")
         bodies = sorted((json.loads(r.body) for r in got), key=lambda b: b["data"]["sequence_no"])

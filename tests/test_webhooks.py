@@ -27,7 +27,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from relay.ids import format_ulid, parse_ulid
-from tests.conftest import _connect_admin, bearer, extra_app, wait_until
+from tests.conftest import _connect_admin, bearer, extra_app, rpc_answer, wait_until
 from tests.receiver import Receiver
 
 ALICE, BOB = "alice@acme", "bob@acme"
@@ -41,24 +41,14 @@ def _msg(text):
     return {"role": "user", "parts": [{"type": "text", "text": text}]}
 
 
-def rpc(client, key, method, params):
-    resp = client.post(
-        "/a2a",
-        data=json.dumps({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}),
-        headers={**bearer(key), "Content-Type": "application/json"},
-    )
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    return resp.get_json()
-
-
 def create_thread(client, key, recipient, text="please review the /users API change"):
-    body = rpc(client, key, "message/send", {"recipient": recipient, "message": _msg(text)})
+    body = rpc_answer(client, key, "message/send", {"recipient": recipient, "message": _msg(text)})
     assert "result" in body, body
     return body["result"]
 
 
 def append(client, key, task_id, text="a follow-up"):
-    body = rpc(client, key, "message/send", {"task_id": task_id, "message": _msg(text)})
+    body = rpc_answer(client, key, "message/send", {"task_id": task_id, "message": _msg(text)})
     assert "result" in body, body
     return body["result"]
 
@@ -438,7 +428,7 @@ def test_rolled_back_send_is_never_announced(app, client, agents, rx, sql, sweep
 
     # A send refused by the service (append to a terminal thread) writes nothing either.
     transition(client, ALICE, a, task_id, "cancel")
-    body = rpc(client, b, "message/send", {"task_id": task_id, "message": _msg("too late")})
+    body = rpc_answer(client, b, "message/send", {"task_id": task_id, "message": _msg("too late")})
     assert body["error"]["data"]["symbol"] == "thread_terminal", body
     settle()
     rx.wait_for(1, path="/bob")
@@ -639,7 +629,7 @@ def _one_fanned_out_delivery(app, client, agents, rx, sql, app_down) -> tuple[di
     from relay.services import webhooks
 
     hook = create_hook(client, BOB, agents[BOB], rx.url())
-    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("x")})
+    body = rpc_answer(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("x")})
     assert "result" in body, body
     [(event_id,)] = sql("SELECT id FROM events WHERE message_id = %s", (body["result"]["message_id"],))
     with app.app_context():
@@ -730,7 +720,9 @@ def test_broker_down_send_succeeds_and_sweep_delivers_once(
     b = agents[BOB]
     hook = create_hook(client, BOB, b, rx.url())
     down = app_down.test_client()
-    body = rpc(down, agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("sent while Redis is away")})
+    body = rpc_answer(
+        down, agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("sent while Redis is away")}
+    )
     assert "result" in body, body
     message_id = body["result"]["message_id"]
     rows = sql("SELECT id, fanned_out_at FROM events WHERE message_id = %s", (message_id,))
@@ -755,7 +747,9 @@ def test_a_lost_enqueue_is_fanned_out_by_a_running_pumps_poll(app, client, agent
     from workers import delivery as pumps
 
     hook = create_hook(client, BOB, agents[BOB], rx.url())
-    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("lost")})
+    body = rpc_answer(
+        app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("lost")}
+    )
     assert "result" in body, body
     with app.app_context():
         pumps.pump_for(app)  # as a worker starts it; nothing is handed to it
@@ -831,7 +825,7 @@ def test_private_target_refused_again_at_delivery(app, client, agents, rx, sql, 
 
     b = agents[BOB]
     hook = create_hook(client, BOB, b, rx.url())  # allowed: the main app allows private targets
-    body = rpc(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("hi")})
+    body = rpc_answer(app_down.test_client(), agents[ALICE], "message/send", {"recipient": BOB, "message": _msg("hi")})
     assert "result" in body, body
     [(event_id,)] = sql("SELECT id FROM events WHERE message_id = %s", (body["result"]["message_id"],))
     with app.app_context():

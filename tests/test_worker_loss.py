@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from relay.services.delivery.common import IN_FLIGHT, OUTCOME_UNKNOWN
-from tests.test_drills import _query, drill_stack, poll, private_redis, send, shared_database, stack_env
+from tests.test_drills import _query, drill_stack, poll, private_redis, shared_database, stack_env, timed_send
 
 __all__ = ["private_redis", "shared_database"]  # fixtures, used by name
 
@@ -75,7 +75,7 @@ def test_a_killed_workers_delivery_is_sent_again_after_its_heartbeat_stops_and_l
     env = stack_env(shared_database, private_redis.url, tmp_path, RELAY_WEBHOOK_TIMEOUT="10")
     try:
         with drill_stack(env, tmp_path, rx) as (stack, key_a, _key_b):
-            sent = send(stack.base, key_a, "held by the receiver")
+            sent = timed_send(stack.base, key_a, "held by the receiver")
             assert sent.ok, (sent.status, sent.body, sent.error)
             got = poll(lambda: [w for w, _ in rx.arrivals], 30, 0.05)
             assert got, f"the webhook never reached the receiver:\n{stack.tails()}"
