@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from relay.errors import RelayError, invalid
 from relay.ids import format_ulid, iso, new_ulid
 from relay.models import Agent, Thread
-from relay.services import Prepared, after_commit, dispatch, statement_cursor
+from relay.services import after_commit, dispatch, statement_cursor
 from relay.services.agents import check_handle
+from relay.services.statements import Statement
 from relay.services.threads.common import _body
 
 # message/send's create, one round trip: read the recipient and whether it may receive from the
@@ -63,9 +64,9 @@ e AS (
 )
 SELECT r.id, r.handle, r.disabled, r.blocked, (SELECT now FROM clock) FROM r
 """
-# Prepared: PostgreSQL parsed and planned the five-part statement on every send, which
+# PREPAREd: PostgreSQL parsed and planned the five-part statement on every send, which
 # was half of its CPU per create (620 -> 310 us a create, measured one client at a time).
-_CREATE = Prepared(_CREATE_SQL)
+_CREATE = Statement(_CREATE_SQL)
 
 # The recipient of a create and whether it blocks the caller, in one read.
 _RECIPIENT_SQL = """
@@ -150,8 +151,8 @@ def _create(
     parts = params["message"]["parts"]
     body = _body(parts)
     with statement_cursor(session, alone=own_transaction) as cur:
-        cur.execute(
-            _CREATE.ready(session),
+        _CREATE.execute(
+            session,
             {
                 "handle": handle,
                 "intent_ok": _intent_problem(params) is None,
@@ -170,6 +171,7 @@ def _create(
                 "priority": params.get("priority") or "normal",
                 "ttl": params.get("expires_in_seconds"),
             },
+            cursor=cur,
         )
         found = cur.fetchone()
     if found is None or found[4] is None:  # nothing written: say why, in the documented order
