@@ -18,7 +18,7 @@ from relay.models import Agent, Thread
 from relay.services import after_commit, dispatch, statement_cursor
 from relay.services.agents import check_handle
 from relay.services.statements import Statement
-from relay.services.threads.common import _body
+from relay.services.threads.common import _body, feed_lock_keys_sql
 
 # A create's checks, in the documented order (the first that fails is the answer): each is
 # its name, the SQL that is true when the recipient row `r` (no row: no agent has the handle)
@@ -67,8 +67,8 @@ checked AS (
 )"""
 
 # message/send's create, one round trip: read the recipient and the check it fails (checked),
-# and only if it fails none (go): take both participants' feed locks in sorted order
-# (the keys of common._serialize_feed_writes, computed here), read the clock after them (the aggregate over
+# and only if it fails none (go): take both participants' feed locks (common.feed_lock_keys_sql,
+# as common._serialize_feed_writes takes them), read the clock after them (the aggregate over
 # `locks` makes the clock wait for every lock; see common._serialize_feed_writes), then write the
 # thread, its first message, the audit row and the outbox event with that one time. The
 # recipient's row and the failed check come back either way: no `now` means nothing was written.
@@ -76,10 +76,8 @@ _CREATE_SQL = f"""
 WITH {_CHECKED},
 go AS (SELECT checked.id FROM checked WHERE checked.refused IS NULL),
 locks AS (
-    SELECT pg_advisory_xact_lock(k.key) FROM go, LATERAL (
-        SELECT ('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint AS key
-        FROM unnest(ARRAY[%(sender)s::uuid, go.id]) AS p ORDER BY p
-    ) AS k
+    SELECT pg_advisory_xact_lock(k.key)
+    FROM go, LATERAL ({feed_lock_keys_sql("ARRAY[%(sender)s::uuid, go.id]")}) AS k
 ),
 clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken, go),
 t AS (
