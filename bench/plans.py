@@ -9,7 +9,7 @@ and a tasks/list page (the statements the relay runs, with its parameters):
   plan (``SET LOCAL plan_cache_mode``), and of the plan a connection that prepared it at the
   first size runs, saved under ``RESULTS/plans/{grown,analyzed}/``;
 - the statement alone on a bare psycopg2 connection, serially: its plain text, and the
-  prepared one as ``Prepared`` runs it (PostgreSQL's choice after five runs), on a
+  prepared one as ``Statement`` runs it (PostgreSQL's choice after five runs), on a
   connection that prepared it at the first size and on a fresh one, with how many
   generic and custom plans ``pg_prepared_statements`` counted;
 - the relay's request, serially through the Flask test client (``create_app``, bearer
@@ -129,7 +129,7 @@ def _statements(app, calls: dict) -> dict:
         captured: list = []
 
         def grab(conn, cursor, statement, parameters, context, executemany, shapes=pages[name], captured=captured):
-            if any(statement == c.sql for c in shapes._compiled.values()):
+            if any(statement == s.sql for s in shapes._statements.values()):
                 captured.append((statement, dict(parameters)))
 
         event.listen(engine, "before_cursor_execute", grab)
@@ -167,13 +167,13 @@ def _counts(conn, prepared) -> dict:
 
 def _bare(url: str, kept: dict, statements: dict, calls: int, folder: Path, size: int) -> dict:
     """The statements alone on bare connections: EXPLAINs saved, plain and prepared serial p50s."""
-    from relay.services import Prepared
+    from relay.services.statements import Statement
 
     out = {}
     fresh, _ = harness._admin(url)
     try:
         for name, (sql, params) in statements.items():
-            prepared = Prepared(sql)
+            prepared = Statement(sql)
             for conn in (fresh, kept["conn"]):
                 _ensure_prepared(conn, prepared)
             # The custom and generic plans of now, and the plan the connection prepared at the
@@ -194,7 +194,7 @@ def _bare(url: str, kept: dict, statements: dict, calls: int, folder: Path, size
                 entry[f"{label}_plans"] = _counts(conn, prepared)
             # As the relay sends a read planned on each call: SET LOCAL and EXECUTE in one message.
             with fresh.cursor() as cur:
-                custom = Prepared(sql, custom_plan=True).execute_sql
+                custom = Statement(sql, custom_plan=True).execute_sql
                 entry["prepared_custom_p50_ms"] = _serial(cur, custom, params, calls)
             out[name] = entry
     finally:

@@ -451,17 +451,17 @@ def _timed(fn, n: int) -> dict:
 def _explain_sql(sql: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of ``sql``; of an ``EXECUTE`` of a prepared statement, its generic plan
     (the plan a connection settles on), prepared first on the explaining connection, or its custom
-    plan when ``sql`` asks for one (``services.CUSTOM_PLAN``: the feed's and tasks/list's pages)."""
+    plan when ``sql`` asks for one (``statements.CUSTOM_PLAN``: the feed's and tasks/list's pages)."""
     from relay.extensions import db
-    from relay.services import CUSTOM_PLAN, Prepared
+    from relay.services.statements import CUSTOM_PLAN, Statement
 
     mode = "force_generic_plan"
     if sql.startswith(CUSTOM_PLAN + "; "):
         sql, mode = sql[len(CUSTOM_PLAN) + 2 :], "force_custom_plan"
     with db.engine.connect() as conn:
         if sql.lstrip().upper().startswith("EXECUTE "):
-            prepared = Prepared.named[sql.split()[1].split("(")[0]]
-            done = conn.connection.info.setdefault("relay_prepared", set())  # as Prepared.ready keeps it
+            prepared = Statement.named[sql.split()[1].split("(")[0]]
+            done = conn.connection.info.setdefault("relay_prepared", set())  # as Statement.ready keeps it
             if prepared.name not in done:
                 conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
                 done.add(prepared.name)
@@ -473,11 +473,11 @@ def _explain_sql(sql: str) -> str:
 
 def _statement_text(sql: str) -> str:
     """The SQL a captured statement runs: an ``EXECUTE``'s prepared text, else itself."""
-    from relay.services import CUSTOM_PLAN, Prepared
+    from relay.services.statements import CUSTOM_PLAN, Statement
 
     sql = sql.removeprefix(CUSTOM_PLAN + "; ")
     if sql.lstrip().upper().startswith("EXECUTE "):
-        prepared = Prepared.named.get(sql.split()[1].split("(")[0])
+        prepared = Statement.named.get(sql.split()[1].split("(")[0])
         return prepared.prepare_sql if prepared else ""
     return sql
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -34,37 +35,80 @@ TERMINAL_STATES = ("completed", "cancelled", "declined", "failed", "expired")
 PRIORITIES = ("low", "normal", "high", "urgent")
 
 
+@dataclass(frozen=True)
+class ClockRule:
+    """What the clock does to a handoff: once ``deadline`` (a column) has passed, ``source`` becomes ``target``."""
+
+    source: str
+    deadline: str
+    target: str
+
+    def due(self, thread: Any, now: datetime) -> bool:
+        """Return whether the rule applies to ``thread`` (a :class:`Thread`, or an object with its columns) at ``now``."""
+        at = getattr(thread, self.deadline)
+        return thread.state == self.source and at is not None and at <= now
+
+
+# The clock's rules, in the order they apply (docs/decisions.md, "The work lifecycle"): a
+# leased accepted handoff whose lease lapsed is pending again, and a pending one past its
+# expiry is expired (also one whose lease just lapsed). Each state is the source of one rule
+# at most. The reads compute them in SQL (effective_state_sql, expired_at_sql) and
+# relay.services.threads.clock.settle records them, each from this table.
+CLOCK_RULES = (
+    ClockRule("accepted", "lease_expires_at", "pending"),
+    ClockRule("pending", "expires_at", "expired"),
+)
+if len({r.source for r in CLOCK_RULES}) != len(CLOCK_RULES):
+    raise ValueError("each state is the source of one clock rule at most")
+
+
+def _state_after(t: str, now: str, rules: tuple[ClockRule, ...], state: str) -> str:
+    """The SQL of the state ``rules`` make of the known ``state`` as of ``now``."""
+    for i, rule in enumerate(rules):
+        if rule.source == state:
+            passed = _state_after(t, now, rules[i + 1 :], rule.target)
+            kept = _state_after(t, now, rules[i + 1 :], state)
+            return f"CASE WHEN {t}.{rule.deadline} <= {now} THEN {passed} ELSE {kept} END"
+    return f"'{state}'"
+
+
 def effective_state_sql(t: str = "threads", now: str = "now()") -> str:
     """The SQL of thread ``t``'s state as of ``now``, whether or not the sweep has recorded it.
 
-    A leased ``accepted`` handoff past ``lease_expires_at`` is ``pending`` again, and a
-    ``pending`` one past ``expires_at`` (also one whose lease just lapsed) is ``expired``
-    (at once, in every read: docs/decisions.md, "The work lifecycle"). relay.services.threads.clock.settle writes the same
-    rule; tests/test_lifecycle.py holds the two equal.
+    :data:`CLOCK_RULES` applied in order (at once, in every read: docs/decisions.md, "The
+    work lifecycle"): the first rule due from the recorded state, then those after it due
+    from the state it makes.
     """
-    return (
-        f"CASE WHEN {t}.state = 'accepted' AND {t}.lease_expires_at <= {now}"
-        f" THEN CASE WHEN {t}.expires_at <= {now} THEN 'expired' ELSE 'pending' END"
-        f" WHEN {t}.state = 'pending' AND {t}.expires_at <= {now} THEN 'expired'"
-        f" ELSE {t}.state END"
+    whens = "".join(
+        f" WHEN {t}.state = '{rule.source}' AND {t}.{rule.deadline} <= {now}"
+        f" THEN {_state_after(t, now, CLOCK_RULES[i + 1 :], rule.target)}"
+        for i, rule in enumerate(CLOCK_RULES)
     )
+    return f"CASE{whens} ELSE {t}.state END"
 
 
 def expired_at_sql(t: str = "threads", now: str = "now()") -> str:
     """The SQL of the moment thread ``t`` expired, as of ``now``: its ``expired_at`` once
     recorded, else the moment :func:`effective_state_sql` makes it ``expired``, else NULL.
 
-    That moment is its ``expires_at``, or later when it was pending again only after that
-    (a lease that lapsed after ``expires_at``: its ``lease_expires_at``; a release after
-    it: the release's ``updated_at``). relay.services.threads.clock.settle records the same
-    moment, whenever it runs.
+    A rule takes effect at its deadline, or later when the state it applies to began later:
+    the deadline of the rule before it in one reading of the clock (a lease that lapsed
+    after ``expires_at``: its ``lease_expires_at``), else the recorded state's ``updated_at``
+    (a release after it: the release's time). relay.services.threads.clock.settle records
+    the same moment, whenever it runs.
     """
-    return (
-        f"coalesce({t}.expired_at,"
-        f" CASE WHEN {t}.state = 'accepted' AND {t}.lease_expires_at <= {now} AND {t}.expires_at <= {now}"
-        f" THEN greatest({t}.expires_at, {t}.lease_expires_at)"
-        f" WHEN {t}.state = 'pending' AND {t}.expires_at <= {now} THEN greatest({t}.expires_at, {t}.updated_at) END)"
-    )
+    whens = []
+    for i, first in enumerate(CLOCK_RULES):
+        run = [first]  # the rules one reading of the clock applies from first's state, up to expired
+        for rule in CLOCK_RULES[i + 1 :]:
+            if run[-1].target != "expired" and rule.source == run[-1].target:
+                run.append(rule)
+        if run[-1].target != "expired":
+            continue
+        began = f"{t}.{run[-2].deadline}" if len(run) > 1 else f"{t}.updated_at"
+        due = " AND ".join(f"{t}.{rule.deadline} <= {now}" for rule in run)
+        whens.append(f" WHEN {t}.state = '{first.source}' AND {due} THEN greatest({t}.{run[-1].deadline}, {began})")
+    return f"coalesce({t}.expired_at, CASE{''.join(whens)} END)"
 
 
 INTENTS = ("inform", "ask_question", "propose_action")

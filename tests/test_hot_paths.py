@@ -1,6 +1,7 @@
 """Rules the hot paths must keep while they take shortcuts (docs/performance.md, "Request paths").
 
 - a create is one statement: its thread, message, audit and outbox rows share one time;
+- a create waits for the feed lock an append to one of its participants holds (one lock per identity);
 - response JSON goes through orjson, but an integer past 64 bits comes back exactly;
 - committed messages are published in batches, each message exactly once;
 - a wake-up does not wait for its message's batch;
@@ -24,7 +25,7 @@ from ulid import ULID
 
 from relay.encoding import loads
 from relay.ids import format_ulid, iso, ulid_of_uuid_text
-from tests.conftest import bearer, rpc, send_message, sql, wait_until
+from tests.conftest import bearer, message_params, rpc, rpc_answer, send_message, sql, wait_until
 
 
 def test_a_create_writes_its_four_rows_with_one_time(app, client, alice, bob):
@@ -284,20 +285,39 @@ def test_json_fragments_survive_the_standard_library_fallback():
     assert json.loads(dumps_bytes({"x": raw_json('{"a": 1}')})) == {"x": {"a": 1}}  # orjson's own path
 
 
-def test_the_create_statement_takes_the_same_feed_locks_as_an_append(app):
-    """A create computes the participants' advisory lock keys in SQL, an append in Python
-    (threads.common._serialize_feed_writes): one identity must have one lock, or the feed's
-    commit-order rule (docs/api.md, "Catching up after downtime") would not hold between the two."""
-
+def test_a_create_waits_for_the_feed_locks_an_append_holds(app, alice, bob):
+    """A create (its statement) and an append (threads.common._serialize_feed_writes) lock one
+    feed lock per identity: while a message write to alice is uncommitted, a create from alice
+    waits for it, or the feed's commit-order rule (docs/api.md, "Catching up after downtime")
+    would not hold between the two."""
     from relay.extensions import db
-    from relay.services.threads import common, create
+    from relay.services.threads import common
 
-    ids = [uuid.uuid4() for _ in range(200)] + [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), uuid.UUID(int=2**127)]
-    # The expression _CREATE_SQL uses for each participant.
-    assert "('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint" in create._CREATE_SQL
-    sql_key = text("SELECT ('x' || left(replace(CAST(:u AS uuid)::text, '-', ''), 16))::bit(64)::bigint")
+    a_handle, a_key = alice
+    b_handle, _ = bob
+    [(alice_id,)] = sql(app, "SELECT id FROM agents WHERE handle = :h", h=a_handle)
+    answers: list = []
+
+    def create():
+        answers.append(rpc_answer(app.test_client(), a_key, "message/send", message_params(b_handle, "hi")))
+
+    waiting = text(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+        " WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()"
+    )
     with app.app_context():
-        for u in ids:
-            [(key,)] = db.session.execute(sql_key, {"u": str(u)}).all()
-            assert key == common.feed_lock_key(u), u
-        db.session.rollback()
+        common._serialize_feed_writes(db.session, alice_id)  # an append's locks, held until the rollback
+        creator = threading.Thread(target=create)
+        creator.start()
+        try:
+            with db.engine.connect() as watcher:
+                # The create either waits on an advisory lock, as it must, or ends without waiting.
+                wait_until(
+                    lambda: answers or watcher.execute(waiting).scalar(), timeout=20, what="the create to wait or end"
+                )
+                watcher.rollback()
+            assert not answers, f"the create did not wait for alice's feed lock: {answers}"
+        finally:
+            db.session.rollback()
+            creator.join(timeout=30)
+    assert "result" in answers[0], answers

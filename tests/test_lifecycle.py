@@ -450,39 +450,60 @@ def test_an_expired_handoff_is_refused_at_once_before_the_sweep(app, client, ali
 
 
 def test_the_reads_and_the_sweep_apply_one_rule(app, alice, bob):
-    """models.effective_state_sql (the reads) against threads.settle (the writes), case by case."""
+    """models.effective_state_sql and expired_at_sql (the reads) and threads.settle (the writes), both built from
+    models.CLOCK_RULES, give the documented state and expiry moment, case by case."""
     from relay.extensions import db
-    from relay.models import Thread, effective_state_sql
+    from relay.models import Thread, effective_state_sql, expired_at_sql
     from relay.services import threads
 
     client = app.test_client()
-    past, future = "now() - interval '1 minute'", "now() + interval '1 hour'"
-    cases = [
-        (state, lease, expiry)
-        for state in ("pending", "accepted", "completed")
-        for lease in (None, past, future)
-        for expiry in (None, past, future)
-        if not (lease and state != "accepted")
-    ]
-    for state, lease, expiry in cases:
+    # The lease lapsed after the expiry passed: the moment it expired is the lease's end.
+    lapsed, passed, future = "now() - interval '1 minute'", "now() - interval '2 minutes'", "now() + interval '1 hour'"
+    L, P, F = "lapsed", "passed", "future"
+    # (recorded state, lease_expires_at, expires_at) -> (state as of now, the column whose time it expired at)
+    cases = {
+        ("pending", None, None): ("pending", None),
+        ("pending", None, P): ("expired", "expires_at"),
+        ("pending", None, F): ("pending", None),
+        ("accepted", None, None): ("accepted", None),
+        ("accepted", None, P): ("accepted", None),  # only a pending handoff expires
+        ("accepted", None, F): ("accepted", None),
+        ("accepted", L, None): ("pending", None),
+        ("accepted", L, P): ("expired", "lease_expires_at"),  # pending again at the lease's end, then expired
+        ("accepted", L, F): ("pending", None),
+        ("accepted", F, None): ("accepted", None),
+        ("accepted", F, P): ("accepted", None),
+        ("accepted", F, F): ("accepted", None),
+        ("completed", None, None): ("completed", None),
+        ("completed", None, P): ("completed", None),
+        ("completed", None, F): ("completed", None),
+    }
+    times = {None: "NULL", L: lapsed, P: passed, F: future}
+    for (state, lease, expiry), (expected, expired_at) in cases.items():
         task_id = create(client, alice[1], bob[0])["task_id"]
         tid = parse_ulid(task_id)
         sql(
             app,
-            f"UPDATE threads SET state = :state, lease_expires_at = {lease or 'NULL'}, expires_at = {expiry or 'NULL'},"
-            " lease_token = CASE WHEN :leased THEN 'tok' END, lease_seconds = CASE WHEN :leased THEN 60 END"
-            " WHERE id = :id",
+            f"UPDATE threads SET state = :state, lease_expires_at = {times[lease]}, expires_at = {times[expiry]},"
+            " lease_token = CASE WHEN :leased THEN 'tok' END, lease_seconds = CASE WHEN :leased THEN 60 END,"
+            " updated_at = now() - interval '1 hour' WHERE id = :id",
             state=state,
             leased=lease is not None,
             id=tid,
         )
-        [(read,)] = sql(app, f"SELECT {effective_state_sql('t')} FROM threads t WHERE t.id = :id", id=tid)
+        [(read, read_at, moment)] = sql(
+            app,
+            f"SELECT {effective_state_sql('t')}, {expired_at_sql('t')}, {f't.{expired_at}' if expired_at else 'NULL'}"
+            " FROM threads t WHERE t.id = :id",
+            id=tid,
+        )
         with app.app_context():
             thread = db.session.get(Thread, tid, with_for_update=True)
             threads.settle(db.session, thread, db.session.scalar(db.select(db.func.now())))
-            written = thread.state
+            written, written_at = thread.state, thread.expired_at
             db.session.rollback()
-        assert read == written, (state, lease, expiry)
+        assert read == written == expected, (state, lease, expiry, read, written)
+        assert read_at == written_at == moment, (state, lease, expiry, read_at, written_at, moment)
 
 
 # --------------------------------------------------------------------------- receipts

@@ -4,6 +4,8 @@
   ``invalid_transition``: both racers are held until each has read the thread
   (pending, version 1), so the loser is always a compare-and-set loser.
 - A read position never moves backwards (the ``greatest()`` of the mark-read upsert).
+- A create that fails several checks answers the first in their order (threads.create._CHECKS),
+  with a ``context_id`` (checked by a read first) or without (checked by the create's statement).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from relay.ids import parse_ulid
 from relay.services import unit_of_work
 from relay.services.threads import read, transitions
-from tests.conftest import rpc, rpc_answer, send_message, sql
+from tests.conftest import message_params, rpc, rpc_answer, rpc_error, send_message, sql
 
 
 def test_transition_that_loses_a_race_answers_state_changed(app, client, alice, bob, monkeypatch):
@@ -83,3 +85,34 @@ def test_read_position_never_moves_backwards(app, client, alice, bob):
     assert _position(app, task_id, b_handle) == [3]
     inbox = rpc(client, b_key, "tasks/list", {})["items"]
     assert [(i["task_id"], i["unread_messages"]) for i in inbox] == [(task_id, 0)]
+
+
+def test_a_create_answers_the_first_check_it_fails_in_order(app, client, alice, bob, make_agent):
+    """Each case fails its check and every later one: unknown or disabled, yourself, intent, blocked
+    (carol, disabled, and bob block alice; so does alice herself)."""
+    a_handle, a_key = alice
+    b_handle, _ = bob
+    c_handle, _ = make_agent("carol@acme")
+    context_id = send_message(client, a_key, b_handle)["context_id"]
+    sql(
+        app,
+        "INSERT INTO blocks (blocker_id, blocked_id, created_at)"
+        " SELECT b.id, a.id, now() FROM agents a, agents b WHERE a.handle = :a AND b.handle IN (:a, :b, :c)",
+        a=a_handle,
+        b=b_handle,
+        c=c_handle,
+    )
+    sql(app, "UPDATE agents SET disabled_at = now() WHERE handle = :c", c=c_handle)
+    bad_intent = {"intent": "propose_action"}  # without proposed_action
+    cases = [
+        (c_handle, bad_intent, "recipient_not_found"),
+        (a_handle, bad_intent, "invalid_params"),
+        (b_handle, bad_intent, "invalid_intent_payload"),
+        (b_handle, {}, "teammate_blocked"),
+    ]
+    [(threads_before,)] = sql(app, "SELECT count(*) FROM threads")
+    for recipient, more, symbol in cases:
+        for extra in ({}, {"context_id": context_id}):
+            error = rpc_error(client, a_key, "message/send", message_params(recipient, "hi", **more, **extra))
+            assert error["data"]["symbol"] == symbol, (recipient, more, extra, error)
+    assert sql(app, "SELECT count(*) FROM threads") == [(threads_before,)]

@@ -251,7 +251,7 @@ def test_feed_and_list_pages_are_planned_on_every_call(base_env, celery_app, red
             counts = {name: (generic, custom) for name, generic, custom in rows}
             db.session.rollback()
     for shapes in (feed_service._PAGES, _LIST_PAGES):
-        names = {c.prepared.name for c in shapes._compiled.values() if c.prepared is not None}
+        names = {s.name for s in shapes._statements.values() if s.prepare}
         ran = {name: counts[name] for name in names if name in counts}
         assert ran, f"no page statement of {shapes.build.__name__} prepared: {sorted(counts)}"
         # Each parsed once, planned for each call's values and the tables of now.

@@ -15,9 +15,9 @@ from sqlalchemy import event, select
 
 from relay.extensions import db
 from relay.models import Agent
-from relay.services import CUSTOM_PLAN
 from relay.services import feed as feed_service
 from relay.services import search as search_service
+from relay.services.statements import CUSTOM_PLAN, Statement
 from tests.conftest import bearer, rpc, sql
 
 WORKER_DEADLINE_S = 10.0
@@ -428,14 +428,12 @@ def _explain_feed(app, handle, **params):
         with engine.connect() as conn:
             if "EXECUTE relay_" in statement:
                 # A prepared page: explain the plan it runs with, planned for the call when it
-                # sets that (services.CUSTOM_PLAN), else the generic plan it settles on.
+                # sets that (statements.CUSTOM_PLAN), else the generic plan it settles on.
                 mode = "force_generic_plan"
                 if statement.startswith(CUSTOM_PLAN + "; "):
                     statement, mode = statement[len(CUSTOM_PLAN) + 2 :], "force_custom_plan"
                 name = statement.split()[1].split("(")[0]
-                prepared = next(
-                    c.prepared for c in feed_service._PAGES._compiled.values() if c.prepared and c.prepared.name == name
-                )
+                prepared = Statement.named[name]
                 if name not in conn.connection.info.get("relay_prepared", ()):
                     conn.exec_driver_sql(prepared.prepare_sql.replace("%", "%%"))
                     conn.connection.info.setdefault("relay_prepared", set()).add(name)

@@ -220,13 +220,13 @@ class Pump:
         if messages:
             search.index_messages(messages)
 
-    def _send(self, prepared: list[delivery.Prepared]) -> None:
+    def _send(self, prepared: list[delivery.Outgoing]) -> None:
         with self._cond:
             self._in_flight += len(prepared)
         for p in prepared:
             self.pool.submit(self._attempt, p)
 
-    def _attempt(self, prepared: delivery.Prepared) -> None:
+    def _attempt(self, prepared: delivery.Outgoing) -> None:
         try:
             result = delivery.attempt(prepared, self.sender, self.targets, self.settings)
         except Exception as exc:  # a bug, not the receiver: record it rather than hold the lease

@@ -35,8 +35,9 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import encode_cursor, ulid_of_uuid_text
 from relay.models import Agent, Message, Thread, effective_state_sql
-from relay.services import Shapes, iso_text, own_transaction, search, unit_of_work
+from relay.services import iso_text, own_transaction, search, unit_of_work
 from relay.services.agents import get_agent, normalize_handle
+from relay.services.statements import Shapes
 
 
 def resolve_identity(caller: Agent, handle: str) -> Agent:
@@ -291,11 +292,11 @@ def _page_statement(direction: str, _search_shape: tuple, ascending: bool, rows:
 # The page statement of each shape (direction, search document, which filters are present),
 # compiled once: building and cache-keying this union cost more than PostgreSQL took to run it.
 # Planned on each call: a plan kept from when the tables were small joins a page to a
-# sequential scan of threads (services.Prepared).
+# sequential scan of threads (statements.Statement's custom_plan).
 _PAGES = Shapes(
     ("requester", "worker", "task_id", "context_id", "role", "q", "since", "cursor_at", "after_at"),
     _page_statement,
-    prepared=lambda present: "q" not in present,  # a search's best plan depends on its words
+    prepare=lambda present: "q" not in present,  # a search's best plan depends on its words
     custom_plan=True,
 )
 
@@ -392,7 +393,7 @@ def page_rows(
     statement = _PAGES.get(params, flt.direction, search_shape, ascending, limit)
     # One page read: its own transaction, no BEGIN/COMMIT round trips.
     with unit_of_work() as session, own_transaction(session):
-        return statement.execute(session, **params).fetchall()
+        return statement.execute(session, params).fetchall()
 
 
 def feed_row(columns: tuple) -> dict[str, Any]:

@@ -60,7 +60,7 @@ from relay.services.delivery.circuit import MAX_CIRCUIT_OPEN, health
 from relay.services.delivery.claims import Claimed, claim, endpoints_with_due
 from relay.services.delivery.common import HELD, IN_FLIGHT, OUTCOME_UNKNOWN, TEST_EVENT, event_id_text
 from relay.services.delivery.fanout import POLL_PENDING_AGE, POLL_PENDING_LIMIT, fan_out_many, pending_events
-from relay.services.delivery.payloads import Prepared, prepare
+from relay.services.delivery.payloads import Outgoing, prepare
 from relay.services.delivery.pump import cycle, heartbeat, leave
 from relay.services.delivery.records import record
 
@@ -80,7 +80,7 @@ __all__ = [
     "TEST_EVENT",
     "Claimed",
     "Floors",
-    "Prepared",
+    "Outgoing",
     "Result",
     "attempt",
     "claim",

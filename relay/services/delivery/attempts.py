@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from relay.services import outbound
 from relay.services.delivery.claims import Claimed
-from relay.services.delivery.payloads import Prepared
+from relay.services.delivery.payloads import Outgoing
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Result:
     attempt: tuple[int, datetime] | None = None  # its row written before sending; None: insert one
 
 
-def attempt(prepared: Prepared, sender: outbound.Sender, targets: outbound.TargetCache, settings) -> Result:
+def attempt(prepared: Outgoing, sender: outbound.Sender, targets: outbound.TargetCache, settings) -> Result:
     """Resolve, check and POST one prepared delivery (no database); thread-safe."""
     attempted_at = datetime.now(UTC)
     if prepared.error is not None:

@@ -21,8 +21,8 @@ from relay.services.delivery.common import IN_FLIGHT, _settings, event_id_text
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """An attempt ready to send: where, what, signed; or ``error`` if it cannot be sent at all."""
+class Outgoing:
+    """A claimed delivery prepared to send: where, what, signed; or ``error`` if it cannot be sent at all."""
 
     claimed: Claimed
     url: str
@@ -113,13 +113,13 @@ def _signature(endpoint: WebhookEndpoint, secrets: dict, msg_id: str, when: date
     return " ".join(signatures)
 
 
-def prepare(claims: list[Claimed]) -> list[Prepared]:
+def prepare(claims: list[Claimed]) -> list[Outgoing]:
     """Build, bound and sign the payloads of claimed deliveries, their data re-read now (one query for all)."""
     with unit_of_work() as session:
         return _prepare(session, claims)
 
 
-def _prepare(session, claims: list[Claimed]) -> list[Prepared]:
+def _prepare(session, claims: list[Claimed]) -> list[Outgoing]:
     if not claims:
         return []
     s = _settings()
@@ -149,9 +149,9 @@ def _prepare(session, claims: list[Claimed]) -> list[Prepared]:
                 **extra,
             }
         except ValueError as exc:  # an undecryptable secret or token
-            out.append(Prepared(c, row.url, b"", {}, error=str(exc)))
+            out.append(Outgoing(c, row.url, b"", {}, error=str(exc)))
             continue
-        out.append(Prepared(c, row.url, body, headers))
+        out.append(Outgoing(c, row.url, body, headers))
     return _started(session, out, now)
 
 
@@ -164,7 +164,7 @@ _START_ATTEMPTS = text(
 )
 
 
-def _started(session, prepared: list[Prepared], now: datetime) -> list[Prepared]:
+def _started(session, prepared: list[Outgoing], now: datetime) -> list[Outgoing]:
     """Write each attempt's row before it is sent (its outcome ``IN_FLIGHT``), in the claim's transaction."""
     if not prepared:
         return prepared

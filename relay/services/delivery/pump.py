@@ -12,7 +12,7 @@ from relay.services.delivery.bounds import floors
 from relay.services.delivery.claims import _claim, endpoints_with_due
 from relay.services.delivery.common import IN_FLIGHT, OUTCOME_UNKNOWN, log
 from relay.services.delivery.fanout import POLL_PENDING_AGE, POLL_PENDING_LIMIT, _fan_out, pending_events
-from relay.services.delivery.payloads import Prepared, _prepare
+from relay.services.delivery.payloads import Outgoing, _prepare
 from relay.services.delivery.records import _grouped, _log_attempts, _record
 
 
@@ -23,7 +23,7 @@ def cycle(
     poll: bool,
     budget: int,
     worker: uuid.UUID | None = None,
-) -> tuple[list[Prepared], set[uuid.UUID]]:
+) -> tuple[list[Outgoing], set[uuid.UUID]]:
     """One round of the pump in one transaction: record ended attempts, fan out events, claim and prepare.
 
     The endpoints looked at for claims are ``endpoint_ids``, those of the ended attempts

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from relay.services.threads.append import CREATE_ONLY
 from relay.services.threads.clock import SWEEP_BATCH, settle, settle_due
-from relay.services.threads.common import feed_lock_key, load_thread
+from relay.services.threads.common import feed_lock_keys_sql, load_thread
 from relay.services.threads.listing import PREVIEW_CHARS, list_threads, thread_summary
 from relay.services.threads.read import MAX_MESSAGES_PAGE, audit_trail, get_thread, message_row
 from relay.services.threads.rules import (
@@ -44,7 +44,7 @@ __all__ = [
     "SWEEP_BATCH",
     "TRANSITIONS",
     "audit_trail",
-    "feed_lock_key",
+    "feed_lock_keys_sql",
     "get_thread",
     "list_threads",
     "load_thread",

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from relay.models import Thread
+from relay.models import CLOCK_RULES, ClockRule, Thread
 from relay.services import unit_of_work
 from relay.services.threads.common import _announce, _now
 from relay.services.threads.rules import EXPIRED, LEASE_EXPIRED
@@ -16,10 +16,11 @@ from relay.services.threads.rules import EXPIRED, LEASE_EXPIRED
 def settle(session: Session, thread: Thread, now: datetime) -> bool:
     """Record what the clock did to a locked ``thread`` by ``now``; return whether it changed.
 
-    A leased ``accepted`` handoff past ``lease_expires_at`` goes back to ``pending``
-    (audit ``lease_expired``); a ``pending`` one past ``expires_at`` is ``expired``
-    (audit ``expire``). Each writes a ``task.updated`` event to both participants. The
-    reads compute the same rule (relay.models.effective_state_sql) before it is recorded.
+    Each rule of relay.models.CLOCK_RULES due, in order, is recorded: a leased ``accepted``
+    handoff past ``lease_expires_at`` goes back to ``pending`` (audit ``lease_expired``); a
+    ``pending`` one past ``expires_at`` is ``expired`` (audit ``expire``). Each writes a
+    ``task.updated`` event to both participants. The reads compute the same rules
+    (relay.models.effective_state_sql) before they are recorded.
 
     ``expired_at`` is the moment the handoff expired (relay.models.expired_at_sql): its
     ``expires_at``, or the later moment it was pending again. ``updated_at``, the audit
@@ -27,26 +28,42 @@ def settle(session: Session, thread: Thread, now: datetime) -> bool:
     "When a handoff expired").
     """
     changed = False
-    # When the handoff was pending again: a lease that lapses is pending from its end.
-    pending_since = thread.updated_at
-    if thread.state == "accepted" and thread.lease_expires_at is not None and thread.lease_expires_at <= now:
-        pending_since = thread.lease_expires_at
-        _return_to_pending(thread, now)
-        _announce(session, thread, thread.recipient_id, LEASE_EXPIRED, "accepted", "pending", now,
-                  to=(thread.sender_id, thread.recipient_id))  # fmt: skip
-        changed = True
-    if thread.state == "pending" and thread.expires_at is not None and thread.expires_at <= now:
-        # expired_at is the moment it expired, not the moment it is recorded; updated_at
-        # is when the relay recorded the change, which `since=` catch-up relies on.
-        thread.state, thread.expired_at = "expired", max(thread.expires_at, pending_since)
-        thread.version += 1
-        thread.updated_at = now
-        _announce(session, thread, thread.sender_id, EXPIRED, "pending", "expired", now,
-                  to=(thread.sender_id, thread.recipient_id))  # fmt: skip
-        changed = True
+    # When the state a rule applies to began: the deadline of the rule recorded before it
+    # here (a lease that lapses is pending from its end), else the recorded state's updated_at.
+    began = thread.updated_at
+    for rule in CLOCK_RULES:
+        if rule.due(thread, now):
+            deadline = getattr(thread, rule.deadline)
+            _RECORD[rule.target](session, thread, rule, now, max(deadline, began))
+            began = deadline
+            changed = True
     if changed:
         session.flush()
     return changed
+
+
+def _lapse(session: Session, thread: Thread, rule: ClockRule, now: datetime, _at: datetime) -> None:
+    """Record a lapsed lease: the handoff is pending again (``_at``, the lease's end, is not stored)."""
+    _return_to_pending(thread, now)
+    _announce(session, thread, thread.recipient_id, LEASE_EXPIRED, rule.source, rule.target, now,
+              to=(thread.sender_id, thread.recipient_id))  # fmt: skip
+
+
+def _expire(session: Session, thread: Thread, rule: ClockRule, now: datetime, at: datetime) -> None:
+    """Record an expiry that took effect ``at``."""
+    # expired_at is the moment it expired, not the moment it is recorded; updated_at
+    # is when the relay recorded the change, which `since=` catch-up relies on.
+    thread.state, thread.expired_at = rule.target, at
+    thread.version += 1
+    thread.updated_at = now
+    _announce(session, thread, thread.sender_id, EXPIRED, rule.source, rule.target, now,
+              to=(thread.sender_id, thread.recipient_id))  # fmt: skip
+
+
+# How each rule's change is recorded, by the state it makes.
+_RECORD = {"pending": _lapse, "expired": _expire}
+if set(_RECORD) != {rule.target for rule in CLOCK_RULES}:
+    raise ValueError("every clock rule's target state needs its record function")
 
 
 def _return_to_pending(thread: Thread, now: datetime) -> None:
@@ -70,12 +87,7 @@ def settle_due(limit: int = SWEEP_BATCH) -> int:
         now = _now(session)
         due = session.scalars(
             select(Thread)
-            .where(
-                or_(
-                    and_(Thread.state == "accepted", Thread.lease_expires_at <= now),
-                    and_(Thread.state == "pending", Thread.expires_at <= now),
-                )
-            )
+            .where(or_(*(and_(Thread.state == r.source, getattr(Thread, r.deadline) <= now) for r in CLOCK_RULES)))
             .order_by(Thread.id)
             .limit(limit)
             .with_for_update(of=Thread, skip_locked=True)
@@ -85,6 +97,4 @@ def settle_due(limit: int = SWEEP_BATCH) -> int:
 
 def _due(thread: Thread, now: datetime) -> bool:
     """Whether :func:`settle` would change ``thread`` at ``now``."""
-    lapsed = thread.state == "accepted" and thread.lease_expires_at is not None and thread.lease_expires_at <= now
-    expired = thread.state == "pending" and thread.expires_at is not None and thread.expires_at <= now
-    return lapsed or expired
+    return any(rule.due(thread, now) for rule in CLOCK_RULES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -14,28 +15,69 @@ from sqlalchemy.orm import Session
 from relay.errors import RelayError, invalid
 from relay.ids import format_ulid, iso, new_ulid
 from relay.models import Agent, Thread
-from relay.services import Prepared, after_commit, dispatch, statement_cursor
+from relay.services import after_commit, dispatch, statement_cursor
 from relay.services.agents import check_handle
-from relay.services.threads.common import _body
+from relay.services.statements import Statement
+from relay.services.threads.common import _body, feed_lock_keys_sql
 
-# message/send's create, one round trip: read the recipient and whether it may receive from the
-# caller (r), and only if it may (go): take both participants' feed locks in sorted order
-# (the keys of common._serialize_feed_writes, computed here), read the clock after them (the aggregate over
-# `locks` makes the clock wait for every lock; see common._serialize_feed_writes), then write the
-# thread, its first message, the audit row and the outbox event with that one time. The
-# recipient's row comes back either way: no `now` means nothing was written, and why.
-_CREATE_SQL = """
-WITH r AS (
+# A create's checks, in the documented order (the first that fails is the answer): each is
+# its name, the SQL that is true when the recipient row `r` (no row: no agent has the handle)
+# fails it, and the error it raises, given the handle as sent, the recipient's own handle and
+# the params. Both statements below compute the failed check's name from this one table.
+_CHECKS: tuple[tuple[str, str, Callable[[str, str, dict], RelayError]], ...] = (
+    (
+        "recipient_not_found",  # unknown or disabled
+        "r.id IS NULL OR r.disabled",
+        lambda handle, _recipient, _params: RelayError(
+            "recipient_not_found", f"no agent {handle}", {"recipient": handle}
+        ),
+    ),
+    (
+        "recipient_is_caller",
+        "r.id = %(sender)s",
+        lambda _handle, _recipient, _params: invalid("recipient", "cannot hand off to yourself"),
+    ),
+    (
+        "invalid_intent_payload",  # judged in Python (_intent_problem), sent as intent_ok
+        "NOT %(intent_ok)s",
+        lambda _handle, _recipient, params: _intent_problem(params),
+    ),
+    (
+        "teammate_blocked",
+        "r.blocked",
+        lambda _handle, recipient, _params: RelayError(
+            "teammate_blocked", f"{recipient} does not accept handoffs from you"
+        ),
+    ),
+)
+_REFUSALS = {name: error for name, _sql, error in _CHECKS}
+
+# The recipient (r) and the name of the first check it fails, NULL when it passes them all
+# (checked: one row, found or not).
+_CHECKED = f"""
+r AS (
     SELECT a.id, a.handle, a.disabled_at IS NOT NULL AS disabled,
            EXISTS (SELECT 1 FROM blocks b WHERE b.blocker_id = a.id AND b.blocked_id = %(sender)s) AS blocked
     FROM agents a WHERE a.handle = %(handle)s
 ),
-go AS (SELECT r.id FROM r WHERE NOT r.disabled AND NOT r.blocked AND r.id <> %(sender)s AND %(intent_ok)s),
+checked AS (
+    SELECT r.id, r.handle,
+           CASE {" ".join(f"WHEN {sql} THEN '{name}'" for name, sql, _error in _CHECKS)} END AS refused
+    FROM (VALUES (1)) AS one LEFT JOIN r ON true
+)"""
+
+# message/send's create, one round trip: read the recipient and the check it fails (checked),
+# and only if it fails none (go): take both participants' feed locks (common.feed_lock_keys_sql,
+# as common._serialize_feed_writes takes them), read the clock after them (the aggregate over
+# `locks` makes the clock wait for every lock; see common._serialize_feed_writes), then write the
+# thread, its first message, the audit row and the outbox event with that one time. The
+# recipient's row and the failed check come back either way: no `now` means nothing was written.
+_CREATE_SQL = f"""
+WITH {_CHECKED},
+go AS (SELECT checked.id FROM checked WHERE checked.refused IS NULL),
 locks AS (
-    SELECT pg_advisory_xact_lock(k.key) FROM go, LATERAL (
-        SELECT ('x' || left(replace(p::text, '-', ''), 16))::bit(64)::bigint AS key
-        FROM unnest(ARRAY[%(sender)s::uuid, go.id]) AS p ORDER BY p
-    ) AS k
+    SELECT pg_advisory_xact_lock(k.key)
+    FROM go, LATERAL ({feed_lock_keys_sql("ARRAY[%(sender)s::uuid, go.id]")}) AS k
 ),
 clock AS (SELECT clock_timestamp() AS now FROM (SELECT count(*) FROM locks) AS taken, go),
 t AS (
@@ -59,20 +101,17 @@ a AS (
 ),
 e AS (
     INSERT INTO events (id, type, agent_id, thread_id, message_id, payload, created_at)
-    SELECT %(event_id)s, 'message.created', t.recipient_id, t.id, m.id, '{}', clock.now FROM t, m, clock
+    SELECT %(event_id)s, 'message.created', t.recipient_id, t.id, m.id, '{{}}', clock.now FROM t, m, clock
 )
-SELECT r.id, r.handle, r.disabled, r.blocked, (SELECT now FROM clock) FROM r
-"""
-# Prepared: PostgreSQL parsed and planned the five-part statement on every send, which
+SELECT checked.id, checked.handle, checked.refused, (SELECT now FROM clock) FROM checked
+"""  # noqa: S608  (built from this module's constants, no input)
+# PREPAREd: PostgreSQL parsed and planned the five-part statement on every send, which
 # was half of its CPU per create (620 -> 310 us a create, measured one client at a time).
-_CREATE = Prepared(_CREATE_SQL)
+_CREATE = Statement(_CREATE_SQL)
 
-# The recipient of a create and whether it blocks the caller, in one read.
-_RECIPIENT_SQL = """
-SELECT a.id, a.handle, a.disabled_at IS NOT NULL,
-       EXISTS (SELECT 1 FROM blocks b WHERE b.blocker_id = a.id AND b.blocked_id = %(caller)s)
-FROM agents a WHERE a.handle = %(handle)s
-"""
+# The recipient's checks alone, in one read: the same table, for a create that checks its
+# context_id (after them) before it writes.
+_RECIPIENT_SQL = f"WITH {_CHECKED}\nSELECT checked.refused, checked.handle FROM checked"  # noqa: S608
 
 
 def _intent_problem(params: dict) -> RelayError | None:
@@ -90,28 +129,10 @@ def _intent_problem(params: dict) -> RelayError | None:
     return None
 
 
-def _refuse_create(found, caller: Agent, handle: str, params: dict) -> None:
-    """Raise the first of the create's checks that ``found`` (the recipient row) fails, in the documented order.
-
-    recipient_not_found (unknown or disabled), invalid_params (yourself),
-    invalid_intent_payload, teammate_blocked.
-    """
-    if found is None or found[2]:
-        raise RelayError("recipient_not_found", f"no agent {handle}", {"recipient": handle})
-    recipient_id, recipient_handle, _disabled, blocked = found[:4]
-    if recipient_id == caller.id:
-        raise invalid("recipient", "cannot hand off to yourself")
-    problem = _intent_problem(params)
-    if problem is not None:
-        raise problem
-    if blocked:
-        raise RelayError("teammate_blocked", f"{recipient_handle} does not accept handoffs from you")
-
-
 def _create(
     session: Session, caller: Agent, params: dict, adopt_context: bool = False, own_transaction: bool = False
 ) -> dict:
-    """Create a handoff in one statement (_CREATE_SQL), which checks the recipient itself.
+    """Create a handoff in one statement (_CREATE_SQL), which makes the checks (_CHECKS) itself.
 
     With ``own_transaction`` (nothing else in the use case) the statement is its own
     transaction: no BEGIN/COMMIT round trips. A ``context_id`` needs its checks first,
@@ -121,11 +142,14 @@ def _create(
         raise invalid("recipient", "is required when creating a handoff (task_id is null)")
     handle = check_handle(params["recipient"], "recipient")  # a look-alike of a handle is refused, not delivered
     context_id = params.get("context_id")
+    intent_ok = _intent_problem(params) is None
     if context_id is not None:
         own_transaction = False
         with statement_cursor(session) as cur:
-            cur.execute(_RECIPIENT_SQL, {"caller": caller.id, "handle": handle})
-            _refuse_create(cur.fetchone(), caller, handle, params)
+            cur.execute(_RECIPIENT_SQL, {"sender": caller.id, "handle": handle, "intent_ok": intent_ok})
+            refused, recipient = cur.fetchone()
+        if refused is not None:
+            raise _REFUSALS[refused](handle, recipient, params)
         known = session.scalar(
             select(
                 exists().where(
@@ -150,11 +174,11 @@ def _create(
     parts = params["message"]["parts"]
     body = _body(parts)
     with statement_cursor(session, alone=own_transaction) as cur:
-        cur.execute(
-            _CREATE.ready(session),
+        _CREATE.execute(
+            session,
             {
                 "handle": handle,
-                "intent_ok": _intent_problem(params) is None,
+                "intent_ok": intent_ok,
                 "thread_id": thread_id,
                 "context_id": context_id,
                 "sender": caller.id,
@@ -170,12 +194,14 @@ def _create(
                 "priority": params.get("priority") or "normal",
                 "ttl": params.get("expires_in_seconds"),
             },
+            cursor=cur,
         )
-        found = cur.fetchone()
-    if found is None or found[4] is None:  # nothing written: say why, in the documented order
-        _refuse_create(found, caller, handle, params)
+        recipient_id, recipient, refused, now = cur.fetchone()
+    if refused is not None:  # nothing written: the first check that failed says why
+        raise _REFUSALS[refused](handle, recipient, params)
+    if now is None:
         raise RelayError("state_changed", "the recipient changed while the handoff was created; retry")
-    after_commit(partial(dispatch.message_committed, message_id, event_id, (caller.id, found[0])))
+    after_commit(partial(dispatch.message_committed, message_id, event_id, (caller.id, recipient_id)))
     return {
         "task_id": format_ulid(thread_id),
         "thread_id": format_ulid(thread_id),
@@ -183,9 +209,9 @@ def _create(
         "status": {"state": "pending"},
         "message_id": str(message_id),
         "sequence_no": 1,
-        "created_at": iso(found[4]),
+        "created_at": iso(now),
         "priority": params.get("priority") or "normal",
-        "expires_at": iso(found[4] + timedelta(seconds=ttl)) if (ttl := params.get("expires_in_seconds")) else None,
+        "expires_at": iso(now + timedelta(seconds=ttl)) if (ttl := params.get("expires_in_seconds")) else None,
     }
 
 

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session, aliased
 from relay.extensions import db
 from relay.ids import encode_cursor, iso, ulid_of_uuid_text
 from relay.models import Agent, Message, ReadPosition, Thread, effective_state_sql
-from relay.services import Shapes, iso_text, own_transaction, unit_of_work
+from relay.services import iso_text, own_transaction, unit_of_work
+from relay.services.statements import Shapes
 from relay.services.threads.read import message_row
 
 PREVIEW_CHARS = 200
@@ -148,11 +149,11 @@ def _list_statement(role: str, rows: int, present: set[str]):
 
 
 # The tasks/list page statement of each shape (role, which filters are present), compiled once,
-# and planned on each call, as the feed's page is (services.Prepared).
+# and planned on each call, as the feed's page is (statements.Statement's custom_plan).
 _LIST_PAGES = Shapes(
     ("peer", "context_id", "status", "priority", "since", "cursor_at"),
     _list_statement,
-    prepared=lambda present: True,
+    prepare=lambda present: True,
     custom_plan=True,
 )
 
@@ -205,7 +206,7 @@ def list_threads(
     }
     statement = _LIST_PAGES.get(params, role, limit + 1)
     with unit_of_work() as session, own_transaction(session):
-        rows = statement.execute(session, **params).all()
+        rows = statement.execute(session, params).all()
         page = rows[:limit]
         items = []
         for r in page:

@@ -13,7 +13,8 @@ from relay.errors import RelayError
 from relay.extensions import db
 from relay.ids import as_sent, format_ulid, iso, new_ulid
 from relay.models import Agent, AuditEvent, Message, effective_state_sql, expired_at_sql
-from relay.services import Prepared, a2a_view, after_commit, dispatch, statement_cursor, unit_of_work
+from relay.services import a2a_view, after_commit, dispatch, statement_cursor, unit_of_work
+from relay.services.statements import Statement
 from relay.services.threads.common import _lifecycle_fields, _load_thread
 
 
@@ -79,7 +80,7 @@ def get_thread(
     """
     paged = messages_limit is not None or messages_after is not None
     with unit_of_work() as session, statement_cursor(session, alone=True) as cur:
-        cur.execute(_GET_THREAD.ready(session), {"id": task_id})
+        _GET_THREAD.execute(session, {"id": task_id}, cursor=cur)
         t = cur.fetchone()
         if t is None or (peer is not None and (t[2], t[3]) != (caller.id, peer.id)):
             raise RelayError("thread_not_found", f"no thread {as_sent(task_id)}")
@@ -88,18 +89,18 @@ def get_thread(
         more, artifact_rows = False, None
         if paged:
             limit = messages_limit or MAX_MESSAGES_PAGE
-            cur.execute(_GET_PAGE.ready(session), {"id": task_id, "after": messages_after or 0, "n": limit + 1})
+            _GET_PAGE.execute(session, {"id": task_id, "after": messages_after or 0, "n": limit + 1}, cursor=cur)
             rows = cur.fetchall()
             more, rows = len(rows) > limit, rows[:limit]
         elif messages_last is not None:
-            cur.execute(_GET_LAST.ready(session), {"id": task_id, "n": min(messages_last, t[21])})
+            _GET_LAST.execute(session, {"id": task_id, "n": min(messages_last, t[21])}, cursor=cur)
             rows = cur.fetchall()[::-1]
             # Every message's artifacts still (an A2A task's artifacts are all of the task's),
             # read without the bodies and parts of the messages left out.
-            cur.execute(_GET_ARTIFACTS.ready(session), {"id": task_id})
+            _GET_ARTIFACTS.execute(session, {"id": task_id}, cursor=cur)
             artifact_rows = [{"id": str(i), "sequence_no": n, "artifacts": a} for i, n, a in cur.fetchall()]
         else:
-            cur.execute(_GET_MESSAGES.ready(session), {"id": task_id})
+            _GET_MESSAGES.execute(session, {"id": task_id}, cursor=cur)
             rows = cur.fetchall()
         messages = [_message_row(*m) for m in rows]
         if mark_read and messages:
@@ -175,15 +176,15 @@ FROM messages m JOIN agents a ON a.id = m.author_id
 WHERE m.thread_id = %(id)s ORDER BY m.sequence_no
 """
 
-_GET_THREAD, _GET_MESSAGES = Prepared(_GET_THREAD_SQL), Prepared(_GET_MESSAGES_SQL)
+_GET_THREAD, _GET_MESSAGES = Statement(_GET_THREAD_SQL), Statement(_GET_MESSAGES_SQL)
 # One page forward from a sequence number, and the newest n: the (thread_id, sequence_no)
 # index either way, so a page of a 1,000-message thread reads only its rows.
 _MESSAGES_OF = _GET_MESSAGES_SQL.split("WHERE")[0]
-_GET_PAGE = Prepared(
+_GET_PAGE = Statement(
     _MESSAGES_OF + "WHERE m.thread_id = %(id)s AND m.sequence_no > %(after)s ORDER BY m.sequence_no LIMIT %(n)s"
 )
-_GET_LAST = Prepared(_MESSAGES_OF + "WHERE m.thread_id = %(id)s ORDER BY m.sequence_no DESC LIMIT %(n)s")
-_GET_ARTIFACTS = Prepared(
+_GET_LAST = Statement(_MESSAGES_OF + "WHERE m.thread_id = %(id)s ORDER BY m.sequence_no DESC LIMIT %(n)s")
+_GET_ARTIFACTS = Statement(
     "SELECT m.id, m.sequence_no, m.artifacts FROM messages m"
     " WHERE m.thread_id = %(id)s AND m.artifacts <> '[]'::jsonb ORDER BY m.sequence_no"
 )
