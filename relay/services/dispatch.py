@@ -118,7 +118,7 @@ class _Publisher:
             try:
                 self.redis.publish(self.channel, wakeup.encode(wake))
             except redis.RedisError as exc:
-                log.warning("wake-up publish failed (%s); waiters re-check on their tick", type(exc).__name__)
+                log.warning("wake-up publish failed (%s); waiters re-check within four ticks", type(exc).__name__)
         if batch:
             enqueue_later("workers.tasks.messages_committed", 0, batch, celery=self.celery)
 

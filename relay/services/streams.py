@@ -3,8 +3,9 @@
 
 Both re-read the messages feed (docs/api.md) with the caller's filters whenever this process's
 listener says the identity's feed may have moved (services/wakeup.py), and on a slow
-tick (``RELAY_STREAM_HEARTBEAT`` seconds) whatever it says. Between reads they hold no
-database connection: the session is closed before every wait.
+tick (``RELAY_STREAM_HEARTBEAT`` seconds) when a wake-up may have been missed (see
+:meth:`Held.rounds`). Between reads they hold no database connection: the session is
+closed before every wait.
 
 A stream's position is a message id (the SSE ``id:``); it resumes strictly after that
 message's ``(created_at, id)``. That is exact, not approximate: every write of a message
@@ -44,7 +45,7 @@ RECHECK_TICKS = 4
 def take_slot(identity: Agent) -> wakeup.Slot:
     """One of ``identity``'s ``RELAY_STREAMS_PER_AGENT`` slots; raises rate_limited (``retry_after``) when all are held."""
     settings = current_app.config["RELAY"]
-    # A holder refreshes on every tick: two missed ticks and the slot is free again.
+    # The process's keeper refreshes it every tick: two missed ticks and the slot is free again.
     slot = wakeup.Slot(identity.id, ttl=2 * settings.stream_heartbeat + 5)
     if not slot.acquire(settings.streams_per_agent):
         raise RelayError(

@@ -10,7 +10,8 @@ the first Task's history, and in GetTask).
 Like the feed's stream (services/streams.py) it waits on this process's wake-up listener
 (services/wakeup.py) for the caller's agent id, which every committed message and
 transition of the caller's threads names, and on a slow tick (``RELAY_STREAM_HEARTBEAT``)
-whatever it says; on the tick it re-authenticates the caller. Between reads it holds no
+when a wake-up may have been missed (services/streams.py's ``Held.rounds``); it
+re-authenticates the caller before every read. Between reads it holds no
 database connection. It counts against ``RELAY_STREAMS_PER_AGENT`` with the feed's waits
 and streams (one ``wakeup.Slot`` set per agent).
 

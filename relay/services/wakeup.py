@@ -9,9 +9,12 @@ those agents. A wake-up carries no data: the waiter re-reads the feed, so a wake
 message that does not match its filters costs one query and nothing else.
 
 Nothing is lost when a wake-up is: published after commit, a rollback wakes nobody; if
-Redis is down or the listener is reconnecting, waiters still re-check on their slow tick
-(``RELAY_STREAM_HEARTBEAT``), and every (re)subscription wakes all waiters at once,
-since what was published meanwhile is gone. A waiter holds no database connection.
+Redis is down or the listener is reconnecting, waiters re-check on their slow tick
+(``RELAY_STREAM_HEARTBEAT``: a tick reads when the listener is not subscribed, or has
+subscribed again, since the waiter's last read), every (re)subscription wakes all
+waiters at once, since what was published meanwhile is gone, and every fourth tick reads
+anyway, for a publish that failed in another process. A waiter holds no database
+connection.
 
 The per-agent cap (``RELAY_STREAMS_PER_AGENT``) counts waits and streams across every
 web process, in one Redis sorted set per agent whose members expire unless refreshed, so
