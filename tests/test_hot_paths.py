@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import threading
 import time
 import uuid
 
+import pytest
 import redis
 from sqlalchemy import text
 from ulid import ULID
@@ -84,6 +86,20 @@ def test_integers_past_64_bits_come_back_exactly(client, alice, bob):
     assert json.loads(feed.get_data())["items"][0]["metadata"]["n"] == big
 
 
+@pytest.fixture
+def private_queue(app, redis_url):
+    """Point the app's enqueues at a queue of this test's own, so no Celery worker an earlier
+    test started (and that may still be draining the session's queue) takes what it reads."""
+    conf = app.extensions["celery"].conf
+    session_queue = conf.task_default_queue
+    conf.task_default_queue = f"{session_queue}-{secrets.token_hex(3)}"
+    try:
+        yield conf.task_default_queue
+    finally:
+        redis.Redis.from_url(redis_url).delete(conf.task_default_queue)
+        conf.task_default_queue = session_queue
+
+
 def _queued(app, redis_url) -> list[tuple[str, list]]:
     """The (task name, args) of every message waiting in the session's Celery queue."""
     queue = app.extensions["celery"].conf.task_default_queue
@@ -100,13 +116,11 @@ def _queued(app, redis_url) -> list[tuple[str, list]]:
     return out
 
 
-def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, redis_url):
+def test_committed_messages_are_published_in_batches_each_once(app, alice, bob, redis_url, private_queue):
     """Real threads send at once; the queue then holds fewer publishes than messages, and
     every committed message (with its event) in exactly one of them."""
     a_handle, a_key = alice
     b_handle, b_key = bob
-    queue = app.extensions["celery"].conf.task_default_queue
-    redis.Redis.from_url(redis_url).delete(queue)
     sent: list[str] = []
     lock = threading.Lock()
 
@@ -148,7 +162,7 @@ def _batch_of(app, redis_url, message_id):
     return [args for _, args in _queued(app, redis_url) if any(p[0] == message_id for p in args[0])]
 
 
-def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monkeypatch):
+def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monkeypatch, private_queue):
     """The wake-up PUBLISH goes out at once; a message sent right after a publish waits for
     the next one (dispatch.BATCH_SECONDS after it)."""
     from relay.services import dispatch, wakeup
@@ -156,8 +170,6 @@ def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monke
     monkeypatch.setattr(dispatch, "BATCH_SECONDS", 3.0)
     _a_handle, a_key = alice
     b_handle, _b_key = bob
-    queue = app.extensions["celery"].conf.task_default_queue
-    redis.Redis.from_url(redis_url).delete(queue)
     listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
     listener.subscribe(wakeup.channel(app.config["RELAY"].database_url))
     client = app.test_client()
@@ -177,14 +189,13 @@ def test_a_wake_up_does_not_wait_for_its_batch(app, alice, bob, redis_url, monke
         listener.close()
 
 
-def test_a_message_after_a_quiet_spell_is_published_at_once(app, alice, bob, redis_url, monkeypatch):
+def test_a_message_after_a_quiet_spell_is_published_at_once(app, alice, bob, redis_url, monkeypatch, private_queue):
     """No publish for BATCH_SECONDS: the next committed message does not wait for a window."""
     from relay.services import dispatch
 
     monkeypatch.setattr(dispatch, "BATCH_SECONDS", 3.0)
     _a_handle, a_key = alice
     b_handle, _b_key = bob
-    redis.Redis.from_url(redis_url).delete(app.extensions["celery"].conf.task_default_queue)
     publisher = app.extensions.get("relay_publisher")
     if publisher is not None:  # this app published before: let its window pass
         time.sleep(max(0.0, publisher._published_at + dispatch.BATCH_SECONDS - time.monotonic()))
